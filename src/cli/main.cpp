@@ -22,8 +22,6 @@ int main(int argc, char** argv) {
   std::vector<Command> commands = {
       AddGenerateCommand(app),
       AddLogitsCommand(app),
-      AddTokenizeCommand(app),
-      AddTemplateCommand(app),
   };
   try {
     app.parse(argc, argv);
