@@ -1,0 +1,38 @@
+#include "kernels/cpu/elementwise.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace moetier::kernels {
+
+void RmsNormRow(const float* x, const float* weight, float eps, int64_t n, float* y) {
+  // Sum of squares in double: the mean of thousands of squares loses bits in float32, and the
+  // reference (Hugging Face, computed in float64) does not.
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float scale = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale * weight[i];
+}
+
+void SiluMul(float* gate, const float* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void SoftmaxRow(float* x, int64_t n) {
+  if (n <= 0) return;
+  const float m = *std::max_element(x, x + n);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - m);
+    sum += x[i];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void Axpy(float a, const float* x, int64_t n, float* y) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+}  // namespace moetier::kernels

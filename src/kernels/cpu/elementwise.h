@@ -1,0 +1,20 @@
+// Row-wise float32 operations used between the matrix products. Math only.
+#pragma once
+
+#include <cstdint>
+
+namespace moetier::kernels {
+
+// y[i] = x[i] / sqrt(mean(x²) + eps) * weight[i], for one row of n elements (x may equal y).
+void RmsNormRow(const float* x, const float* weight, float eps, int64_t n, float* y);
+
+// gate[i] = silu(gate[i]) * up[i], silu(v) = v / (1 + e^-v).
+void SiluMul(float* gate, const float* up, int64_t n);
+
+// In-place numerically stable softmax of one row.
+void SoftmaxRow(float* x, int64_t n);
+
+// y[i] += a * x[i]
+void Axpy(float a, const float* x, int64_t n, float* y);
+
+}  // namespace moetier::kernels

@@ -1,0 +1,45 @@
+// Self-attention sublayer: q/k/v projections (+ optional bias, optional per-head RMSNorm of q and
+// k), rotary embedding, append to the KV cache, causal grouped-query attention over the cache,
+// output projection.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "layers/kv_cache.h"
+#include "layers/rope.h"
+#include "layers/workspace.h"
+
+namespace moetier {
+
+struct AttentionShape {
+  int64_t d_model = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t sliding_window = 0;  // 0: every earlier position
+  float norm_eps = 1e-6f;      // for q_norm / k_norm
+};
+
+struct AttentionWeights {
+  TensorView q, k, v;  // [n_heads * head_dim, d_model], [n_kv_heads * head_dim, d_model] x2
+  TensorView o;        // [d_model, n_heads * head_dim]
+  std::vector<float> q_bias, k_bias, v_bias;  // empty when the model has none
+  std::vector<float> q_norm, k_norm;          // [head_dim]; empty when the model has none
+};
+
+// x: [n_tokens, d_model] at positions cache.n_past() + t; out: [n_tokens, d_model] (overwritten).
+// Writes this layer's K/V rows; the caller advances the cache after the last layer.
+void SelfAttention(Workspace& ws, const AttentionWeights& w, const AttentionShape& shape,
+                   const Rope& rope, int64_t layer, KvCache& cache, const float* x,
+                   int64_t n_tokens, float* out);
+
+// Causal attention of q: [n_tokens, n_heads, head_dim] at positions pos0 + t against keys and
+// values [0, pos0 + n_tokens) of [position, n_kv_heads, head_dim]; out: [n_tokens, n_heads *
+// head_dim]. Parallel over (token, head).
+void CausalAttention(ThreadPool& pool, const float* q, int64_t n_tokens, int64_t pos0,
+                     const float* keys, const float* values, const AttentionShape& shape,
+                     float* out);
+
+}  // namespace moetier

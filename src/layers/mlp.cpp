@@ -1,0 +1,19 @@
+#include "layers/mlp.h"
+
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/matmul.h"
+
+namespace moetier {
+
+void SwiGlu(Workspace& ws, const ExpertWeights& w, const float* x, int64_t n_tokens, float* out) {
+  const int64_t width = w.gate.shape.front();
+  const size_t n = static_cast<size_t>(n_tokens * width);
+  float* gate = ws.Get(Scratch::kGate, n);
+  float* up = ws.Get(Scratch::kUp, n);
+  kernels::MatMul(ws.pool(), x, n_tokens, w.gate, gate);
+  kernels::MatMul(ws.pool(), x, n_tokens, w.up, up);
+  kernels::SiluMul(gate, up, n_tokens * width);
+  kernels::MatMul(ws.pool(), gate, n_tokens, w.down, out);
+}
+
+}  // namespace moetier

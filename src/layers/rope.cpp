@@ -1,0 +1,39 @@
+#include "layers/rope.h"
+
+#include <cmath>
+
+namespace moetier {
+
+Rope::Rope(int64_t head_dim, double theta) : head_dim_(head_dim) {
+  const int64_t half = head_dim / 2;
+  inv_freq_.resize(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    // Hugging Face computes the frequencies in float32; matching its rounding keeps the angles
+    // equal at long positions, where an ulp of frequency becomes a visible phase error.
+    const float f = static_cast<float>(
+        1.0 / std::pow(theta, static_cast<double>(static_cast<float>(2 * i) /
+                                                  static_cast<float>(head_dim))));
+    inv_freq_[static_cast<size_t>(i)] = f;
+  }
+}
+
+void Rope::Apply(float* x, int64_t n_tokens, int64_t n_heads, int64_t pos0) const {
+  const int64_t half = head_dim_ / 2;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const double pos = static_cast<double>(pos0 + t);
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = pos * inv_freq_[static_cast<size_t>(i)];
+      const float c = static_cast<float>(std::cos(angle));
+      const float s = static_cast<float>(std::sin(angle));
+      for (int64_t h = 0; h < n_heads; ++h) {
+        float* v = x + (t * n_heads + h) * head_dim_;
+        const float a = v[i];
+        const float b = v[i + half];
+        v[i] = a * c - b * s;
+        v[i + half] = b * c + a * s;
+      }
+    }
+  }
+}
+
+}  // namespace moetier

@@ -1,0 +1,22 @@
+// Rotary position embedding, "neox" style (rotate_half): dimension i pairs with i + head_dim/2.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace moetier {
+
+class Rope {
+ public:
+  Rope() = default;
+  Rope(int64_t head_dim, double theta);
+
+  // Rotates x: [n_tokens, n_heads, head_dim] in place; token t sits at position pos0 + t.
+  void Apply(float* x, int64_t n_tokens, int64_t n_heads, int64_t pos0) const;
+
+ private:
+  int64_t head_dim_ = 0;
+  std::vector<double> inv_freq_;  // [head_dim / 2]
+};
+
+}  // namespace moetier

@@ -1,0 +1,44 @@
+// Scratch buffers for one forward pass, reused across layers and steps: after the first step of
+// a given size nothing is allocated. Owned by the model; used by the engine thread only.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <vector>
+
+#include "core/thread_pool.h"
+
+namespace moetier {
+
+enum class Scratch : size_t {
+  kQ,           // [T, n_heads * head_dim]
+  kK,           // [T, n_kv_heads * head_dim]
+  kV,           // [T, n_kv_heads * head_dim]
+  kAttnOut,     // [T, n_heads * head_dim]
+  kRouter,      // [T, n_experts]
+  kGathered,    // [T, d_model] tokens routed to one expert
+  kGate,        // [T, width]
+  kUp,          // [T, width]
+  kExpertOut,   // [T, d_model]
+  kCount
+};
+
+class Workspace {
+ public:
+  explicit Workspace(ThreadPool& pool) : pool_(pool) {}
+  ThreadPool& pool() { return pool_; }
+  // A buffer of at least n floats; contents are unspecified.
+  float* Get(Scratch slot, size_t n) {
+    auto& b = buffers_[static_cast<size_t>(slot)];
+    if (b.size() < n) b.resize(n);
+    return b.data();
+  }
+  std::vector<int32_t>& ints(size_t i) { return ints_[i]; }
+
+ private:
+  ThreadPool& pool_;
+  std::array<std::vector<float>, static_cast<size_t>(Scratch::kCount)> buffers_;
+  std::array<std::vector<int32_t>, 4> ints_;
+};
+
+}  // namespace moetier

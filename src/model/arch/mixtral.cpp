@@ -1,0 +1,80 @@
+// Mixtral (MixtralForCausalLM): Mixtral-8x7B, Mixtral-8x22B.
+//
+// Settings: `num_local_experts` experts of width `intermediate_size`, top-`num_experts_per_tok`,
+// always renormalised. Every layer is MoE. Grouped-query attention without q/k norm or bias;
+// `head_dim` defaults to hidden_size / num_attention_heads; `sliding_window` (when not null)
+// limits attention. Expert tensors are w1 (gate), w3 (up) and w2 (down).
+//
+// Forward: the standard MoE decoder of model/decoder_lm.h.
+#include <string>
+
+#include "experts/expert_table.h"
+#include "model/arch/arch.h"
+#include "model/decoder_lm.h"
+#include "model/weight_binder.h"
+
+namespace moetier::arch {
+
+namespace {
+
+ConfigDefaults MixtralDefaults() {
+  ConfigDefaults d;
+  d.norm_topk_prob = true;  // Mixtral always renormalises the top-k weights
+  d.tie_word_embeddings = false;
+  d.rope_theta = 1e6;
+  d.expert_width_keys = {"intermediate_size"};
+  d.has_dense_layer_keys = false;
+  d.sliding_window_needs_flag = false;
+  return d;
+}
+
+Expected<std::unique_ptr<CausalLM>> CreateMixtral(ModelConfig c, Checkpoint ckpt, int n_threads) {
+  // Mixtral has no switch for this; a config that says otherwise is not a Mixtral we know.
+  c.norm_topk_prob = true;
+  WeightBinder b(ckpt, c);
+  const int64_t H = c.hidden_size, hd = c.head_dim;
+  const int64_t q_width = c.n_heads * hd, kv_width = c.n_kv_heads * hd;
+  const int64_t I = c.expert_intermediate_size;
+
+  DecoderWeights w;
+  w.embed = b.Matrix("model.embed_tokens.weight", {c.vocab_size, H});
+  auto experts = std::make_unique<ExpertTable>(c.n_layers);
+  for (int64_t l = 0; l < c.n_layers && b.status().ok(); ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    DecoderLayerWeights lw;
+    lw.attn_norm = b.Vector(p + "input_layernorm.weight", H);
+    lw.attn.q = b.Matrix(p + "self_attn.q_proj.weight", {q_width, H});
+    lw.attn.k = b.Matrix(p + "self_attn.k_proj.weight", {kv_width, H});
+    lw.attn.v = b.Matrix(p + "self_attn.v_proj.weight", {kv_width, H});
+    lw.attn.o = b.Matrix(p + "self_attn.o_proj.weight", {H, q_width});
+    lw.mlp_norm = b.Vector(p + "post_attention_layernorm.weight", H);
+    lw.is_moe = true;
+    lw.router = b.Matrix(p + "block_sparse_moe.gate.weight", {c.n_experts, H});
+    std::vector<ExpertWeights> layer_experts(static_cast<size_t>(c.n_experts));
+    for (int64_t e = 0; e < c.n_experts; ++e) {
+      const std::string q = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+      auto& ew = layer_experts[static_cast<size_t>(e)];
+      ew.gate = b.Matrix(q + "w1.weight", {I, H});
+      ew.up = b.Matrix(q + "w3.weight", {I, H});
+      ew.down = b.Matrix(q + "w2.weight", {H, I});
+    }
+    experts->SetLayer(l, std::move(layer_experts));
+    w.layers.push_back(std::move(lw));
+  }
+  w.final_norm = b.Vector("model.norm.weight", H);
+  w.lm_head = c.tie_word_embeddings ? w.embed : b.Matrix("lm_head.weight", {c.vocab_size, H});
+  MT_RETURN_IF_ERROR(b.status());
+
+  const RouterOptions router{c.n_experts, c.n_experts_per_token, true};
+  return std::unique_ptr<CausalLM>(std::make_unique<DecoderLM>(
+      std::move(c), std::move(ckpt), std::move(w), std::move(experts), router, n_threads));
+}
+
+}  // namespace
+
+const ArchSpec& MixtralSpec() {
+  static const ArchSpec spec{"MixtralForCausalLM", &MixtralDefaults, &CreateMixtral};
+  return spec;
+}
+
+}  // namespace moetier::arch

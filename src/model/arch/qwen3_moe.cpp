@@ -1,0 +1,93 @@
+// Qwen3-MoE (Qwen3MoeForCausalLM): Qwen3-30B-A3B, Qwen3-235B-A22B.
+//
+// Settings: `num_experts`/`num_local_experts` routed experts of width `moe_intermediate_size`,
+// top-`num_experts_per_tok`, renormalised when `norm_topk_prob` (default false). Layers listed
+// in `mlp_only_layers`, or off the `decoder_sparse_step` grid, are dense MLPs of width
+// `intermediate_size`. Grouped-query attention with a per-head RMSNorm of q and k before RoPE;
+// no attention bias unless `attention_bias`. Embeddings tied when `tie_word_embeddings`.
+//
+// Forward: the standard MoE decoder of model/decoder_lm.h.
+#include <string>
+
+#include "experts/expert_table.h"
+#include "model/arch/arch.h"
+#include "model/decoder_lm.h"
+#include "model/weight_binder.h"
+
+namespace moetier::arch {
+
+namespace {
+
+ConfigDefaults Qwen3MoeDefaults() {
+  ConfigDefaults d;
+  d.norm_topk_prob = false;  // Qwen3MoeConfig's default
+  d.tie_word_embeddings = false;
+  d.rope_theta = 10000.0;
+  d.expert_width_keys = {"moe_intermediate_size"};
+  d.has_dense_layer_keys = true;
+  d.sliding_window_needs_flag = true;  // `sliding_window` applies only with use_sliding_window
+  return d;
+}
+
+Expected<std::unique_ptr<CausalLM>> CreateQwen3Moe(ModelConfig c, Checkpoint ckpt, int n_threads) {
+  WeightBinder b(ckpt, c);
+  const int64_t H = c.hidden_size, hd = c.head_dim;
+  const int64_t q_width = c.n_heads * hd, kv_width = c.n_kv_heads * hd;
+  const int64_t I = c.expert_intermediate_size;
+
+  DecoderWeights w;
+  w.embed = b.Matrix("model.embed_tokens.weight", {c.vocab_size, H});
+  auto experts = std::make_unique<ExpertTable>(c.n_layers);
+  for (int64_t l = 0; l < c.n_layers && b.status().ok(); ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    DecoderLayerWeights lw;
+    lw.attn_norm = b.Vector(p + "input_layernorm.weight", H);
+    lw.attn.q = b.Matrix(p + "self_attn.q_proj.weight", {q_width, H});
+    lw.attn.k = b.Matrix(p + "self_attn.k_proj.weight", {kv_width, H});
+    lw.attn.v = b.Matrix(p + "self_attn.v_proj.weight", {kv_width, H});
+    lw.attn.o = b.Matrix(p + "self_attn.o_proj.weight", {H, q_width});
+    if (c.attention_bias) {
+      lw.attn.q_bias = b.Vector(p + "self_attn.q_proj.bias", q_width);
+      lw.attn.k_bias = b.Vector(p + "self_attn.k_proj.bias", kv_width);
+      lw.attn.v_bias = b.Vector(p + "self_attn.v_proj.bias", kv_width);
+    }
+    lw.attn.q_norm = b.Vector(p + "self_attn.q_norm.weight", hd);
+    lw.attn.k_norm = b.Vector(p + "self_attn.k_norm.weight", hd);
+    lw.mlp_norm = b.Vector(p + "post_attention_layernorm.weight", H);
+    lw.is_moe = c.layer_is_moe[static_cast<size_t>(l)];
+    if (lw.is_moe) {
+      lw.router = b.Matrix(p + "mlp.gate.weight", {c.n_experts, H});
+      std::vector<ExpertWeights> layer_experts(static_cast<size_t>(c.n_experts));
+      for (int64_t e = 0; e < c.n_experts; ++e) {
+        const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
+        auto& ew = layer_experts[static_cast<size_t>(e)];
+        ew.gate = b.Matrix(q + "gate_proj.weight", {I, H});
+        ew.up = b.Matrix(q + "up_proj.weight", {I, H});
+        ew.down = b.Matrix(q + "down_proj.weight", {H, I});
+      }
+      experts->SetLayer(l, std::move(layer_experts));
+    } else {
+      const int64_t D = c.dense_intermediate_size;
+      lw.dense.gate = b.Matrix(p + "mlp.gate_proj.weight", {D, H});
+      lw.dense.up = b.Matrix(p + "mlp.up_proj.weight", {D, H});
+      lw.dense.down = b.Matrix(p + "mlp.down_proj.weight", {H, D});
+    }
+    w.layers.push_back(std::move(lw));
+  }
+  w.final_norm = b.Vector("model.norm.weight", H);
+  w.lm_head = c.tie_word_embeddings ? w.embed : b.Matrix("lm_head.weight", {c.vocab_size, H});
+  MT_RETURN_IF_ERROR(b.status());
+
+  const RouterOptions router{c.n_experts, c.n_experts_per_token, c.norm_topk_prob};
+  return std::unique_ptr<CausalLM>(std::make_unique<DecoderLM>(
+      std::move(c), std::move(ckpt), std::move(w), std::move(experts), router, n_threads));
+}
+
+}  // namespace
+
+const ArchSpec& Qwen3MoeSpec() {
+  static const ArchSpec spec{"Qwen3MoeForCausalLM", &Qwen3MoeDefaults, &CreateQwen3Moe};
+  return spec;
+}
+
+}  // namespace moetier::arch

@@ -1,0 +1,85 @@
+#include "model/decoder_lm.h"
+
+#include <string>
+
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/matmul.h"
+#include "layers/mlp.h"
+
+namespace moetier {
+
+DecoderLM::DecoderLM(ModelConfig config, Checkpoint checkpoint, DecoderWeights weights,
+                     std::unique_ptr<ExpertSource> experts, RouterOptions router, int n_threads)
+    : config_(std::move(config)),
+      checkpoint_(std::move(checkpoint)),
+      w_(std::move(weights)),
+      experts_(std::move(experts)),
+      router_(router),
+      rope_(config_.head_dim, config_.rope_theta),
+      pool_(n_threads),
+      ws_(pool_) {
+  attn_shape_.d_model = config_.hidden_size;
+  attn_shape_.n_heads = config_.n_heads;
+  attn_shape_.n_kv_heads = config_.n_kv_heads;
+  attn_shape_.head_dim = config_.head_dim;
+  attn_shape_.sliding_window = config_.sliding_window;
+  attn_shape_.norm_eps = static_cast<float>(config_.rms_norm_eps);
+}
+
+Status DecoderLM::Forward(std::span<const int32_t> tokens, KvCache& cache, LogitsFor which,
+                          std::vector<float>& logits) {
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  const int64_t H = config_.hidden_size;
+  const int64_t V = config_.vocab_size;
+  if (T == 0) return Status::Error("no tokens to run");
+  for (int32_t id : tokens)
+    if (id < 0 || id >= V)
+      return Status::Error("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                           std::to_string(V) + ")");
+  MT_RETURN_IF_ERROR(cache.Reserve(T));
+
+  const size_t n_act = static_cast<size_t>(T * H);
+  h_.resize(n_act);
+  xn_.resize(n_act);
+  delta_.resize(n_act);
+  for (int64_t t = 0; t < T; ++t)
+    kernels::RowToF32(w_.embed, static_cast<int64_t>(tokens[static_cast<size_t>(t)]) * H, H,
+                      h_.data() + t * H);
+
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  if (router_sink_ != nullptr) router_sink_->assign(static_cast<size_t>(config_.n_layers), {});
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    const DecoderLayerWeights& lw = w_.layers[static_cast<size_t>(l)];
+    for (int64_t t = 0; t < T; ++t)
+      kernels::RmsNormRow(h_.data() + t * H, lw.attn_norm.data(), eps, H, xn_.data() + t * H);
+    SelfAttention(ws_, lw.attn, attn_shape_, rope_, l, cache, xn_.data(), T, delta_.data());
+    kernels::Axpy(1.0f, delta_.data(), T * H, h_.data());
+
+    for (int64_t t = 0; t < T; ++t)
+      kernels::RmsNormRow(h_.data() + t * H, lw.mlp_norm.data(), eps, H, xn_.data() + t * H);
+    if (lw.is_moe) {
+      float* sink = nullptr;
+      if (router_sink_ != nullptr) {
+        auto& dst = (*router_sink_)[static_cast<size_t>(l)];
+        dst.resize(static_cast<size_t>(T * router_.n_experts));
+        sink = dst.data();
+      }
+      MoeBlock(ws_, lw.router, router_, *experts_, l, xn_.data(), T, H, delta_.data(), sink);
+    } else {
+      SwiGlu(ws_, lw.dense, xn_.data(), T, delta_.data());
+    }
+    kernels::Axpy(1.0f, delta_.data(), T * H, h_.data());
+  }
+  cache.Advance(T);
+
+  const int64_t first = which == LogitsFor::kLastToken ? T - 1 : 0;
+  const int64_t n_out = T - first;
+  for (int64_t t = first; t < T; ++t)
+    kernels::RmsNormRow(h_.data() + t * H, w_.final_norm.data(), eps, H,
+                        xn_.data() + (t - first) * H);
+  logits.resize(static_cast<size_t>(n_out * V));
+  kernels::MatMul(pool_, xn_.data(), n_out, w_.lm_head, logits.data());
+  return OkStatus();
+}
+
+}  // namespace moetier

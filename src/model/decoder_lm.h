@@ -1,0 +1,63 @@
+// DecoderLM: the pre-norm decoder-only transformer with MoE feed-forward layers that Qwen3-MoE
+// and Mixtral share (they differ in tensor names, config defaults and Qwen3's per-head q/k norm,
+// which their files in arch/ bind). Architectures whose forward differs write their own.
+//
+// Per layer:  h += Attn(RmsNorm(h));  h += Moe(RmsNorm(h)) or Mlp(RmsNorm(h))
+// Then:       logits = lm_head · RmsNorm(h)
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "experts/expert_table.h"
+#include "io/checkpoint.h"
+#include "layers/attention.h"
+#include "layers/moe_block.h"
+#include "layers/rope.h"
+#include "layers/workspace.h"
+#include "model/causal_lm.h"
+
+namespace moetier {
+
+struct DecoderLayerWeights {
+  std::vector<float> attn_norm;  // [d_model]
+  AttentionWeights attn;
+  std::vector<float> mlp_norm;  // [d_model]
+  bool is_moe = true;
+  TensorView router;    // [n_experts, d_model] when is_moe
+  ExpertWeights dense;  // the dense MLP when !is_moe
+};
+
+struct DecoderWeights {
+  TensorView embed;  // [vocab, d_model]
+  std::vector<DecoderLayerWeights> layers;
+  std::vector<float> final_norm;  // [d_model]
+  TensorView lm_head;             // [vocab, d_model]; the embedding when tied
+};
+
+class DecoderLM final : public CausalLM {
+ public:
+  DecoderLM(ModelConfig config, Checkpoint checkpoint, DecoderWeights weights,
+            std::unique_ptr<ExpertSource> experts, RouterOptions router, int n_threads);
+
+  const ModelConfig& config() const override { return config_; }
+  Status Forward(std::span<const int32_t> tokens, KvCache& cache, LogitsFor which,
+                 std::vector<float>& logits) override;
+  void SetRouterLogitsSink(std::vector<std::vector<float>>* sink) override { router_sink_ = sink; }
+
+ private:
+  ModelConfig config_;
+  Checkpoint checkpoint_;  // owns the memory maps every TensorView points into
+  DecoderWeights w_;
+  std::unique_ptr<ExpertSource> experts_;
+  RouterOptions router_;
+  AttentionShape attn_shape_;
+  Rope rope_;
+  ThreadPool pool_;
+  Workspace ws_;
+  std::vector<float> h_, xn_, delta_;  // [T, d_model]: residual stream, normed input, sublayer out
+  std::vector<std::vector<float>>* router_sink_ = nullptr;
+};
+
+}  // namespace moetier

@@ -1,0 +1,42 @@
+#include "model/generation_config.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "io/mapped_file.h"
+
+namespace moetier {
+
+Expected<std::vector<int32_t>> ReadStopTokenIds(const std::filesystem::path& dir,
+                                                const ModelConfig& config) {
+  std::vector<int32_t> ids = config.eos_token_ids;
+  const auto path = dir / "generation_config.json";
+  if (std::filesystem::exists(path)) {
+    MT_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      return Status::Error(path.string() + ": not valid JSON: " + e.what());
+    }
+    if (j.is_object() && j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
+      const auto& v = j["eos_token_id"];
+      auto add = [&](const nlohmann::json& e) -> Status {
+        if (!e.is_number_integer())
+          return Status::Error(path.string() + ": field 'eos_token_id' must hold integers");
+        ids.push_back(e.get<int32_t>());
+        return OkStatus();
+      };
+      if (v.is_array()) {
+        for (const auto& e : v) MT_RETURN_IF_ERROR(add(e));
+      } else {
+        MT_RETURN_IF_ERROR(add(v));
+      }
+    }
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+}  // namespace moetier

@@ -1,0 +1,17 @@
+// generation_config.json: the ids that end generation, merged with config.json's.
+#pragma once
+
+#include <filesystem>
+#include <vector>
+
+#include "core/status.h"
+#include "model/config.h"
+
+namespace moetier {
+
+// EOS ids from `dir`/generation_config.json (when present) and from the model config, without
+// duplicates. A malformed generation_config.json is an error naming it.
+Expected<std::vector<int32_t>> ReadStopTokenIds(const std::filesystem::path& dir,
+                                                const ModelConfig& config);
+
+}  // namespace moetier

@@ -1,0 +1,44 @@
+#include "model/weight_binder.h"
+
+namespace moetier {
+
+const TensorView* WeightBinder::Lookup(const std::string& name,
+                                       const std::vector<int64_t>& shape) {
+  if (!status_.ok()) return nullptr;
+  const TensorView* v = checkpoint_.Find(name);
+  if (v == nullptr) {
+    status_ = Status::Error(checkpoint_.description() + ": missing tensor '" + name + "', which " +
+                            config_.architecture + " needs");
+    return nullptr;
+  }
+  const std::string file = checkpoint_.FileOf(name);
+  if (!IsWeightDType(v->dtype)) {
+    status_ = Status::Error(file + ": tensor '" + name + "' has dtype " +
+                            std::string(DTypeName(v->dtype)) + "; weights must be BF16, F16 or F32");
+    return nullptr;
+  }
+  if (config_.declared_dtype && v->dtype != *config_.declared_dtype) {
+    status_ = Status::Error(file + ": tensor '" + name + "' is " + std::string(DTypeName(v->dtype)) +
+                            " but " + config_.source + " declares " +
+                            std::string(DTypeName(*config_.declared_dtype)));
+    return nullptr;
+  }
+  if (v->shape != shape) {
+    status_ = Status::Error(file + ": tensor '" + name + "' has shape " + ShapeToString(v->shape) +
+                            " but " + config_.source + " implies " + ShapeToString(shape));
+    return nullptr;
+  }
+  return v;
+}
+
+TensorView WeightBinder::Matrix(const std::string& name, std::vector<int64_t> shape) {
+  const TensorView* v = Lookup(name, shape);
+  return v ? *v : TensorView{};
+}
+
+std::vector<float> WeightBinder::Vector(const std::string& name, int64_t n) {
+  const TensorView* v = Lookup(name, {n});
+  return v ? ToF32(*v) : std::vector<float>{};
+}
+
+}  // namespace moetier
