@@ -1,0 +1,248 @@
+#include "text/tokenizer/pre_tokenizer.h"
+
+#include <utility>
+
+#include "text/tokenizer/utf8.h"
+
+namespace moetier::text {
+namespace {
+
+// GPT-2's word pattern, which ByteLevel applies when use_regex is true.
+constexpr std::string_view kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+// The Whitespace pre-tokenizer keeps runs of word characters and runs of other non-blanks.
+constexpr std::string_view kWhitespacePattern = R"(\w+|[^\w\s]+)";
+
+Expected<std::shared_ptr<const Pattern>> CompileBuiltin(std::string_view pattern) {
+  MT_ASSIGN_OR_RETURN(Pattern p, Pattern::FromJson(Json{{"Regex", std::string(pattern)}}, ""));
+  return std::make_shared<const Pattern>(std::move(p));
+}
+
+}  // namespace
+
+Expected<PreTokenizer> PreTokenizer::FromJson(const Json& j, std::string_view path) {
+  PreTokenizer p;
+  if (j.is_null()) return p;
+  MT_RETURN_IF_ERROR(p.AddFromJson(j, path));
+  return p;
+}
+
+Status PreTokenizer::AddFromJson(const Json& j, std::string_view path) {
+  if (!j.is_object()) return FieldError(path, "expected an object");
+  MT_ASSIGN_OR_RETURN(const std::string type, RequiredString(j, "type", path));
+  Step step;
+  if (type == "Sequence") {
+    const auto it = j.find("pretokenizers");
+    if (it == j.end() || !it->is_array()) {
+      return FieldError(JoinPath(path, "pretokenizers"), "expected an array");
+    }
+    for (size_t i = 0; i < it->size(); ++i) {
+      MT_RETURN_IF_ERROR(
+          AddFromJson((*it)[i], JoinPath(path, "pretokenizers[" + std::to_string(i) + "]")));
+    }
+    return OkStatus();
+  } else if (type == "Split") {
+    step.kind = Kind::kSplit;
+    const auto it = j.find("pattern");
+    if (it == j.end()) return FieldError(JoinPath(path, "pattern"), "missing");
+    MT_ASSIGN_OR_RETURN(Pattern pattern, Pattern::FromJson(*it, JoinPath(path, "pattern")));
+    step.pattern = std::make_shared<const Pattern>(std::move(pattern));
+    const auto behavior = j.find("behavior");
+    if (behavior == j.end()) return FieldError(JoinPath(path, "behavior"), "missing");
+    MT_ASSIGN_OR_RETURN(step.behavior,
+                        ParseSplitBehavior(*behavior, JoinPath(path, "behavior")));
+    MT_ASSIGN_OR_RETURN(step.invert, OptionalBool(j, "invert", path, false));
+  } else if (type == "ByteLevel") {
+    step.kind = Kind::kByteLevel;
+    MT_ASSIGN_OR_RETURN(step.add_prefix_space, OptionalBool(j, "add_prefix_space", path, true));
+    MT_ASSIGN_OR_RETURN(const bool use_regex, OptionalBool(j, "use_regex", path, true));
+    if (use_regex) MT_ASSIGN_OR_RETURN(step.pattern, CompileBuiltin(kGpt2Pattern));
+    if (!alphabet_) alphabet_ = std::make_shared<const ByteLevelAlphabet>();
+  } else if (type == "Metaspace") {
+    step.kind = Kind::kMetaspace;
+    MT_ASSIGN_OR_RETURN(step.replacement, RequiredString(j, "replacement", path));
+    size_t pos = 0;
+    if (step.replacement.empty() || (NextCodePoint(step.replacement, pos), pos) !=
+                                        step.replacement.size()) {
+      return FieldError(JoinPath(path, "replacement"), "expected exactly one character");
+    }
+    MT_ASSIGN_OR_RETURN(const auto scheme, OptionalString(j, "prepend_scheme", path));
+    MT_ASSIGN_OR_RETURN(const bool add_prefix_space,
+                        OptionalBool(j, "add_prefix_space", path, true));
+    if (!scheme) {
+      step.prepend = add_prefix_space ? Prepend::kAlways : Prepend::kNever;
+    } else if (*scheme == "always") {
+      step.prepend = Prepend::kAlways;
+    } else if (*scheme == "first") {
+      step.prepend = Prepend::kFirst;
+    } else if (*scheme == "never") {
+      step.prepend = Prepend::kNever;
+    } else {
+      return FieldError(JoinPath(path, "prepend_scheme"),
+                        "unknown scheme \"" + *scheme + "\" (known: always, first, never)");
+    }
+    MT_ASSIGN_OR_RETURN(step.flag, OptionalBool(j, "split", path, true));
+  } else if (type == "Digits") {
+    step.kind = Kind::kDigits;
+    MT_ASSIGN_OR_RETURN(step.flag, OptionalBool(j, "individual_digits", path, false));
+  } else if (type == "Whitespace") {
+    step.kind = Kind::kSplit;
+    MT_ASSIGN_OR_RETURN(step.pattern, CompileBuiltin(kWhitespacePattern));
+    step.behavior = SplitBehavior::kRemoved;
+    step.invert = true;
+  } else if (type == "WhitespaceSplit") {
+    step.kind = Kind::kWhitespaceSplit;
+  } else {
+    return FieldError(JoinPath(path, "type"),
+                      "unsupported pre-tokenizer \"" + type +
+                          "\" (supported: Split, ByteLevel, Metaspace, Digits, Whitespace, "
+                          "WhitespaceSplit, Sequence)");
+  }
+  steps_.push_back(std::move(step));
+  return OkStatus();
+}
+
+void PreTokenizer::Apply(PieceList& words) const {
+  for (const Step& step : steps_) {
+    switch (step.kind) {
+      case Kind::kSplit:
+        ApplySplit(step, words);
+        break;
+      case Kind::kByteLevel:
+        ApplyByteLevel(step, words);
+        break;
+      case Kind::kMetaspace:
+        ApplyMetaspace(step, words);
+        break;
+      case Kind::kDigits:
+      case Kind::kWhitespace:
+      case Kind::kWhitespaceSplit:
+        ApplyCharSplit(step, words);
+        break;
+    }
+  }
+  // A step may leave empty pieces only when it had no work to do; drop them for the model.
+  std::erase_if(words.pieces, [](const PieceList::Piece& p) { return p.end <= p.begin; });
+}
+
+void PreTokenizer::ApplySplit(const Step& step, PieceList& words) const {
+  std::vector<PieceList::Piece> out;
+  out.reserve(words.pieces.size() * 4);
+  std::vector<Segment> segments;
+  std::vector<std::pair<size_t, size_t>> kept;
+  for (const PieceList::Piece& piece : words.pieces) {
+    segments.clear();
+    kept.clear();
+    step.pattern->FindSegments(words.View(piece), segments);
+    if (step.invert) {
+      for (Segment& s : segments) s.is_match = !s.is_match;
+    }
+    ApplySplitBehavior(segments, step.behavior, kept);
+    for (const auto& [b, e] : kept) {
+      out.push_back({piece.begin + static_cast<uint32_t>(b), piece.begin + static_cast<uint32_t>(e),
+                     piece.at_origin && b == 0});
+    }
+  }
+  words.pieces = std::move(out);
+}
+
+void PreTokenizer::ApplyCharSplit(const Step& step, PieceList& words) const {
+  std::vector<PieceList::Piece> out;
+  std::vector<Segment> segments;
+  std::vector<std::pair<size_t, size_t>> kept;
+  const bool digits = step.kind == Kind::kDigits;
+  const SplitBehavior behavior = !digits ? SplitBehavior::kRemoved
+                                 : step.flag ? SplitBehavior::kIsolated
+                                             : SplitBehavior::kContiguous;
+  for (const PieceList::Piece& piece : words.pieces) {
+    segments.clear();
+    kept.clear();
+    if (digits) {
+      FindCharSegments(words.View(piece), IsNumeric, segments);
+    } else {
+      FindCharSegments(words.View(piece), IsWhiteSpace, segments);
+    }
+    ApplySplitBehavior(segments, behavior, kept);
+    for (const auto& [b, e] : kept) {
+      out.push_back({piece.begin + static_cast<uint32_t>(b), piece.begin + static_cast<uint32_t>(e),
+                     piece.at_origin && b == 0});
+    }
+  }
+  words.pieces = std::move(out);
+}
+
+void PreTokenizer::ApplyByteLevel(const Step& step, PieceList& words) const {
+  PieceList out;
+  out.text.reserve(words.text.size() * 2);
+  out.pieces.reserve(words.pieces.size() * 2);
+  std::string prefixed;
+  std::vector<Segment> segments;
+  std::vector<std::pair<size_t, size_t>> kept;
+  for (const PieceList::Piece& piece : words.pieces) {
+    std::string_view src = words.View(piece);
+    if (step.add_prefix_space && (src.empty() || src.front() != ' ')) {
+      prefixed.assign(" ");
+      prefixed.append(src);
+      src = prefixed;
+    }
+    kept.clear();
+    if (step.pattern) {
+      segments.clear();
+      step.pattern->FindSegments(src, segments);
+      ApplySplitBehavior(segments, SplitBehavior::kIsolated, kept);
+    } else if (!src.empty()) {
+      kept.emplace_back(0, src.size());
+    }
+    for (const auto& [b, e] : kept) {
+      const auto begin = static_cast<uint32_t>(out.text.size());
+      alphabet_->EncodeAppend(src.substr(b, e - b), out.text);
+      out.pieces.push_back({begin, static_cast<uint32_t>(out.text.size()),
+                            piece.at_origin && b == 0});
+    }
+  }
+  words = std::move(out);
+}
+
+void PreTokenizer::ApplyMetaspace(const Step& step, PieceList& words) const {
+  PieceList out;
+  out.text.reserve(words.text.size() * 2);
+  std::string rewritten;
+  std::vector<Segment> segments;
+  std::vector<std::pair<size_t, size_t>> kept;
+  size_t pos = 0;
+  const char32_t replacement_cp = NextCodePoint(step.replacement, pos);
+  for (const PieceList::Piece& piece : words.pieces) {
+    const std::string_view src = words.View(piece);
+    rewritten.clear();
+    for (const char c : src) {
+      if (c == ' ') {
+        rewritten.append(step.replacement);
+      } else {
+        rewritten.push_back(c);
+      }
+    }
+    const bool starts_with_replacement = rewritten.starts_with(step.replacement);
+    const bool prepend =
+        !starts_with_replacement &&
+        (step.prepend == Prepend::kAlways || (step.prepend == Prepend::kFirst && piece.at_origin));
+    if (prepend) rewritten.insert(0, step.replacement);
+    kept.clear();
+    if (step.flag) {
+      segments.clear();
+      FindCharSegments(
+          rewritten, [replacement_cp](char32_t c) { return c == replacement_cp; }, segments);
+      ApplySplitBehavior(segments, SplitBehavior::kMergedWithNext, kept);
+    } else if (!rewritten.empty()) {
+      kept.emplace_back(0, rewritten.size());
+    }
+    const auto base = static_cast<uint32_t>(out.text.size());
+    out.text.append(rewritten);
+    for (const auto& [b, e] : kept) {
+      out.pieces.push_back({base + static_cast<uint32_t>(b), base + static_cast<uint32_t>(e),
+                            piece.at_origin && b == 0});
+    }
+  }
+  words = std::move(out);
+}
+
+}  // namespace moetier::text

@@ -1,0 +1,102 @@
+// config.json parsing: both key spellings real checkpoints use, defaults per architecture, and
+// errors that name the field.
+#include <gtest/gtest.h>
+
+#include "model/arch/arch.h"
+#include "model/config.h"
+#include "support/test_support.h"
+
+namespace moetier {
+namespace {
+
+Expected<ModelConfig> Parse(const nlohmann::json& j, const char* arch = "Qwen3MoeForCausalLM") {
+  return ParseModelConfig(j.dump(), "config.json", arch::FindArch(arch)->defaults());
+}
+
+nlohmann::json Fixture(const std::string& rel) {
+  return nlohmann::json::parse(testing::ReadFile(testing::HfFixture(rel) / "config.json"));
+}
+
+TEST(Config, ClassicSpellings) {
+  // public/qwen3_moe uses rope_theta and num_experts.
+  auto c = Parse(Fixture("qwen3_moe"));
+  ASSERT_TRUE(c.ok()) << c.message();
+  EXPECT_EQ(c->n_experts, 8);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 1e6);
+  EXPECT_EQ(c->expert_intermediate_size, 48);
+  EXPECT_EQ(c->head_dim, 16);
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_EQ(c->n_moe_layers(), 4);
+}
+
+TEST(Config, NewerSpellings) {
+  // realvocab/qwen3_moe_tiny uses rope_parameters and num_local_experts.
+  auto c = Parse(Fixture("realvocab/qwen3_moe_tiny"));
+  ASSERT_TRUE(c.ok()) << c.message();
+  EXPECT_EQ(c->n_experts, 4);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 1e6);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  auto m = Parse(Fixture("mixtral"), "MixtralForCausalLM");
+  ASSERT_TRUE(m.ok()) << m.message();
+  EXPECT_EQ(m->n_experts, 4);
+  EXPECT_EQ(m->head_dim, 64 / 8);  // head_dim: null → hidden_size / num_attention_heads
+  EXPECT_EQ(m->expert_intermediate_size, 96);
+}
+
+TEST(Config, BothSpellingsGiveTheSameConfig) {
+  nlohmann::json classic = Fixture("qwen3_moe");
+  nlohmann::json newer = classic;
+  newer.erase("rope_theta");
+  newer.erase("num_experts");
+  newer["rope_parameters"] = {{"rope_theta", 1e6}, {"rope_type", "default"}};
+  newer["num_local_experts"] = 8;
+  auto a = Parse(classic), b = Parse(newer);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->n_experts, b->n_experts);
+  EXPECT_EQ(a->rope_theta, b->rope_theta);
+}
+
+TEST(Config, DenseLayersFromMlpOnlyLayersAndSparseStep) {
+  nlohmann::json j = Fixture("qwen3_moe");
+  j["mlp_only_layers"] = {0};
+  j["decoder_sparse_step"] = 2;  // layers 1 and 3 are on the grid
+  auto c = Parse(j);
+  ASSERT_TRUE(c.ok()) << c.message();
+  EXPECT_EQ(c->layer_is_moe, (std::vector<bool>{false, true, false, true}));
+}
+
+TEST(Config, Errors) {
+  struct Case {
+    const char* what;
+    std::function<void(nlohmann::json&)> edit;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"missing hidden_size", [](auto& j) { j.erase("hidden_size"); }, "'hidden_size'"},
+      {"string where int", [](auto& j) { j["num_hidden_layers"] = "4"; }, "'num_hidden_layers'"},
+      {"heads not divisible", [](auto& j) { j["num_key_value_heads"] = 3; }, "num_key_value_heads"},
+      {"top-k > experts", [](auto& j) { j["num_experts_per_tok"] = 9; }, "num_experts_per_tok"},
+      {"yarn rope", [](auto& j) { j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}}; }, "yarn"},
+      {"bad mlp_only_layers", [](auto& j) { j["mlp_only_layers"] = {7}; }, "mlp_only_layers"},
+      {"gelu", [](auto& j) { j["hidden_act"] = "gelu"; }, "hidden_act"},
+      {"negative size", [](auto& j) { j["vocab_size"] = -1; }, "vocab_size"},
+      {"absurd size", [](auto& j) { j["hidden_size"] = int64_t{1} << 40; }, "exceeds"},
+  };
+  for (const auto& c : cases) {
+    nlohmann::json j = Fixture("qwen3_moe");
+    c.edit(j);
+    auto r = Parse(j);
+    ASSERT_FALSE(r.ok()) << c.what;
+    EXPECT_NE(r.message().find("config.json: "), std::string::npos) << r.message();
+    EXPECT_NE(r.message().find(c.needle), std::string::npos) << c.what << ": " << r.message();
+  }
+}
+
+TEST(Config, NotJson) {
+  auto r = ParseModelConfig("{\"hidden_size\": 4,", "x/config.json", ConfigDefaults{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.message().rfind("x/config.json: not valid JSON", 0), 0u) << r.message();
+}
+
+}  // namespace
+}  // namespace moetier

@@ -1,0 +1,186 @@
+// The CPU forward against Hugging Face transformers' own outputs (tests/fixtures/hf/*/
+// reference.safetensors, computed in float64 from the same bf16 weights): logits at every
+// position, greedy continuations, router logits, and incremental decoding against a full
+// recompute.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine/generate.h"
+#include "io/safetensors.h"
+#include "model/causal_lm.h"
+#include "support/test_support.h"
+
+namespace moetier {
+namespace {
+
+struct Reference {
+  SafetensorsFile file;
+  std::vector<int32_t> Ints(const std::string& name) const {
+    const TensorView* v = file.Find(name);
+    EXPECT_NE(v, nullptr) << name;
+    std::vector<int32_t> out;
+    if (v == nullptr) return out;
+    for (int64_t i = 0; i < v->NumElements(); ++i) out.push_back(static_cast<int32_t>(v->as<int64_t>()[i]));
+    return out;
+  }
+  std::vector<float> Floats(const std::string& name, std::vector<int64_t>* shape = nullptr) const {
+    const TensorView* v = file.Find(name);
+    EXPECT_NE(v, nullptr) << name;
+    if (v == nullptr) return {};
+    if (shape) *shape = v->shape;
+    return ToF32(*v);
+  }
+};
+
+// Tolerance from the fixtures' README: 1e-3 · max|ref| + 1e-4 per position.
+void ExpectRowClose(const float* mine, const float* ref, int64_t n, const std::string& what) {
+  float max_ref = 0.0f, worst = 0.0f;
+  int64_t worst_i = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    max_ref = std::max(max_ref, std::fabs(ref[i]));
+    const float d = std::fabs(mine[i] - ref[i]);
+    ASSERT_FALSE(std::isnan(mine[i])) << what << " element " << i;
+    if (d > worst) {
+      worst = d;
+      worst_i = i;
+    }
+  }
+  const float tol = 1e-3f * max_ref + 1e-4f;
+  EXPECT_LE(worst, tol) << what << ": element " << worst_i << " is " << mine[worst_i]
+                        << ", reference " << ref[worst_i];
+}
+
+class HfReference : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    dir_ = testing::HfFixture(GetParam());
+    auto ref = SafetensorsFile::Open(dir_ / "reference.safetensors");
+    ASSERT_TRUE(ref.ok()) << ref.message();
+    ref_ = std::make_unique<Reference>(Reference{std::move(ref).value()});
+    auto model = LoadCausalLM(dir_, LoadOptions{});
+    ASSERT_TRUE(model.ok()) << model.message();
+    model_ = std::move(model).value();
+  }
+  std::filesystem::path dir_;
+  std::unique_ptr<Reference> ref_;
+  std::unique_ptr<CausalLM> model_;
+};
+
+TEST_P(HfReference, LogitsAtEveryPositionMatch) {
+  const int64_t V = model_->config().vocab_size;
+  for (int p = 0; p < 3; ++p) {
+    const std::string key = "prompt" + std::to_string(p);
+    const auto tokens = ref_->Ints(key + ".tokens");
+    std::vector<int64_t> shape;
+    const auto want = ref_->Floats(key + ".logits", &shape);
+    ASSERT_EQ(shape.size(), 2u);
+    ASSERT_EQ(shape[1], V);
+    KvCache cache = model_->NewCache(64);
+    std::vector<float> logits;
+    ASSERT_TRUE(model_->Forward(tokens, cache, LogitsFor::kAllTokens, logits).ok());
+    const int64_t T = static_cast<int64_t>(tokens.size());
+    ASSERT_EQ(static_cast<int64_t>(logits.size()), T * V);
+    // Full-vocabulary fixtures store only the last position.
+    const int64_t first = T - shape[0];
+    for (int64_t t = 0; t < shape[0]; ++t)
+      ExpectRowClose(logits.data() + (first + t) * V, want.data() + t * V, V,
+                     key + " position " + std::to_string(first + t));
+  }
+}
+
+TEST_P(HfReference, GreedyContinuationsMatchUntilANearTie) {
+  for (int p = 0; p < 3; ++p) {
+    const std::string key = "prompt" + std::to_string(p);
+    const auto tokens = ref_->Ints(key + ".tokens");
+    const auto want = ref_->Ints(key + ".greedy");
+    const auto margin = ref_->Floats(key + ".greedy_margin");
+    GenerateOptions g;
+    g.max_new_tokens = static_cast<int64_t>(want.size());
+    KvCache cache = model_->NewCache(64);
+    auto got = Generate(*model_, cache, tokens, g);
+    ASSERT_TRUE(got.ok()) << got.message();
+    ASSERT_EQ(got->size(), want.size());
+    size_t compared = 0;
+    for (size_t i = 0; i < want.size() && margin[i] >= 1e-3f; ++i, ++compared)
+      ASSERT_EQ((*got)[i], want[i]) << key << " step " << i;
+    EXPECT_GT(compared, 0u) << key;
+  }
+}
+
+TEST_P(HfReference, RouterLogitsMatch) {
+  const auto tokens = ref_->Ints("prompt0.tokens");
+  std::vector<std::vector<float>> router;
+  model_->SetRouterLogitsSink(&router);
+  KvCache cache = model_->NewCache(8);
+  std::vector<float> logits;
+  ASSERT_TRUE(model_->Forward(tokens, cache, LogitsFor::kLastToken, logits).ok());
+  model_->SetRouterLogitsSink(nullptr);
+  int checked = 0;
+  for (size_t l = 0; l < router.size(); ++l) {
+    const std::string name = "prompt0.router_logits.layer" + std::to_string(l);
+    if (ref_->file.Find(name) == nullptr) continue;
+    const auto want = ref_->Floats(name);
+    ASSERT_EQ(router[l].size(), want.size()) << name;
+    ExpectRowClose(router[l].data(), want.data(), static_cast<int64_t>(want.size()), name);
+    ++checked;
+  }
+  EXPECT_EQ(checked, model_->config().n_moe_layers());
+}
+
+// Decoding one token at a time through the KV cache must give the logits of a full recompute.
+TEST_P(HfReference, IncrementalDecodingEqualsFullRecompute) {
+  const auto tokens = ref_->Ints("prompt2.tokens");
+  const int64_t V = model_->config().vocab_size;
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  KvCache full_cache = model_->NewCache(64);
+  std::vector<float> full;
+  ASSERT_TRUE(model_->Forward(tokens, full_cache, LogitsFor::kAllTokens, full).ok());
+
+  // A prefill of the first 5 tokens, then one token at a time (cache growth included).
+  KvCache cache = model_->NewCache(64);
+  std::vector<float> step;
+  const int64_t prefill = 5;
+  ASSERT_TRUE(model_->Forward(std::span(tokens).first(prefill), cache, LogitsFor::kAllTokens, step).ok());
+  for (int64_t t = 0; t < prefill; ++t)
+    ExpectRowClose(step.data() + t * V, full.data() + t * V, V, "prefill position " + std::to_string(t));
+  for (int64_t t = prefill; t < T; ++t) {
+    ASSERT_TRUE(model_->Forward(std::span(tokens).subspan(static_cast<size_t>(t), 1), cache,
+                                LogitsFor::kLastToken, step).ok());
+    ASSERT_EQ(cache.n_past(), t + 1);
+    // Same arithmetic per row, different batching: equal to float rounding, far inside 1e-5.
+    for (int64_t i = 0; i < V; ++i)
+      ASSERT_NEAR(step[static_cast<size_t>(i)], full[static_cast<size_t>(t * V + i)],
+                  1e-5f * (1.0f + std::fabs(full[static_cast<size_t>(t * V + i)])))
+          << "position " << t << " logit " << i;
+  }
+}
+
+// The number of threads must not change a single bit of the result.
+TEST_P(HfReference, ThreadCountDoesNotChangeLogits) {
+  const auto tokens = ref_->Ints("prompt1.tokens");
+  std::vector<std::vector<float>> results;
+  for (int threads : {1, 2, 3}) {
+    auto model = LoadCausalLM(dir_, LoadOptions{threads});
+    ASSERT_TRUE(model.ok());
+    KvCache cache = (*model)->NewCache(16);
+    std::vector<float> logits;
+    ASSERT_TRUE((*model)->Forward(tokens, cache, LogitsFor::kAllTokens, logits).ok());
+    results.push_back(logits);
+  }
+  EXPECT_EQ(results[0], results[1]);
+  EXPECT_EQ(results[0], results[2]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, HfReference,
+                         ::testing::Values("qwen3_moe", "mixtral", "realvocab/qwen3_moe_tiny",
+                                           "realvocab/mixtral_tiny"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           std::replace(s.begin(), s.end(), '/', '_');
+                           return s;
+                         });
+
+}  // namespace
+}  // namespace moetier

@@ -1,0 +1,101 @@
+#include "support/test_support.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "io/safetensors.h"
+
+namespace moetier::testing {
+
+namespace fs = std::filesystem;
+
+fs::path FixturesDir() { return fs::path(MOETIER_FIXTURES_DIR); }
+fs::path HfFixture(const std::string& rel) { return FixturesDir() / "hf" / rel; }
+
+TempDir::TempDir() {
+  std::random_device rd;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    fs::path p = fs::temp_directory_path() / ("moetier-test-" + std::to_string(rd()));
+    if (fs::create_directory(p)) {
+      path_ = p;
+      return;
+    }
+  }
+  std::abort();
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+void WriteRawSafetensors(const fs::path& path, uint64_t header_len, const std::string& header,
+                         const std::string& data) {
+  std::ofstream out(path, std::ios::binary);
+  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((header_len >> (8 * i)) & 0xff));
+  out << header << data;
+}
+
+void WriteSafetensors(const fs::path& path, const std::map<std::string, TensorSpec>& tensors) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  std::string data;
+  for (const auto& [name, t] : tensors) {
+    header[name] = {{"dtype", t.dtype},
+                    {"shape", t.shape},
+                    {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
+    data += t.bytes;
+  }
+  std::string h = header.dump();
+  while ((8 + h.size()) % 8 != 0) h += ' ';  // the format pads the header with spaces
+  WriteRawSafetensors(path, h.size(), h, data);
+}
+
+std::map<std::string, TensorSpec> ReadSafetensors(const fs::path& path) {
+  auto f = SafetensorsFile::Open(path);
+  if (!f.ok()) std::abort();
+  std::map<std::string, TensorSpec> out;
+  for (const auto& [name, v] : f->views())
+    out[name] = TensorSpec{std::string(DTypeName(v.dtype)), v.shape,
+                           std::string(reinterpret_cast<const char*>(v.bytes()), v.n_bytes)};
+  return out;
+}
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void WriteFile(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+void CopyDir(const fs::path& src, const fs::path& dst) {
+  fs::create_directories(dst);
+  for (const auto& e : fs::directory_iterator(src))
+    if (e.is_regular_file()) fs::copy_file(e.path(), dst / e.path().filename());
+}
+
+CommandResult RunCli(const std::string& args) {
+  TempDir tmp;
+  const fs::path out = tmp.path() / "out", err = tmp.path() / "err";
+  const std::string cmd = std::string("'") + MOETIER_CLI + "' " + args + " >'" + out.string() +
+                          "' 2>'" + err.string() + "' </dev/null";
+  const int status = std::system(cmd.c_str());
+  CommandResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = ReadFile(out);
+  r.err = ReadFile(err);
+  return r;
+}
+
+}  // namespace moetier::testing

@@ -1,0 +1,61 @@
+// Helpers shared by tests: fixture paths, temporary directories, a safetensors writer for
+// building (possibly broken) checkpoints inside a test, and running the CLI.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace moetier::testing {
+
+std::filesystem::path FixturesDir();
+// tests/fixtures/hf/<rel>, e.g. "qwen3_moe" or "realvocab/qwen3_moe_tiny".
+std::filesystem::path HfFixture(const std::string& rel);
+
+// A fresh directory under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct TensorSpec {
+  std::string dtype;  // safetensors spelling, e.g. "BF16"
+  std::vector<int64_t> shape;
+  std::string bytes;  // raw data
+};
+
+// Writes a well-formed safetensors file holding `tensors` (in name order).
+void WriteSafetensors(const std::filesystem::path& path,
+                      const std::map<std::string, TensorSpec>& tensors);
+// Writes a file of an 8-byte length followed by `header` and `data`, exactly as given.
+void WriteRawSafetensors(const std::filesystem::path& path, uint64_t header_len,
+                         const std::string& header, const std::string& data);
+
+// Every tensor of a safetensors file, as specs that WriteSafetensors can write back.
+std::map<std::string, TensorSpec> ReadSafetensors(const std::filesystem::path& path);
+
+std::string ReadFile(const std::filesystem::path& path);
+void WriteFile(const std::filesystem::path& path, const std::string& text);
+// Copies every file of a fixture directory into `dst`.
+void CopyDir(const std::filesystem::path& src, const std::filesystem::path& dst);
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+// Runs the moetier CLI with `args` (shell-quoted by the caller where needed).
+CommandResult RunCli(const std::string& args);
+
+}  // namespace moetier::testing
