@@ -22,6 +22,10 @@ int main(int argc, char** argv) {
   std::vector<Command> commands = {
       AddGenerateCommand(app),
       AddLogitsCommand(app),
+      AddConvertCommand(app),
+      AddPlanCommand(app),
+      AddTokenizeCommand(app),
+      AddTemplateCommand(app),
   };
   try {
     app.parse(argc, argv);

@@ -2,13 +2,39 @@
 
 #include <algorithm>
 #include <charconv>
+#include <fstream>
 
 namespace moetier::cli {
 
+void AddResidencyOptions(CLI::App& cmd, ModelOptions& opts) {
+  auto* g = cmd.add_option_group("Expert residency");
+  g->add_option("--moe-backend", opts.backend,
+                "auto | cpu | offload | hybrid. cpu: every expert bank locked in RAM, run on the "
+                "CPU. offload/hybrid: banks pinned for the GPU except the --moe-cpu-layers. auto: "
+                "hybrid with a GPU, else cpu");
+  g->add_option("--pin-budget-gb", opts.pin_budget_gb,
+                "Most GB (1e9 bytes) of expert banks to pin for the GPU (env MOETIER_PIN_BUDGET_GB; "
+                "default uncapped on Linux, 40% of RAM under WSL)");
+  g->add_option("--lock-budget-gb", opts.lock_budget_gb,
+                "Most GB of expert banks to mlock for the CPU (env MOETIER_LOCK_BUDGET_GB; default "
+                "RLIMIT_MEMLOCK, or available RAM less a margin when locking is unlimited); banks "
+                "past it stay pageable");
+  g->add_option("--moe-cpu-layers", opts.cpu_layers,
+                "MoE layers kept on the CPU in offload/hybrid: auto (fewest that fit the pin "
+                "budget), 0 (none), a count (12), a fraction (0.25) or ids (0,5,7 or 0-3,8; one id "
+                "as 5,)");
+  g->add_flag("--no-verify", opts.no_verify, "Skip checksum verification of a converted model");
+}
+
 void AddModelOptions(CLI::App& cmd, ModelOptions& opts) {
   cmd.add_option("-m,--model", opts.model_dir,
-                 "Model directory: a Hugging Face checkpoint (config.json + *.safetensors)")
+                 "Model directory: a Hugging Face checkpoint (config.json + *.safetensors) or a "
+                 "directory written by `moetier convert`")
       ->required();
+  AddResidencyOptions(cmd, opts);
+  cmd.add_option("--report", opts.report_path,
+                 "Write the expert residency report (plan, settled tiers, bytes, budgets, VmLck) "
+                 "as JSON to this file");
   cmd.add_option("-t,--threads", opts.n_threads,
                  "CPU threads for the forward (default: every core this process may use)")
       ->check(CLI::NonNegativeNumber);
@@ -17,10 +43,32 @@ void AddModelOptions(CLI::App& cmd, ModelOptions& opts) {
       ->check(CLI::NonNegativeNumber);
 }
 
+Expected<ResidencyOptions> ToResidencyOptions(const ModelOptions& opts) {
+  ResidencyOptions r;
+  MT_ASSIGN_OR_RETURN(r.backend, ParseBackend(opts.backend));
+  r.budgets.pin_budget_gb = opts.pin_budget_gb;
+  r.budgets.lock_budget_gb = opts.lock_budget_gb;
+  r.cpu_layers = opts.cpu_layers;
+  r.verify = !opts.no_verify;
+  return r;
+}
+
+Status WriteReport(const ModelOptions& opts, const ResidencyReport& report) {
+  if (opts.report_path.empty()) return OkStatus();
+  std::ofstream out(opts.report_path);
+  if (!out) return Status::Error(opts.report_path + ": cannot open for writing (--report)");
+  out << ResidencyReportJson(report).dump(2) << "\n";
+  if (!out) return Status::Error(opts.report_path + ": write failed (--report)");
+  return OkStatus();
+}
+
 Expected<std::unique_ptr<CausalLM>> LoadModel(const ModelOptions& opts) {
   LoadOptions load;
   load.n_threads = opts.n_threads;
-  return LoadCausalLM(opts.model_dir, load);
+  MT_ASSIGN_OR_RETURN(load.residency, ToResidencyOptions(opts));
+  MT_ASSIGN_OR_RETURN(std::unique_ptr<CausalLM> model, LoadCausalLM(opts.model_dir, load));
+  MT_RETURN_IF_ERROR(WriteReport(opts, model->residency()));
+  return model;
 }
 
 int64_t ContextSize(const ModelOptions& opts, const CausalLM& model) {

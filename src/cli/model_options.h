@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,14 +16,27 @@ struct ModelOptions {
   std::string model_dir;
   int n_threads = 0;
   int64_t ctx_size = 0;  // 0: min(max_position_embeddings, kDefaultContext)
+  // Residency flags (issue 4), as typed; parsed when the model loads.
+  std::string backend = "auto";
+  std::optional<double> pin_budget_gb, lock_budget_gb;
+  std::string cpu_layers = "auto";
+  bool no_verify = false;
+  std::string report_path;  // --report FILE
 };
 
 // Default context length: enough for chat use without reserving the model's whole window.
 inline constexpr int64_t kDefaultContext = 8192;
 
 void AddModelOptions(CLI::App& cmd, ModelOptions& opts);
+// The residency flags alone (for `plan`, which loads nothing).
+void AddResidencyOptions(CLI::App& cmd, ModelOptions& opts);
+Expected<ResidencyOptions> ToResidencyOptions(const ModelOptions& opts);
 
-// Loads the model named by --model, with the threads of --threads.
+// Writes the model's residency report to --report FILE, if given.
+Status WriteReport(const ModelOptions& opts, const ResidencyReport& report);
+
+// Loads the model named by --model, with the threads of --threads and the residency flags, and
+// writes --report when asked.
 Expected<std::unique_ptr<CausalLM>> LoadModel(const ModelOptions& opts);
 
 // The context length to allocate for `model` under --ctx-size.

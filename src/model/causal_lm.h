@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "core/status.h"
+#include "experts/residency_plan.h"
+#include "experts/residency_report.h"
 #include "layers/kv_cache.h"
 #include "model/config.h"
 
@@ -30,21 +32,43 @@ class CausalLM {
   // on each Forward (for checks against reference router logits). nullptr turns it off.
   virtual void SetRouterLogitsSink(std::vector<std::vector<float>>* sink) = 0;
 
+  // Where the expert banks were planned to live and where they settled (set by the loader).
+  const ResidencyReport& residency() const { return residency_; }
+  void set_residency(ResidencyReport r) { residency_ = std::move(r); }
+
   // A cache for this model holding up to max_positions positions.
   KvCache NewCache(int64_t max_positions) const {
     const ModelConfig& c = config();
     return KvCache(c.n_layers, c.n_kv_heads, c.head_dim, max_positions);
   }
+
+ private:
+  ResidencyReport residency_;
+};
+
+// How expert banks are placed (issue 4): the flags of every command that loads a model.
+struct ResidencyOptions {
+  Backend backend = Backend::kAuto;  // --moe-backend
+  BudgetFlags budgets;               // --pin-budget-gb, --lock-budget-gb
+  std::string cpu_layers = "auto";   // --moe-cpu-layers
+  bool verify = true;                // checksums of a converted model (--no-verify skips)
+  int n_io_threads = 0;              // threads reading banks (0: a default)
 };
 
 struct LoadOptions {
   int n_threads = 0;  // 0: every core the process may use
+  ResidencyOptions residency;
 };
 
-// Loads a Hugging Face model directory (config.json + safetensors): parses the config, picks the
-// architecture, maps the weights and checks every tensor's presence, dtype and shape against the
-// config before returning.
+// Loads a model directory — a Hugging Face checkpoint (config.json + safetensors) or a converted
+// one (moetier-index.json): parses the config, picks the architecture, plans each MoE layer's
+// tier, fills its expert bank and settles it, maps the dense weights, and checks every tensor's
+// presence, dtype and shape against the config before returning.
 Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& dir,
                                                  const LoadOptions& options);
+
+// The residency plan for the model in `dir` without reading a weight byte (moetier plan).
+Expected<ResidencyReport> PlanModelResidency(const std::filesystem::path& dir,
+                                             const ResidencyOptions& options);
 
 }  // namespace moetier

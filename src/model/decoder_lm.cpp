@@ -8,10 +8,11 @@
 
 namespace moetier {
 
-DecoderLM::DecoderLM(ModelConfig config, Checkpoint checkpoint, DecoderWeights weights,
-                     std::unique_ptr<ExpertSource> experts, RouterOptions router, int n_threads)
+DecoderLM::DecoderLM(ModelConfig config, std::unique_ptr<TensorStore> dense,
+                     DecoderWeights weights, std::unique_ptr<ExpertSource> experts,
+                     RouterOptions router, int n_threads)
     : config_(std::move(config)),
-      checkpoint_(std::move(checkpoint)),
+      dense_(std::move(dense)),
       w_(std::move(weights)),
       experts_(std::move(experts)),
       router_(router),

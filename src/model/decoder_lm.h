@@ -11,7 +11,7 @@
 
 #include "core/thread_pool.h"
 #include "experts/expert_table.h"
-#include "io/checkpoint.h"
+#include "io/tensor_store.h"
 #include "layers/attention.h"
 #include "layers/moe_block.h"
 #include "layers/rope.h"
@@ -38,7 +38,7 @@ struct DecoderWeights {
 
 class DecoderLM final : public CausalLM {
  public:
-  DecoderLM(ModelConfig config, Checkpoint checkpoint, DecoderWeights weights,
+  DecoderLM(ModelConfig config, std::unique_ptr<TensorStore> dense, DecoderWeights weights,
             std::unique_ptr<ExpertSource> experts, RouterOptions router, int n_threads);
 
   const ModelConfig& config() const override { return config_; }
@@ -48,7 +48,7 @@ class DecoderLM final : public CausalLM {
 
  private:
   ModelConfig config_;
-  Checkpoint checkpoint_;  // owns the memory maps every TensorView points into
+  std::unique_ptr<TensorStore> dense_;  // owns the memory maps the dense views point into
   DecoderWeights w_;
   std::unique_ptr<ExpertSource> experts_;
   RouterOptions router_;

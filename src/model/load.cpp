@@ -1,32 +1,81 @@
-#include <nlohmann/json.hpp>
+#include <algorithm>
 
-#include "io/mapped_file.h"
-#include "model/arch/arch.h"
+#include "core/log.h"
+#include "experts/host_memory.h"
+#include "experts/memory_limits.h"
+#include "model/bank_loader.h"
 #include "model/causal_lm.h"
+#include "model/model_source.h"
 
 namespace moetier {
 
+namespace {
+
+// Threads reading banks: enough to keep an NVMe queue deep, not more than the cores.
+constexpr int kDefaultIoThreads = 4;
+
+Expected<ResidencyPlan> PlanFor(const ModelSource& s, const ResidencyOptions& o) {
+  MT_ASSIGN_OR_RETURN(Budgets budgets, ResolveBudgets(o.budgets, ReadHostMemoryInfo()));
+  MT_ASSIGN_OR_RETURN(CpuLayersSpec spec, ParseCpuLayersSpec(o.cpu_layers));
+  PlanInputs in;
+  in.backend = o.backend;
+  in.gpu_available = GpuAvailable();
+  in.banks = s.banks;
+  in.budgets = budgets;
+  in.cpu_layers = spec;
+  return PlanResidency(in);
+}
+
+void LogWarnings(const std::vector<std::string>& warnings) {
+  // Forty near-identical lines hide the one that matters: show a few, count the rest.
+  constexpr size_t kShown = 3;
+  for (size_t i = 0; i < warnings.size() && i < kShown; ++i) LogWarn(warnings[i]);
+  if (warnings.size() > kShown)
+    LogWarn("... and " + std::to_string(warnings.size() - kShown) + " more like these (see --report)");
+}
+
+}  // namespace
+
+Expected<ResidencyReport> PlanModelResidency(const std::filesystem::path& dir,
+                                             const ResidencyOptions& options) {
+  MT_ASSIGN_OR_RETURN(ModelSource s, OpenModelSource(dir));
+  ResidencyReport r;
+  MT_ASSIGN_OR_RETURN(r.plan, PlanFor(s, options));
+  r.warnings = r.plan.warnings;
+  r.vmlck_bytes = ReadVmLckBytes();
+  return r;
+}
+
 Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& dir,
                                                  const LoadOptions& options) {
-  if (!std::filesystem::is_directory(dir))
-    return Status::Error(dir.string() + ": not a directory; --model takes a model directory");
-  const std::filesystem::path config_path = dir / "config.json";
-  MT_ASSIGN_OR_RETURN(std::string text, ReadTextFile(config_path));
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    return Status::Error(config_path.string() + ": not valid JSON: " + e.what());
-  }
-  MT_ASSIGN_OR_RETURN(std::string arch_name, ReadArchitectureName(j, config_path.string()));
-  const arch::ArchSpec* spec = arch::FindArch(arch_name);
-  if (spec == nullptr)
-    return Status::Error(config_path.string() + ": unknown architecture '" + arch_name +
-                         "'; supported: " + arch::SupportedArchNames());
-  MT_ASSIGN_OR_RETURN(ModelConfig config,
-                      ParseModelConfig(text, config_path.string(), spec->defaults()));
-  MT_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::OpenHfDirectory(dir));
-  return spec->create(std::move(config), std::move(checkpoint), options.n_threads);
+  MT_ASSIGN_OR_RETURN(ModelSource s, OpenModelSource(dir));
+  ResidencyReport report;
+  MT_ASSIGN_OR_RETURN(report.plan, PlanFor(s, options.residency));
+  LogWarnings(report.plan.warnings);
+  if (s.converted && options.residency.verify) MT_RETURN_IF_ERROR(s.converted->VerifyDenseChecksums());
+
+  const int io_threads = options.residency.n_io_threads > 0
+                             ? options.residency.n_io_threads
+                             : std::min(kDefaultIoThreads, ThreadPool::AvailableThreads());
+  ThreadPool io_pool(io_threads);
+  BankLoadOptions bank_options;
+  bank_options.verify = options.residency.verify;
+  bank_options.gpu_available = GpuAvailable();
+  MT_ASSIGN_OR_RETURN(LoadedBanks banks, LoadBanks(s, report.plan, bank_options, io_pool));
+  LogWarnings(banks.warnings);
+
+  report.settled = banks.settled;
+  report.warnings = report.plan.warnings;
+  report.warnings.insert(report.warnings.end(), banks.warnings.begin(), banks.warnings.end());
+  report.vmlck_bytes = ReadVmLckBytes();
+  report.read_mode = banks.read_mode;
+  for (const auto& line : TierSummaryLines(*report.settled)) LogInfo("experts " + line);
+
+  const ModelConfig config = s.config;
+  MT_ASSIGN_OR_RETURN(std::unique_ptr<CausalLM> model,
+                      s.spec->create(config, s.TakeDense(), std::move(banks.experts), options.n_threads));
+  model->set_residency(std::move(report));
+  return model;
 }
 
 }  // namespace moetier

@@ -8,14 +8,14 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
-#include "io/checkpoint.h"
+#include "io/tensor_store.h"
 #include "model/config.h"
 
 namespace moetier {
 
 class WeightBinder {
  public:
-  WeightBinder(const Checkpoint& checkpoint, const ModelConfig& config)
+  WeightBinder(const TensorStore& checkpoint, const ModelConfig& config)
       : checkpoint_(checkpoint), config_(config) {}
 
   // The view of `name`, which must exist with exactly `shape`.
@@ -30,7 +30,7 @@ class WeightBinder {
  private:
   const TensorView* Lookup(const std::string& name, const std::vector<int64_t>& shape);
 
-  const Checkpoint& checkpoint_;
+  const TensorStore& checkpoint_;
   const ModelConfig& config_;
   Status status_;
 };

@@ -9,6 +9,8 @@
 
 namespace moetier {
 
+enum class ExpertMatrix { kGate, kUp, kDown };
+
 // One SwiGLU expert: out = down · (silu(gate · x) ⊙ (up · x)).
 struct ExpertWeights {
   TensorView gate;  // [expert_width, d_model]

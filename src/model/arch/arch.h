@@ -9,16 +9,23 @@
 
 #include "core/status.h"
 #include "core/thread_pool.h"
-#include "io/checkpoint.h"
+#include "io/tensor_store.h"
 #include "model/causal_lm.h"
+#include "ops/expert_source.h"
 
 namespace moetier::arch {
 
 struct ArchSpec {
   std::string_view hf_name;  // e.g. "Qwen3MoeForCausalLM"
   ConfigDefaults (*defaults)();
-  // Binds and validates the weights; the model keeps `checkpoint` (its memory maps) alive.
-  Expected<std::unique_ptr<CausalLM>> (*create)(ModelConfig config, Checkpoint checkpoint,
+  // The Hugging Face name of one routed expert's matrix, e.g.
+  // "model.layers.3.mlp.experts.5.gate_proj.weight". Banks are built from these names.
+  std::string (*expert_tensor_name)(int64_t layer, int64_t expert, ExpertMatrix which);
+  // Binds and validates the dense weights of `dense` and takes the routed experts from
+  // `experts`; the model keeps both alive.
+  Expected<std::unique_ptr<CausalLM>> (*create)(ModelConfig config,
+                                                std::unique_ptr<TensorStore> dense,
+                                                std::unique_ptr<ExpertSource> experts,
                                                 int n_threads);
 };
 

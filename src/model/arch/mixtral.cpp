@@ -8,7 +8,6 @@
 // Forward: the standard MoE decoder of model/decoder_lm.h.
 #include <string>
 
-#include "experts/expert_table.h"
 #include "model/arch/arch.h"
 #include "model/decoder_lm.h"
 #include "model/weight_binder.h"
@@ -28,17 +27,17 @@ ConfigDefaults MixtralDefaults() {
   return d;
 }
 
-Expected<std::unique_ptr<CausalLM>> CreateMixtral(ModelConfig c, Checkpoint ckpt, int n_threads) {
+Expected<std::unique_ptr<CausalLM>> CreateMixtral(ModelConfig c, std::unique_ptr<TensorStore> dense,
+                                                  std::unique_ptr<ExpertSource> experts,
+                                                  int n_threads) {
   // Mixtral has no switch for this; a config that says otherwise is not a Mixtral we know.
   c.norm_topk_prob = true;
-  WeightBinder b(ckpt, c);
+  WeightBinder b(*dense, c);
   const int64_t H = c.hidden_size, hd = c.head_dim;
   const int64_t q_width = c.n_heads * hd, kv_width = c.n_kv_heads * hd;
-  const int64_t I = c.expert_intermediate_size;
 
   DecoderWeights w;
   w.embed = b.Matrix("model.embed_tokens.weight", {c.vocab_size, H});
-  auto experts = std::make_unique<ExpertTable>(c.n_layers);
   for (int64_t l = 0; l < c.n_layers && b.status().ok(); ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     DecoderLayerWeights lw;
@@ -50,15 +49,6 @@ Expected<std::unique_ptr<CausalLM>> CreateMixtral(ModelConfig c, Checkpoint ckpt
     lw.mlp_norm = b.Vector(p + "post_attention_layernorm.weight", H);
     lw.is_moe = true;
     lw.router = b.Matrix(p + "block_sparse_moe.gate.weight", {c.n_experts, H});
-    std::vector<ExpertWeights> layer_experts(static_cast<size_t>(c.n_experts));
-    for (int64_t e = 0; e < c.n_experts; ++e) {
-      const std::string q = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
-      auto& ew = layer_experts[static_cast<size_t>(e)];
-      ew.gate = b.Matrix(q + "w1.weight", {I, H});
-      ew.up = b.Matrix(q + "w3.weight", {I, H});
-      ew.down = b.Matrix(q + "w2.weight", {H, I});
-    }
-    experts->SetLayer(l, std::move(layer_experts));
     w.layers.push_back(std::move(lw));
   }
   w.final_norm = b.Vector("model.norm.weight", H);
@@ -67,13 +57,21 @@ Expected<std::unique_ptr<CausalLM>> CreateMixtral(ModelConfig c, Checkpoint ckpt
 
   const RouterOptions router{c.n_experts, c.n_experts_per_token, true};
   return std::unique_ptr<CausalLM>(std::make_unique<DecoderLM>(
-      std::move(c), std::move(ckpt), std::move(w), std::move(experts), router, n_threads));
+      std::move(c), std::move(dense), std::move(w), std::move(experts), router, n_threads));
+}
+
+std::string MixtralExpertName(int64_t layer, int64_t expert, ExpertMatrix which) {
+  const char* matrix = which == ExpertMatrix::kGate ? "w1.weight"
+                       : which == ExpertMatrix::kUp ? "w3.weight"
+                                                    : "w2.weight";
+  return "model.layers." + std::to_string(layer) + ".block_sparse_moe.experts." + std::to_string(expert) + "." + matrix;
 }
 
 }  // namespace
 
 const ArchSpec& MixtralSpec() {
-  static const ArchSpec spec{"MixtralForCausalLM", &MixtralDefaults, &CreateMixtral};
+  static const ArchSpec spec{"MixtralForCausalLM", &MixtralDefaults, &MixtralExpertName,
+                              &CreateMixtral};
   return spec;
 }
 

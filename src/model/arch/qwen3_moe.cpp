@@ -9,7 +9,6 @@
 // Forward: the standard MoE decoder of model/decoder_lm.h.
 #include <string>
 
-#include "experts/expert_table.h"
 #include "model/arch/arch.h"
 #include "model/decoder_lm.h"
 #include "model/weight_binder.h"
@@ -29,15 +28,15 @@ ConfigDefaults Qwen3MoeDefaults() {
   return d;
 }
 
-Expected<std::unique_ptr<CausalLM>> CreateQwen3Moe(ModelConfig c, Checkpoint ckpt, int n_threads) {
-  WeightBinder b(ckpt, c);
+Expected<std::unique_ptr<CausalLM>> CreateQwen3Moe(ModelConfig c, std::unique_ptr<TensorStore> dense,
+                                                  std::unique_ptr<ExpertSource> experts,
+                                                  int n_threads) {
+  WeightBinder b(*dense, c);
   const int64_t H = c.hidden_size, hd = c.head_dim;
   const int64_t q_width = c.n_heads * hd, kv_width = c.n_kv_heads * hd;
-  const int64_t I = c.expert_intermediate_size;
 
   DecoderWeights w;
   w.embed = b.Matrix("model.embed_tokens.weight", {c.vocab_size, H});
-  auto experts = std::make_unique<ExpertTable>(c.n_layers);
   for (int64_t l = 0; l < c.n_layers && b.status().ok(); ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     DecoderLayerWeights lw;
@@ -57,15 +56,6 @@ Expected<std::unique_ptr<CausalLM>> CreateQwen3Moe(ModelConfig c, Checkpoint ckp
     lw.is_moe = c.layer_is_moe[static_cast<size_t>(l)];
     if (lw.is_moe) {
       lw.router = b.Matrix(p + "mlp.gate.weight", {c.n_experts, H});
-      std::vector<ExpertWeights> layer_experts(static_cast<size_t>(c.n_experts));
-      for (int64_t e = 0; e < c.n_experts; ++e) {
-        const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
-        auto& ew = layer_experts[static_cast<size_t>(e)];
-        ew.gate = b.Matrix(q + "gate_proj.weight", {I, H});
-        ew.up = b.Matrix(q + "up_proj.weight", {I, H});
-        ew.down = b.Matrix(q + "down_proj.weight", {H, I});
-      }
-      experts->SetLayer(l, std::move(layer_experts));
     } else {
       const int64_t D = c.dense_intermediate_size;
       lw.dense.gate = b.Matrix(p + "mlp.gate_proj.weight", {D, H});
@@ -80,13 +70,21 @@ Expected<std::unique_ptr<CausalLM>> CreateQwen3Moe(ModelConfig c, Checkpoint ckp
 
   const RouterOptions router{c.n_experts, c.n_experts_per_token, c.norm_topk_prob};
   return std::unique_ptr<CausalLM>(std::make_unique<DecoderLM>(
-      std::move(c), std::move(ckpt), std::move(w), std::move(experts), router, n_threads));
+      std::move(c), std::move(dense), std::move(w), std::move(experts), router, n_threads));
+}
+
+std::string Qwen3MoeExpertName(int64_t layer, int64_t expert, ExpertMatrix which) {
+  const char* matrix = which == ExpertMatrix::kGate ? "gate_proj.weight"
+                       : which == ExpertMatrix::kUp ? "up_proj.weight"
+                                                    : "down_proj.weight";
+  return "model.layers." + std::to_string(layer) + ".mlp.experts." + std::to_string(expert) + "." + matrix;
 }
 
 }  // namespace
 
 const ArchSpec& Qwen3MoeSpec() {
-  static const ArchSpec spec{"Qwen3MoeForCausalLM", &Qwen3MoeDefaults, &CreateQwen3Moe};
+  static const ArchSpec spec{"Qwen3MoeForCausalLM", &Qwen3MoeDefaults, &Qwen3MoeExpertName,
+                              &CreateQwen3Moe};
   return spec;
 }
 

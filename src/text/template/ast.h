@@ -58,14 +58,14 @@ struct Expr {
 };
 
 enum class StmtKind {
-  kText,      // text
-  kOutput,    // {{ expr }}
-  kIf,        // if expr: body else orelse (an elif is an If alone in orelse)
-  kFor,       // for target in expr [if cond]: body else orelse
-  kSet,       // set target = expr
-  kSetBlock,  // set target %} body {% endset
-  kMacro,     // macro name(params): body
-  kCallBlock, // call[(params)] expr: body
+  kText,         // text
+  kOutput,       // {{ expr }}
+  kIf,           // if expr: body else orelse (an elif is an If alone in orelse)
+  kFor,          // for target in expr [if cond]: body else orelse
+  kSet,          // set target = expr
+  kSetBlock,     // set target %} body {% endset
+  kMacro,        // macro name(params): body
+  kCallBlock,    // call[(params)] expr: body
   kFilterBlock,  // filter expr(with a null operand): body
   kBreak,
   kContinue,

@@ -76,8 +76,7 @@ Expected<std::string> Interpreter::RenderBlock(const Body& body,
 
 // ---- statements ----------------------------------------------------------------------------
 
-Expected<Interpreter::Flow> Interpreter::Exec(const Body& body,
-                                              const std::shared_ptr<Scope>& scope,
+Expected<Interpreter::Flow> Interpreter::Exec(const Body& body, const std::shared_ptr<Scope>& scope,
                                               std::string* out) {
   for (const StmtPtr& s : body) {
     MT_ASSIGN_OR_RETURN(Flow flow, ExecOne(*s, scope, out));
@@ -86,10 +85,19 @@ Expected<Interpreter::Flow> Interpreter::Exec(const Body& body,
   return Flow::kNormal;
 }
 
-Expected<Interpreter::Flow> Interpreter::ExecOne(const Stmt& s,
-                                                 const std::shared_ptr<Scope>& scope,
+Expected<Interpreter::Flow> Interpreter::ExecOne(const Stmt& s, const std::shared_ptr<Scope>& scope,
                                                  std::string* out) {
   MT_RETURN_IF_ERROR(AtLine(s.line, Step()));
+  if (statement_depth_ >= limits_.max_statement_depth) {
+    return ErrorAt(s.line, "statements nested deeper than " +
+                               std::to_string(limits_.max_statement_depth) +
+                               " levels (counting macro calls)");
+  }
+  ++statement_depth_;
+  struct DepthRestore {
+    int* depth;
+    ~DepthRestore() { --*depth; }
+  } restore{&statement_depth_};
   switch (s.kind) {
     case StmtKind::kText:
       MT_RETURN_IF_ERROR(AtLine(s.line, Append(out, s.text)));
@@ -105,7 +113,8 @@ Expected<Interpreter::Flow> Interpreter::ExecOne(const Stmt& s,
       MT_ASSIGN_OR_RETURN(Value test, Eval(*s.expr, scope));
       return Exec(Truthy(test) ? s.body : s.orelse, scope, out);
     }
-    case StmtKind::kFor: return ExecFor(s, scope, out);
+    case StmtKind::kFor:
+      return ExecFor(s, scope, out);
     case StmtKind::kSet: {
       MT_ASSIGN_OR_RETURN(Value v, Eval(*s.expr, scope));
       MT_RETURN_IF_ERROR(ExecSet(s, scope, std::move(v)));
@@ -133,8 +142,10 @@ Expected<Interpreter::Flow> Interpreter::ExecOne(const Stmt& s,
       MT_RETURN_IF_ERROR(AtLine(s.line, Append(out, *printed)));
       return Flow::kNormal;
     }
-    case StmtKind::kBreak: return Flow::kBreak;
-    case StmtKind::kContinue: return Flow::kContinue;
+    case StmtKind::kBreak:
+      return Flow::kBreak;
+    case StmtKind::kContinue:
+      return Flow::kContinue;
   }
   return Flow::kNormal;
 }
@@ -161,8 +172,7 @@ Status BindLoopTarget(const Expr& target, const Value& item, Scope* scope, int l
 
 }  // namespace
 
-Expected<Interpreter::Flow> Interpreter::ExecFor(const Stmt& s,
-                                                 const std::shared_ptr<Scope>& outer,
+Expected<Interpreter::Flow> Interpreter::ExecFor(const Stmt& s, const std::shared_ptr<Scope>& outer,
                                                  std::string* out) {
   auto scope = std::make_shared<Scope>();
   scope->parent = outer;
@@ -180,8 +190,8 @@ Expected<Interpreter::Flow> Interpreter::ExecFor(const Stmt& s,
       all.push_back(Value::String(std::move(ch)));
     }
   } else {
-    return ErrorAt(s.line, std::string("cannot iterate over a ") + TypeName(iterable) +
-                               " in 'for'");
+    return ErrorAt(s.line,
+                   std::string("cannot iterate over a ") + TypeName(iterable) + " in 'for'");
   }
   ValueList items;
   if (s.cond) {  // `for x in xs if cond`: filter first, so loop.length counts kept items
@@ -259,58 +269,58 @@ Value Interpreter::MakeMacro(const Stmt& s, std::string display_name,
                              const std::vector<Arg>* params, const Body* body,
                              std::shared_ptr<Scope> defining_scope) {
   const int line = s.line;
-  return Value::Func(
-      display_name,
-      [display_name, params, body, defining_scope, line](
-          CallArgs& args, const CallSite& site) -> Expected<Value> {
-        Interpreter* self = site.interpreter;
-        if (self->call_depth_ >= self->limits_.max_call_depth) {
-          return ErrorAt(site.line, "macro calls nested deeper than " +
-                                        std::to_string(self->limits_.max_call_depth) +
-                                        " (runaway recursion?)");
-        }
-        // Macros see their caller's variables (as in @huggingface/jinja); a call block's body
-        // sees the scope it was written in.
-        auto scope = std::make_shared<Scope>();
-        scope->parent = defining_scope ? defining_scope : site.scope;
-        std::vector<std::pair<std::string, Value>> keywords = args.keyword;
-        std::vector<const Arg*> pending_defaults;
-        for (size_t i = 0; i < params->size(); ++i) {
-          const Arg& p = (*params)[i];
-          std::optional<Value> v;
-          if (i < args.positional.size()) v = args.positional[i];
-          for (auto it = keywords.begin(); !v && it != keywords.end(); ++it) {
-            if (it->first == p.name) {
-              v = it->second;
-              keywords.erase(it);
-              break;
-            }
-          }
-          if (!v && p.value) pending_defaults.push_back(&p);
-          scope->vars[p.name] = v ? *v : Value();
-        }
-        ValueList varargs;
-        for (size_t i = params->size(); i < args.positional.size(); ++i) {
-          varargs.push_back(args.positional[i]);
-        }
-        ValueDict kwargs;
-        for (auto& [k, v] : keywords) kwargs.Set(k, v);
-        scope->vars["varargs"] = Value::List(std::move(varargs));
-        scope->vars["kwargs"] = Value::Dict(std::move(kwargs));
-        ++self->call_depth_;
-        struct DepthRestore {
-          int* d;
-          ~DepthRestore() { --*d; }
-        } restore{&self->call_depth_};
-        for (const Arg* p : pending_defaults) {
-          auto v = self->Eval(*p->value, scope);
-          if (!v.ok()) return v.status();
-          scope->vars[p->name] = std::move(v).value();
-        }
-        auto text = self->RenderBlock(*body, scope);
-        if (!text.ok()) return AtLine(line, text.status());
-        return Value::String(std::move(text).value());
-      });
+  return Value::Func(display_name,
+                     [display_name, params, body, defining_scope, line](
+                         CallArgs& args, const CallSite& site) -> Expected<Value> {
+                       Interpreter* self = site.interpreter;
+                       if (self->call_depth_ >= self->limits_.max_call_depth) {
+                         return ErrorAt(site.line,
+                                        "macro calls nested deeper than " +
+                                            std::to_string(self->limits_.max_call_depth) +
+                                            " (runaway recursion?)");
+                       }
+                       // Macros see their caller's variables (as in @huggingface/jinja); a call
+                       // block's body sees the scope it was written in.
+                       auto scope = std::make_shared<Scope>();
+                       scope->parent = defining_scope ? defining_scope : site.scope;
+                       std::vector<std::pair<std::string, Value>> keywords = args.keyword;
+                       std::vector<const Arg*> pending_defaults;
+                       for (size_t i = 0; i < params->size(); ++i) {
+                         const Arg& p = (*params)[i];
+                         std::optional<Value> v;
+                         if (i < args.positional.size()) v = args.positional[i];
+                         for (auto it = keywords.begin(); !v && it != keywords.end(); ++it) {
+                           if (it->first == p.name) {
+                             v = it->second;
+                             keywords.erase(it);
+                             break;
+                           }
+                         }
+                         if (!v && p.value) pending_defaults.push_back(&p);
+                         scope->vars[p.name] = v ? *v : Value();
+                       }
+                       ValueList varargs;
+                       for (size_t i = params->size(); i < args.positional.size(); ++i) {
+                         varargs.push_back(args.positional[i]);
+                       }
+                       ValueDict kwargs;
+                       for (auto& [k, v] : keywords) kwargs.Set(k, v);
+                       scope->vars["varargs"] = Value::List(std::move(varargs));
+                       scope->vars["kwargs"] = Value::Dict(std::move(kwargs));
+                       ++self->call_depth_;
+                       struct DepthRestore {
+                         int* d;
+                         ~DepthRestore() { --*d; }
+                       } restore{&self->call_depth_};
+                       for (const Arg* p : pending_defaults) {
+                         auto v = self->Eval(*p->value, scope);
+                         if (!v.ok()) return v.status();
+                         scope->vars[p->name] = std::move(v).value();
+                       }
+                       auto text = self->RenderBlock(*body, scope);
+                       if (!text.ok()) return AtLine(line, text.status());
+                       return Value::String(std::move(text).value());
+                     });
 }
 
 Status Interpreter::ExecCallBlock(const Stmt& s, const std::shared_ptr<Scope>& scope,
@@ -339,8 +349,10 @@ namespace {
 // How an expression reads in an error message: `messages[0].content`, `foo`, ...
 std::string Spell(const Expr& e) {
   switch (e.kind) {
-    case ExprKind::kName: return e.name;
-    case ExprKind::kAttr: return Spell(*e.a) + "." + e.name;
+    case ExprKind::kName:
+      return e.name;
+    case ExprKind::kAttr:
+      return Spell(*e.a) + "." + e.name;
     case ExprKind::kIndex:
       if (e.b->kind == ExprKind::kLiteral && e.b->literal.is_string()) {
         return Spell(*e.a) + "['" + e.b->literal.as_string() + "']";
@@ -349,25 +361,39 @@ std::string Spell(const Expr& e) {
         return Spell(*e.a) + "[" + std::to_string(e.b->literal.as_int()) + "]";
       }
       return Spell(*e.a) + "[...]";
-    case ExprKind::kCall: return Spell(*e.a) + "(...)";
-    case ExprKind::kFilter: return Spell(*e.a) + "|" + e.name;
+    case ExprKind::kCall:
+      return Spell(*e.a) + "(...)";
+    case ExprKind::kList:
+      return "[...]";
+    case ExprKind::kDict:
+      return "{...}";
+    case ExprKind::kFilter:
+      return Spell(*e.a) + "|" + e.name;
     case ExprKind::kLiteral:
       if (e.literal.is_string()) return "'" + e.literal.as_string() + "'";
       return "literal";
-    default: return "expression";
+    default:
+      return "expression";
   }
 }
 
-bool AddOverflows(int64_t a, int64_t b, int64_t* r) { return __builtin_add_overflow(a, b, r); }
-bool SubOverflows(int64_t a, int64_t b, int64_t* r) { return __builtin_sub_overflow(a, b, r); }
-bool MulOverflows(int64_t a, int64_t b, int64_t* r) { return __builtin_mul_overflow(a, b, r); }
+bool AddOverflows(int64_t a, int64_t b, int64_t* r) {
+  return __builtin_add_overflow(a, b, r);
+}
+bool SubOverflows(int64_t a, int64_t b, int64_t* r) {
+  return __builtin_sub_overflow(a, b, r);
+}
+bool MulOverflows(int64_t a, int64_t b, int64_t* r) {
+  return __builtin_mul_overflow(a, b, r);
+}
 
 }  // namespace
 
 Expected<Value> Interpreter::Eval(const Expr& e, const std::shared_ptr<Scope>& scope) {
   MT_RETURN_IF_ERROR(AtLine(e.line, Step()));
   switch (e.kind) {
-    case ExprKind::kLiteral: return e.literal;
+    case ExprKind::kLiteral:
+      return e.literal;
     case ExprKind::kName: {
       const Value* v = scope->Lookup(e.name);
       return v ? *v : Value();
@@ -405,10 +431,14 @@ Expected<Value> Interpreter::Eval(const Expr& e, const std::shared_ptr<Scope>& s
       MT_ASSIGN_OR_RETURN(Value key, Eval(*e.b, scope));
       return EvalMember(e, object, key);
     }
-    case ExprKind::kSlice: return EvalSlice(e, scope);
-    case ExprKind::kCall: return EvalCall(e, scope);
-    case ExprKind::kFilter: return EvalFilter(e, scope);
-    case ExprKind::kTest: return EvalTest(e, scope);
+    case ExprKind::kSlice:
+      return EvalSlice(e, scope);
+    case ExprKind::kCall:
+      return EvalCall(e, scope);
+    case ExprKind::kFilter:
+      return EvalFilter(e, scope);
+    case ExprKind::kTest:
+      return EvalTest(e, scope);
     case ExprKind::kUnary: {
       MT_ASSIGN_OR_RETURN(Value v, Eval(*e.a, scope));
       if (e.name == "not") return Value::Bool(!Truthy(v));
@@ -420,10 +450,11 @@ Expected<Value> Interpreter::Eval(const Expr& e, const std::shared_ptr<Scope>& s
         if (negate && SubOverflows(0, i, &r)) return ErrorAt(e.line, "integer overflow");
         return Value::Int(negate ? r : i);
       }
-      return ErrorAt(e.line, "unary '" + e.name + "' needs a number, got a " + TypeName(v) +
-                                 " (" + Spell(*e.a) + ")");
+      return ErrorAt(e.line, "unary '" + e.name + "' needs a number, got a " + TypeName(v) + " (" +
+                                 Spell(*e.a) + ")");
     }
-    case ExprKind::kBinary: return EvalBinary(e, scope);
+    case ExprKind::kBinary:
+      return EvalBinary(e, scope);
     case ExprKind::kTernary: {
       MT_ASSIGN_OR_RETURN(Value test, Eval(*e.a, scope));
       return Eval(Truthy(test) ? *e.b : *e.c, scope);
@@ -479,8 +510,8 @@ Expected<Value> Interpreter::EvalMember(const Expr& e, const Value& object, cons
 Expected<Value> Interpreter::EvalSlice(const Expr& e, const std::shared_ptr<Scope>& scope) {
   MT_ASSIGN_OR_RETURN(Value object, Eval(*e.a, scope));
   if (!object.is_list() && !object.is_string()) {
-    return ErrorAt(e.line, std::string("cannot slice a ") + TypeName(object) + " (" +
-                               Spell(*e.a) + ")");
+    return ErrorAt(e.line,
+                   std::string("cannot slice a ") + TypeName(object) + " (" + Spell(*e.a) + ")");
   }
   std::optional<int64_t> parts[3];
   const Expr* exprs[3] = {e.b.get(), e.c.get(), e.d.get()};
@@ -615,7 +646,8 @@ Expected<Value> Interpreter::EvalBinary(const Expr& e, const std::shared_ptr<Sco
     MT_RETURN_IF_ERROR(AtLine(e.line, CheckString(a->size() + b->size())));
     return Value::String(*a + *b);
   }
-  const bool numeric = (left.is_number() || left.is_bool()) && (right.is_number() || right.is_bool());
+  const bool numeric =
+      (left.is_number() || left.is_bool()) && (right.is_number() || right.is_bool());
   if (op == "**" && numeric) {
     const double a = left.as_number();
     const double b = right.as_number();
@@ -708,8 +740,8 @@ Expected<Value> Interpreter::EvalBinary(const Expr& e, const std::shared_ptr<Sco
     const bool found = right.as_dict().Find(left.as_string()) != nullptr;
     return Value::Bool(found == (op == "in"));
   }
-  return ErrorAt(e.line, "unsupported operand types for '" + op + "': " + TypeName(left) +
-                             " and " + TypeName(right));
+  return ErrorAt(e.line, "unsupported operand types for '" + op + "': " + TypeName(left) + " and " +
+                             TypeName(right));
 }
 
 }  // namespace moetier::text::jinja

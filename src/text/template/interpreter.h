@@ -30,6 +30,9 @@ struct RenderLimits {
   uint64_t max_steps = 20'000'000;
   // Nested macro calls (recursion).
   int max_call_depth = 64;
+  // Statements nested inside each other, counting through macro calls: bounds the stack, since
+  // each level is a few native frames (a macro's body may itself be deeply nested).
+  int max_statement_depth = 512;
 };
 
 struct Scope {
@@ -94,6 +97,7 @@ class Interpreter {
   std::optional<std::string> raised_;
   uint64_t steps_ = 0;
   int call_depth_ = 0;
+  int statement_depth_ = 0;
 };
 
 // "line N: <message>", unless the message already names a line.

@@ -90,8 +90,7 @@ size_t SkipSpaces(const std::string& s, size_t i) {
 }
 
 // Matches `{%-? (end)?generation -?%}` at i; returns the end and the two strip flags.
-bool MatchGenerationTag(const std::string& s, size_t i, size_t* end, bool* lstrip,
-                        bool* rstrip) {
+bool MatchGenerationTag(const std::string& s, size_t i, size_t* end, bool* lstrip, bool* rstrip) {
   if (s.compare(i, 2, "{%") != 0) return false;
   size_t j = i + 2;
   *lstrip = j < s.size() && s[j] == '-';
@@ -153,7 +152,9 @@ LinedText Preprocess(std::string_view source) {
 bool IsWordChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
 }
-bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+bool IsDigit(char c) {
+  return c >= '0' && c <= '9';
+}
 
 int HexValue(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -216,22 +217,41 @@ Status Lexer::LexString(char quote) {
     const char e = s_[pos_ + 1];
     pos_ += 2;
     switch (e) {
-      case 'n': value.push_back('\n'); break;
-      case 't': value.push_back('\t'); break;
-      case 'r': value.push_back('\r'); break;
-      case 'b': value.push_back('\b'); break;
-      case 'f': value.push_back('\f'); break;
-      case 'v': value.push_back('\v'); break;
-      case '\'': value.push_back('\''); break;
-      case '"': value.push_back('"'); break;
-      case '\\': value.push_back('\\'); break;
+      case 'n':
+        value.push_back('\n');
+        break;
+      case 't':
+        value.push_back('\t');
+        break;
+      case 'r':
+        value.push_back('\r');
+        break;
+      case 'b':
+        value.push_back('\b');
+        break;
+      case 'f':
+        value.push_back('\f');
+        break;
+      case 'v':
+        value.push_back('\v');
+        break;
+      case '\'':
+        value.push_back('\'');
+        break;
+      case '"':
+        value.push_back('"');
+        break;
+      case '\\':
+        value.push_back('\\');
+        break;
       case 'x':
       case 'u': {
         const size_t n = e == 'x' ? 2 : 4;
         char32_t cp = 0;
         for (size_t k = 0; k < n; ++k) {
           const int h = pos_ + k < s_.size() ? HexValue(s_[pos_ + k]) : -1;
-          if (h < 0) return Error(pos_, std::string("invalid \\") + e + " escape in string literal");
+          if (h < 0)
+            return Error(pos_, std::string("invalid \\") + e + " escape in string literal");
           cp = cp * 16 + static_cast<char32_t>(h);
         }
         pos_ += n;
@@ -261,7 +281,7 @@ void Lexer::LexNumber(std::string prefix) {
 }
 
 Expected<std::vector<Token>> Lexer::Run() {
-  static constexpr std::array<std::pair<std::string_view, TokenType>, 27> kSymbols = {{
+  static constexpr std::array<std::pair<std::string_view, TokenType>, 28> kSymbols = {{
       {"{%", TokenType::kOpenStatement},  {"%}", TokenType::kCloseStatement},
       {"{{", TokenType::kOpenExpression}, {"}}", TokenType::kCloseExpression},
       {"(", TokenType::kOpenParen},       {")", TokenType::kCloseParen},
@@ -275,7 +295,7 @@ Expected<std::vector<Token>> Lexer::Run() {
       {"+", TokenType::kAdditive},        {"-", TokenType::kAdditive},
       {"~", TokenType::kAdditive},        {"**", TokenType::kPower},
       {"*", TokenType::kMultiplicative},  {"//", TokenType::kMultiplicative},
-      {"/", TokenType::kMultiplicative},
+      {"/", TokenType::kMultiplicative},  {"%", TokenType::kMultiplicative},
   }};
   int brace_depth = 0;  // inside `{ ... }` of a dict literal, `}}` is two closing braces
   while (pos_ < s_.size()) {
@@ -399,12 +419,18 @@ Expected<std::vector<Token>> Lexer::Run() {
 
 std::string Describe(const Token& token) {
   switch (token.type) {
-    case TokenType::kText: return "text";
-    case TokenType::kComment: return "comment";
-    case TokenType::kNumber: return "number " + token.value;
-    case TokenType::kString: return "string literal";
-    case TokenType::kName: return "'" + token.value + "'";
-    default: return "'" + token.value + "'";
+    case TokenType::kText:
+      return "text";
+    case TokenType::kComment:
+      return "comment";
+    case TokenType::kNumber:
+      return "number " + token.value;
+    case TokenType::kString:
+      return "string literal";
+    case TokenType::kName:
+      return "'" + token.value + "'";
+    default:
+      return "'" + token.value + "'";
   }
 }
 

@@ -92,7 +92,9 @@ class Parser {
     MT_RETURN_IF_ERROR(CheckDepth());
     const Token& tok = t_[cur_];
     switch (tok.type) {
-      case T::kComment: ++cur_; return StmtPtr();
+      case T::kComment:
+        ++cur_;
+        return StmtPtr();
       case T::kText: {
         auto s = std::make_unique<Stmt>();
         s->kind = StmtKind::kText;
@@ -110,8 +112,10 @@ class Parser {
         MT_RETURN_IF_ERROR(Expect(T::kCloseExpression, "'}}'"));
         return s;
       }
-      case T::kOpenStatement: return ParseStatement();
-      default: return Error("unexpected " + Describe(tok));
+      case T::kOpenStatement:
+        return ParseStatement();
+      default:
+        return Error("unexpected " + Describe(tok));
     }
   }
 
@@ -120,6 +124,11 @@ class Parser {
                                 int opener_line, const char* closer) {
     Body body;
     while (!IsStatement(ends)) {
+      if (Is(T::kOpenStatement) && Is(T::kName, 1) && IsBlockEnd(t_[cur_ + 1].value)) {
+        return Error("expected {% " + std::string(closer) + " %} to close the '" + opener +
+                     "' on line " + std::to_string(opener_line) + ", found {% " +
+                     t_[cur_ + 1].value + " %}");
+      }
       if (AtEnd()) {
         return Status::Error("line " + std::to_string(opener_line) + ": unclosed '" + opener +
                              "' block (missing {% " + closer + " %})");
@@ -436,8 +445,7 @@ class Parser {
   }
 
   Expected<ExprPtr> ParseUnarySign() {
-    if ((Is(T::kUnary) || Is(T::kAdditive)) &&
-        (t_[cur_].value == "-" || t_[cur_].value == "+")) {
+    if ((Is(T::kUnary) || Is(T::kAdditive)) && (t_[cur_].value == "-" || t_[cur_].value == "+")) {
       DepthGuard guard(&depth_);
       MT_RETURN_IF_ERROR(CheckDepth());
       auto e = Node(ExprKind::kUnary, Line());
@@ -499,9 +507,11 @@ class Parser {
       }
     }
     ++cur_;  // ]
-    if (parts.empty()) return Status::Error("line " + std::to_string(line) + ": empty subscript []");
+    if (parts.empty())
+      return Status::Error("line " + std::to_string(line) + ": empty subscript []");
     if (!is_slice) {
-      if (parts.size() != 1) return Status::Error("line " + std::to_string(line) + ": bad subscript");
+      if (parts.size() != 1)
+        return Status::Error("line " + std::to_string(line) + ": bad subscript");
       auto e = Node(ExprKind::kIndex, line);
       e->a = std::move(object);
       e->b = std::move(parts[0]);
@@ -637,6 +647,8 @@ class Parser {
 
 }  // namespace
 
-Expected<Body> Parse(const std::vector<Token>& tokens) { return Parser(tokens).ParseProgram(); }
+Expected<Body> Parse(const std::vector<Token>& tokens) {
+  return Parser(tokens).ParseProgram();
+}
 
 }  // namespace moetier::text::jinja

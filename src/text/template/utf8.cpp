@@ -9,7 +9,9 @@ namespace {
 
 constexpr char32_t kEscapedByteBase = 0xDC80;
 
-char32_t EscapeByte(unsigned char b) { return kEscapedByteBase + (b & 0x7F); }
+char32_t EscapeByte(unsigned char b) {
+  return kEscapedByteBase + (b & 0x7F);
+}
 
 }  // namespace
 
@@ -95,8 +97,20 @@ size_t Length(std::string_view s) {
 
 bool IsSpace(char32_t cp) {
   switch (cp) {
-    case 0x09: case 0x0A: case 0x0B: case 0x0C: case 0x0D: case 0x20: case 0xA0: case 0x1680:
-    case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000: case 0xFEFF:
+    case 0x09:
+    case 0x0A:
+    case 0x0B:
+    case 0x0C:
+    case 0x0D:
+    case 0x20:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000:
+    case 0xFEFF:
       return true;
     default:
       return cp >= 0x2000 && cp <= 0x200A;
@@ -123,11 +137,14 @@ std::string TrimIf(std::string_view s, TrimSide side, Pred drop) {
 
 }  // namespace
 
-std::string Trim(std::string_view s, TrimSide side) { return TrimIf(s, side, IsSpace); }
+std::string Trim(std::string_view s, TrimSide side) {
+  return TrimIf(s, side, IsSpace);
+}
 
 std::string TrimChars(std::string_view s, std::string_view chars, TrimSide side) {
   const std::vector<char32_t> set = Decode(chars);
-  return TrimIf(s, side, [&](char32_t cp) { return std::find(set.begin(), set.end(), cp) != set.end(); });
+  return TrimIf(s, side,
+                [&](char32_t cp) { return std::find(set.begin(), set.end(), cp) != set.end(); });
 }
 
 namespace {
@@ -153,8 +170,14 @@ std::string MapString(std::string_view s, bool upper) {
 
 }  // namespace
 
-char32_t UpperOf(char32_t cp) { return MapCase(cp, true); }
-std::string ToUpper(std::string_view s) { return MapString(s, true); }
-std::string ToLower(std::string_view s) { return MapString(s, false); }
+char32_t UpperOf(char32_t cp) {
+  return MapCase(cp, true);
+}
+std::string ToUpper(std::string_view s) {
+  return MapString(s, true);
+}
+std::string ToLower(std::string_view s) {
+  return MapString(s, false);
+}
 
 }  // namespace moetier::text::jinja::utf8

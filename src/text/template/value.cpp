@@ -37,7 +37,8 @@ const Value* CallArgs::Get(size_t index, std::string_view name) const {
 }
 
 Value Value::List(ValueList items) {
-  return Value(Storage(std::in_place_index<6>, std::make_shared<const ValueList>(std::move(items))));
+  return Value(
+      Storage(std::in_place_index<6>, std::make_shared<const ValueList>(std::move(items))));
 }
 Value Value::Dict(ValueDict dict) {
   return Value(Storage(std::in_place_index<7>, std::make_shared<const ValueDict>(std::move(dict))));
@@ -47,8 +48,8 @@ Value Value::Namespace(ValueDict dict) {
 }
 Value Value::Func(std::string name,
                   std::function<Expected<Value>(CallArgs&, const CallSite&)> call) {
-  return Value(Storage(std::in_place_index<9>,
-                       std::make_shared<const Function>(Function{std::move(name), std::move(call)})));
+  return Value(Storage(std::in_place_index<9>, std::make_shared<const Function>(
+                                                   Function{std::move(name), std::move(call)})));
 }
 
 double Value::as_number() const {
@@ -60,26 +61,41 @@ double Value::as_number() const {
 
 const void* Value::identity() const {
   switch (kind()) {
-    case Kind::kList: return std::get<6>(v_).get();
-    case Kind::kDict: return std::get<7>(v_).get();
-    case Kind::kNamespace: return std::get<8>(v_).get();
-    case Kind::kFunction: return std::get<9>(v_).get();
-    default: return nullptr;
+    case Kind::kList:
+      return std::get<6>(v_).get();
+    case Kind::kDict:
+      return std::get<7>(v_).get();
+    case Kind::kNamespace:
+      return std::get<8>(v_).get();
+    case Kind::kFunction:
+      return std::get<9>(v_).get();
+    default:
+      return nullptr;
   }
 }
 
 const char* TypeName(const Value& v) {
   switch (v.kind()) {
-    case Kind::kUndefined: return "undefined";
-    case Kind::kNone: return "none";
-    case Kind::kBool: return "boolean";
-    case Kind::kInt: return "integer";
-    case Kind::kFloat: return "float";
-    case Kind::kString: return "string";
-    case Kind::kList: return "list";
-    case Kind::kDict: return "dict";
-    case Kind::kNamespace: return "namespace";
-    case Kind::kFunction: return "function";
+    case Kind::kUndefined:
+      return "undefined";
+    case Kind::kNone:
+      return "none";
+    case Kind::kBool:
+      return "boolean";
+    case Kind::kInt:
+      return "integer";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kString:
+      return "string";
+    case Kind::kList:
+      return "list";
+    case Kind::kDict:
+      return "dict";
+    case Kind::kNamespace:
+      return "namespace";
+    case Kind::kFunction:
+      return "function";
   }
   return "value";
 }
@@ -87,15 +103,23 @@ const char* TypeName(const Value& v) {
 bool Truthy(const Value& v) {
   switch (v.kind()) {
     case Kind::kUndefined:
-    case Kind::kNone: return false;
-    case Kind::kBool: return v.as_bool();
-    case Kind::kInt: return v.as_int() != 0;
-    case Kind::kFloat: return v.as_float() != 0 && !std::isnan(v.as_float());
-    case Kind::kString: return !v.as_string().empty();
-    case Kind::kList: return !v.as_list().empty();
-    case Kind::kDict: return !v.as_dict().empty();
+    case Kind::kNone:
+      return false;
+    case Kind::kBool:
+      return v.as_bool();
+    case Kind::kInt:
+      return v.as_int() != 0;
+    case Kind::kFloat:
+      return v.as_float() != 0 && !std::isnan(v.as_float());
+    case Kind::kString:
+      return !v.as_string().empty();
+    case Kind::kList:
+      return !v.as_list().empty();
+    case Kind::kDict:
+      return !v.as_dict().empty();
     case Kind::kNamespace:
-    case Kind::kFunction: return true;
+    case Kind::kFunction:
+      return true;
   }
   return false;
 }
@@ -159,7 +183,9 @@ double JsStringToNumber(std::string_view raw) {
   return std::strtod(s.c_str(), nullptr);
 }
 
-bool IsNumberLike(const Value& v) { return v.is_int() || v.is_float() || v.is_bool(); }
+bool IsNumberLike(const Value& v) {
+  return v.is_int() || v.is_float() || v.is_bool();
+}
 
 }  // namespace
 
@@ -181,10 +207,14 @@ bool StrictEquals(const Value& a, const Value& b) {
   if (a.kind() != b.kind()) return false;
   switch (a.kind()) {
     case Kind::kUndefined:
-    case Kind::kNone: return true;
-    case Kind::kBool: return a.as_bool() == b.as_bool();
-    case Kind::kString: return a.as_string() == b.as_string();
-    default: return a.identity() == b.identity();
+    case Kind::kNone:
+      return true;
+    case Kind::kBool:
+      return a.as_bool() == b.as_bool();
+    case Kind::kString:
+      return a.as_string() == b.as_string();
+    default:
+      return a.identity() == b.identity();
   }
 }
 
@@ -242,14 +272,29 @@ void AppendJsonString(std::string* out, std::string_view s, bool ensure_ascii) {
   for (size_t i = 0; i < s.size();) {
     const char32_t cp = utf8::Next(s, &i);
     switch (cp) {
-      case '"': *out += "\\\""; continue;
-      case '\\': *out += "\\\\"; continue;
-      case '\b': *out += "\\b"; continue;
-      case '\f': *out += "\\f"; continue;
-      case '\n': *out += "\\n"; continue;
-      case '\r': *out += "\\r"; continue;
-      case '\t': *out += "\\t"; continue;
-      default: break;
+      case '"':
+        *out += "\\\"";
+        continue;
+      case '\\':
+        *out += "\\\\";
+        continue;
+      case '\b':
+        *out += "\\b";
+        continue;
+      case '\f':
+        *out += "\\f";
+        continue;
+      case '\n':
+        *out += "\\n";
+        continue;
+      case '\r':
+        *out += "\\r";
+        continue;
+      case '\t':
+        *out += "\\t";
+        continue;
+      default:
+        break;
     }
     if (cp < 0x20) {
       AppendHexEscape(out, cp);
@@ -277,16 +322,28 @@ Status AppendJson(std::string* out, const Value& v, const JsonOptions& o, int de
     for (int i = 0; i < level; ++i) *out += pad;
   };
   switch (v.kind()) {
-    case Kind::kUndefined: *out += o.undefined_as_null ? "null" : "undefined"; return OkStatus();
-    case Kind::kNone: *out += "null"; return OkStatus();
-    case Kind::kBool: *out += v.as_bool() ? "true" : "false"; return OkStatus();
-    case Kind::kInt: *out += std::to_string(v.as_int()); return OkStatus();
+    case Kind::kUndefined:
+      *out += o.undefined_as_null ? "null" : "undefined";
+      return OkStatus();
+    case Kind::kNone:
+      *out += "null";
+      return OkStatus();
+    case Kind::kBool:
+      *out += v.as_bool() ? "true" : "false";
+      return OkStatus();
+    case Kind::kInt:
+      *out += std::to_string(v.as_int());
+      return OkStatus();
     case Kind::kFloat: {
       const double d = v.as_float();
-      *out += std::isnan(d) ? "NaN" : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity") : FormatFloat(d);
+      *out += std::isnan(d)   ? "NaN"
+              : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity")
+                              : FormatFloat(d);
       return OkStatus();
     }
-    case Kind::kString: AppendJsonString(out, v.as_string(), o.ensure_ascii); return OkStatus();
+    case Kind::kString:
+      AppendJsonString(out, v.as_string(), o.ensure_ascii);
+      return OkStatus();
     case Kind::kList: {
       const ValueList& items = v.as_list();
       out->push_back('[');
@@ -337,12 +394,18 @@ Expected<std::string> ToJson(const Value& v, const JsonOptions& options) {
 Expected<std::string> ToOutputString(const Value& v) {
   switch (v.kind()) {
     case Kind::kUndefined:
-    case Kind::kNone: return std::string();
-    case Kind::kBool: return std::string(v.as_bool() ? "true" : "false");
-    case Kind::kInt: return std::to_string(v.as_int());
-    case Kind::kFloat: return FormatFloat(v.as_float());
-    case Kind::kString: return v.as_string();
-    case Kind::kFunction: return Status::Error("cannot print function '" + v.as_function().name + "'");
+    case Kind::kNone:
+      return std::string();
+    case Kind::kBool:
+      return std::string(v.as_bool() ? "true" : "false");
+    case Kind::kInt:
+      return std::to_string(v.as_int());
+    case Kind::kFloat:
+      return FormatFloat(v.as_float());
+    case Kind::kString:
+      return v.as_string();
+    case Kind::kFunction:
+      return Status::Error("cannot print function '" + v.as_function().name + "'");
     default: {
       JsonOptions o;
       o.undefined_as_null = false;
@@ -354,16 +417,21 @@ Expected<std::string> ToOutputString(const Value& v) {
 Value FromJson(const nlohmann::ordered_json& j) {
   using J = nlohmann::ordered_json::value_t;
   switch (j.type()) {
-    case J::null: return Value::None();
-    case J::boolean: return Value::Bool(j.get<bool>());
-    case J::number_integer: return Value::Int(j.get<int64_t>());
+    case J::null:
+      return Value::None();
+    case J::boolean:
+      return Value::Bool(j.get<bool>());
+    case J::number_integer:
+      return Value::Int(j.get<int64_t>());
     case J::number_unsigned: {
       const auto u = j.get<uint64_t>();
       return u <= static_cast<uint64_t>(INT64_MAX) ? Value::Int(static_cast<int64_t>(u))
                                                    : Value::Float(static_cast<double>(u));
     }
-    case J::number_float: return Value::Float(j.get<double>());
-    case J::string: return Value::String(j.get<std::string>());
+    case J::number_float:
+      return Value::Float(j.get<double>());
+    case J::string:
+      return Value::String(j.get<std::string>());
     case J::array: {
       ValueList items;
       items.reserve(j.size());
@@ -375,7 +443,8 @@ Value FromJson(const nlohmann::ordered_json& j) {
       for (const auto& [k, e] : j.items()) dict.Set(k, FromJson(e));
       return Value::Dict(std::move(dict));
     }
-    default: return Value();  // binary and discarded values have no template meaning
+    default:
+      return Value();  // binary and discarded values have no template meaning
   }
 }
 

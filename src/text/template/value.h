@@ -52,7 +52,9 @@ class Value {
   static Value Bool(bool b) { return Value(Storage(std::in_place_index<2>, b)); }
   static Value Int(int64_t i) { return Value(Storage(std::in_place_index<3>, i)); }
   static Value Float(double d) { return Value(Storage(std::in_place_index<4>, d)); }
-  static Value String(std::string s) { return Value(Storage(std::in_place_index<5>, std::move(s))); }
+  static Value String(std::string s) {
+    return Value(Storage(std::in_place_index<5>, std::move(s)));
+  }
   static Value List(ValueList items);
   static Value Dict(ValueDict dict);
   static Value Namespace(ValueDict dict);

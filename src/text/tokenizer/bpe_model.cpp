@@ -1,6 +1,7 @@
 #include "text/tokenizer/bpe_model.h"
 
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <queue>
 #include <shared_mutex>
@@ -15,20 +16,97 @@ namespace {
 constexpr size_t kMaxCachedWordBytes = 256;
 // Bound on cached words (~100 bytes each); once full, new words are computed but not kept.
 constexpr size_t kMaxCachedWords = 1 << 17;
+// How far the largest vocabulary id may exceed twice the vocabulary size.
+constexpr int64_t kMaxIdSlack = 1 << 16;
+
+constexpr std::string_view kMetaspace = "\xE2\x96\x81";  // U+2581 '▁'
 
 uint64_t PairKey(int32_t left, int32_t right) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
-         static_cast<uint32_t>(right);
+  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
 }
 
 }  // namespace
 
+// A 64-bit hash of a short string, 8 bytes at a time (splitmix64's finalizer as the mixer).
+uint64_t HashWord(std::string_view s) {
+  auto mix = [](uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+  };
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ s.size();
+  size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    uint64_t v;
+    std::memcpy(&v, s.data() + i, 8);
+    h = mix(h ^ v);
+  }
+  uint64_t tail = 0;
+  std::memcpy(&tail, s.data() + i, s.size() - i);
+  return mix(h ^ tail) | 1;  // 0 marks an empty slot
+}
+
+// Word -> ids, as one flat open-addressing table over two arenas: a lookup is a hash, one or two
+// probes and a memcmp, with no allocation and little pointer chasing (the node-based
+// std::unordered_map cost more than the rest of encoding on English text).
 struct BpeModel::Cache {
+  struct Slot {
+    uint64_t hash = 0;
+    uint32_t key_offset = 0;
+    uint32_t key_length = 0;
+    uint32_t ids_offset = 0;
+    uint32_t ids_count = 0;
+  };
   std::shared_mutex mu;
-  std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> words;
+  std::vector<Slot> slots = std::vector<Slot>(1024);  // power of two, at most half full
+  std::string keys;
+  std::vector<int32_t> ids;
+  size_t used = 0;
+
+  const Slot* Find(std::string_view word, uint64_t hash) const {
+    const size_t mask = slots.size() - 1;
+    for (size_t i = hash & mask;; i = (i + 1) & mask) {
+      const Slot& s = slots[i];
+      if (s.hash == 0) return nullptr;
+      if (s.hash == hash && s.key_length == word.size() &&
+          std::memcmp(keys.data() + s.key_offset, word.data(), word.size()) == 0) {
+        return &s;
+      }
+    }
+  }
+
+  void Insert(std::string_view word, uint64_t hash, const int32_t* word_ids, size_t n) {
+    if (used >= kMaxCachedWords || Find(word, hash) != nullptr) return;
+    if (2 * (used + 1) > slots.size()) Grow();
+    Slot slot{hash, static_cast<uint32_t>(keys.size()), static_cast<uint32_t>(word.size()),
+              static_cast<uint32_t>(ids.size()), static_cast<uint32_t>(n)};
+    keys.append(word);
+    ids.insert(ids.end(), word_ids, word_ids + n);
+    Place(slot);
+    ++used;
+  }
+
+  void Place(const Slot& slot) {
+    const size_t mask = slots.size() - 1;
+    size_t i = slot.hash & mask;
+    while (slots[i].hash != 0) i = (i + 1) & mask;
+    slots[i] = slot;
+  }
+
+  void Grow() {
+    std::vector<Slot> old(slots.size() * 2);
+    old.swap(slots);
+    for (const Slot& s : old) {
+      if (s.hash != 0) Place(s);
+    }
+  }
 };
 
-BpeModel::BpeModel() : cache_(std::make_unique<Cache>()) { byte_token_ids_.fill(-1); }
+BpeModel::BpeModel() : cache_(std::make_unique<Cache>()) {
+  byte_token_ids_.fill(-1);
+}
 BpeModel::BpeModel(BpeModel&&) noexcept = default;
 BpeModel& BpeModel::operator=(BpeModel&&) noexcept = default;
 BpeModel::~BpeModel() = default;
@@ -66,6 +144,12 @@ Expected<BpeModel> BpeModel::FromJson(const Json& j, std::string_view path) {
     m.vocab_[token] = value;
     max_id = std::max<int64_t>(max_id, value);
   }
+  // Real vocabularies number their tokens densely; a sparse one would make this table huge.
+  if (max_id > 2 * static_cast<int64_t>(m.vocab_.size()) + kMaxIdSlack) {
+    return FieldError(JoinPath(path, "vocab"), "ids are far from dense (largest id " +
+                                                   std::to_string(max_id) + " for " +
+                                                   std::to_string(m.vocab_.size()) + " tokens)");
+  }
   m.id_to_token_.resize(static_cast<size_t>(max_id + 1));
   m.id_present_.assign(static_cast<size_t>(max_id + 1), 0);
   for (const auto& [token, id] : m.vocab_) {
@@ -77,6 +161,17 @@ Expected<BpeModel> BpeModel::FromJson(const Json& j, std::string_view path) {
     std::snprintf(name, sizeof(name), "<0x%02X>", b);
     if (const auto it = m.vocab_.find(std::string_view(name)); it != m.vocab_.end()) {
       m.byte_token_ids_[static_cast<size_t>(b)] = it->second;
+    }
+  }
+
+  m.split_before_metaspace_ =
+      !m.ignore_merges_ && m.continuing_subword_prefix_.empty() && m.end_of_word_suffix_.empty();
+  for (const auto& [token, id] : m.vocab_) {
+    for (size_t at = token.find(kMetaspace); at != std::string::npos && m.split_before_metaspace_;
+         at = token.find(kMetaspace, at + 1)) {
+      if (at > 0 && !std::string_view(token).substr(0, at).ends_with(kMetaspace)) {
+        m.split_before_metaspace_ = false;
+      }
     }
   }
 
@@ -118,7 +213,8 @@ Expected<BpeModel> BpeModel::FromJson(const Json& j, std::string_view path) {
     const auto l = m.vocab_.find(left);
     const auto r = m.vocab_.find(right);
     if (l == m.vocab_.end() || r == m.vocab_.end()) {
-      return FieldError(where, "merges tokens that are not in the vocabulary");
+      const std::string& missing = l == m.vocab_.end() ? left : right;
+      return FieldError(where, "token \"" + missing + "\" is not in the vocabulary");
     }
     std::string merged = left;
     if (prefix_len > 0 && right.starts_with(m.continuing_subword_prefix_)) {
@@ -154,31 +250,52 @@ const BpeModel::Merge* BpeModel::FindMerge(int32_t left, int32_t right) const {
   return it == merges_.end() ? nullptr : &it->second;
 }
 
-void BpeModel::Tokenize(std::string_view word, std::vector<int32_t>& out) const {
+void BpeModel::Tokenize(std::string_view word, const ByteLevelAlphabet* spell_bytes,
+                        std::vector<int32_t>& out) const {
   if (word.empty()) return;
-  if (ignore_merges_) {
-    if (const auto it = vocab_.find(word); it != vocab_.end()) {
-      out.push_back(it->second);
-      return;
-    }
+  // Raw bytes are never cut: the '▁' check was made on the vocabulary's spelling.
+  if (!split_before_metaspace_ || spell_bytes != nullptr) {
+    TokenizeWord(word, spell_bytes, out);
+    return;
   }
+  size_t begin = 0;
+  for (size_t at = word.find(kMetaspace, 1); at != std::string_view::npos;
+       at = word.find(kMetaspace, at + kMetaspace.size())) {
+    if (word.substr(0, at).ends_with(kMetaspace)) continue;  // inside a run of '▁'
+    TokenizeWord(word.substr(begin, at - begin), nullptr, out);
+    begin = at;
+  }
+  TokenizeWord(word.substr(begin), nullptr, out);
+}
+
+void BpeModel::TokenizeWord(std::string_view word, const ByteLevelAlphabet* spell_bytes,
+                            std::vector<int32_t>& out) const {
   const bool cacheable = word.size() < kMaxCachedWordBytes;
+  const uint64_t hash = cacheable ? HashWord(word) : 0;
   if (cacheable) {
     std::shared_lock lock(cache_->mu);
-    if (const auto it = cache_->words.find(word); it != cache_->words.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
+    if (const Cache::Slot* hit = cache_->Find(word, hash)) {
+      const int32_t* ids = cache_->ids.data() + hit->ids_offset;
+      out.insert(out.end(), ids, ids + hit->ids_count);
       return;
     }
   }
+  std::string spelled;
+  std::string_view model_word = word;
+  if (spell_bytes != nullptr) {
+    spell_bytes->EncodeAppend(word, spelled);
+    model_word = spelled;
+  }
   const size_t first = out.size();
-  MergeWord(word, out);
+  const auto whole = ignore_merges_ ? vocab_.find(model_word) : vocab_.end();
+  if (whole != vocab_.end()) {
+    out.push_back(whole->second);  // ignore_merges: a word in the vocabulary is one token
+  } else {
+    MergeWord(model_word, out);
+  }
   if (cacheable) {
     std::unique_lock lock(cache_->mu);
-    if (cache_->words.size() < kMaxCachedWords) {
-      cache_->words.emplace(std::string(word),
-                            std::vector<int32_t>(out.begin() + static_cast<ptrdiff_t>(first),
-                                                 out.end()));
-    }
+    cache_->Insert(word, hash, out.data() + first, out.size() - first);
   }
 }
 

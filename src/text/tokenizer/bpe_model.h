@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "text/tokenizer/byte_level.h"
 #include "text/tokenizer/json_fields.h"
 
 namespace moetier::text {
@@ -35,12 +36,16 @@ class BpeModel {
   // `j` is the value of "model"; `path` names it in errors.
   static Expected<BpeModel> FromJson(const Json& j, std::string_view path);
 
+  BpeModel();  // an empty vocabulary
   BpeModel(BpeModel&&) noexcept;
   BpeModel& operator=(BpeModel&&) noexcept;
   ~BpeModel();
 
-  // Appends the ids of `word` (non-empty, valid UTF-8, in the vocabulary's spelling) to `out`.
-  void Tokenize(std::string_view word, std::vector<int32_t>& out) const;
+  // Appends the ids of `word` to `out`. `word` is in the vocabulary's spelling, or, when
+  // `spell_bytes` is given, raw bytes that the alphabet spells on a cache miss (a tokenizer
+  // calls this one way only, so its cache never mixes the two kinds of key).
+  void Tokenize(std::string_view word, const ByteLevelAlphabet* spell_bytes,
+                std::vector<int32_t>& out) const;
 
   std::optional<int32_t> TokenToId(std::string_view token) const;
   // The vocabulary string of `id`, or nullptr when the vocabulary has no such id.
@@ -50,13 +55,14 @@ class BpeModel {
   bool byte_fallback() const { return byte_fallback_; }
 
  private:
-  BpeModel();
   struct Merge {
     int32_t rank;
     int32_t new_id;
   };
   struct Cache;
 
+  void TokenizeWord(std::string_view word, const ByteLevelAlphabet* spell_bytes,
+                    std::vector<int32_t>& out) const;
   void MergeWord(std::string_view word, std::vector<int32_t>& out) const;
   const Merge* FindMerge(int32_t left, int32_t right) const;
 
@@ -70,6 +76,11 @@ class BpeModel {
   bool fuse_unk_ = false;
   bool byte_fallback_ = false;
   bool ignore_merges_ = false;
+  // Whether a word may be cut before each '▁' that follows another character: true when no
+  // vocabulary token holds '▁' after another character, so no merge can cross such a cut and
+  // the pieces merge exactly as the whole would. SentencePiece-style models have no
+  // pre-tokenizer and hand whole lines to the model; the cut makes their words cacheable.
+  bool split_before_metaspace_ = false;
   std::array<int32_t, 256> byte_token_ids_{};  // <0xNN> ids, -1 where absent
   std::unique_ptr<Cache> cache_;
 };

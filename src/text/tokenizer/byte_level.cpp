@@ -25,10 +25,18 @@ ByteLevelAlphabet::ByteLevelAlphabet() {
 }
 
 void ByteLevelAlphabet::EncodeAppend(std::string_view raw, std::string& out) const {
+  // Sized once for the worst case (2 bytes per byte) and trimmed: appending per byte costs
+  // more than the spelling itself.
+  const size_t base = out.size();
+  out.resize(base + 2 * raw.size());
+  char* dst = out.data() + base;
   for (const char ch : raw) {
     const auto b = static_cast<uint8_t>(ch);
-    out.append(spelled_[b].data(), length_[b]);
+    dst[0] = spelled_[b][0];
+    dst[1] = spelled_[b][1];
+    dst += length_[b];
   }
+  out.resize(static_cast<size_t>(dst - out.data()));
 }
 
 }  // namespace moetier::text

@@ -67,8 +67,7 @@ std::vector<std::string> DecodeByteFallback(std::vector<std::string> tokens) {
   return out;
 }
 
-void DecodeMetaspace(std::vector<std::string>& tokens, std::string_view replacement,
-                     bool prepend) {
+void DecodeMetaspace(std::vector<std::string>& tokens, std::string_view replacement, bool prepend) {
   for (size_t i = 0; i < tokens.size(); ++i) {
     std::string& token = tokens[i];
     if (token.find(replacement) == std::string::npos) continue;
@@ -126,7 +125,10 @@ Expected<Decoder> Decoder::FromJson(const Json& j, std::string_view path) {
 
 Status Decoder::AddFromJson(const Json& j, std::string_view path) {
   if (!j.is_object()) return FieldError(path, "expected an object");
-  MT_ASSIGN_OR_RETURN(const std::string type, RequiredString(j, "type", path));
+  // Bound by reference: GCC 12 misreports a string moved out of the Expected as uninitialized.
+  const auto type_or = RequiredString(j, "type", path);
+  if (!type_or.ok()) return type_or.status();
+  const std::string& type = type_or.value();
   Step step;
   if (type == "Sequence") {
     const auto it = j.find("decoders");
@@ -146,9 +148,8 @@ Status Decoder::AddFromJson(const Json& j, std::string_view path) {
     MT_ASSIGN_OR_RETURN(step.text, RequiredString(j, "replacement", path));
     if (step.text.empty()) return FieldError(JoinPath(path, "replacement"), "is empty");
     MT_ASSIGN_OR_RETURN(const auto scheme, OptionalString(j, "prepend_scheme", path));
-    MT_ASSIGN_OR_RETURN(const bool add_prefix_space,
-                        OptionalBool(j, "add_prefix_space", path, true));
-    step.prepend = scheme ? *scheme != "never" : add_prefix_space;
+    MT_ASSIGN_OR_RETURN(const bool prefix, OptionalBool(j, "add_prefix_space", path, true));
+    step.prepend = scheme ? *scheme != "never" : prefix;
   } else if (type == "ByteFallback") {
     step.kind = Kind::kByteFallback;
     has_byte_fallback_ = true;

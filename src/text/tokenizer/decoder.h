@@ -34,7 +34,7 @@ class Decoder {
   enum class Kind { kByteLevel, kMetaspace, kByteFallback, kFuse, kStrip, kReplace };
   struct Step {
     Kind kind = Kind::kFuse;
-    std::string text;  // Metaspace: replacement; Strip: content; Replace: replacement
+    std::string text;     // Metaspace: replacement; Strip: content; Replace: replacement
     bool prepend = true;  // Metaspace: whether the prepend scheme is not "never"
     size_t start = 0;     // Strip
     size_t stop = 0;      // Strip

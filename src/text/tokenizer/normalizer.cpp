@@ -20,9 +20,8 @@ std::string UnicodeNormalize(std::string_view s, utf8proc_option_t options) {
   // Every normal form leaves ASCII as it is; most prompts are mostly ASCII.
   if (IsAscii(s)) return std::string(s);
   utf8proc_uint8_t* out = nullptr;
-  const utf8proc_ssize_t n =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                   static_cast<utf8proc_ssize_t>(s.size()), &out, options);
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
+                                          static_cast<utf8proc_ssize_t>(s.size()), &out, options);
   if (n < 0) {
     // Only reachable with invalid UTF-8, which Encode repairs before normalizing.
     std::free(out);
@@ -35,16 +34,14 @@ std::string UnicodeNormalize(std::string_view s, utf8proc_option_t options) {
 
 bool IsCased(char32_t c) {
   const auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
-  return cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL ||
-         cat == UTF8PROC_CATEGORY_LT;
+  return cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL || cat == UTF8PROC_CATEGORY_LT;
 }
 
 bool IsCaseIgnorable(char32_t c) {
   if (c == '\'' || c == '.' || c == ':' || c == 0xB7 || c == 0x2019) return true;
   const auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
   return cat == UTF8PROC_CATEGORY_MN || cat == UTF8PROC_CATEGORY_ME ||
-         cat == UTF8PROC_CATEGORY_CF || cat == UTF8PROC_CATEGORY_LM ||
-         cat == UTF8PROC_CATEGORY_SK;
+         cat == UTF8PROC_CATEGORY_CF || cat == UTF8PROC_CATEGORY_LM || cat == UTF8PROC_CATEGORY_SK;
 }
 
 std::string Lowercase(std::string_view s) {
@@ -76,8 +73,7 @@ std::string Lowercase(std::string_view s) {
       }
       AppendUtf8(cased_before && !cased_after ? 0x3C2 : 0x3C3, out);
     } else {
-      AppendUtf8(static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c))),
-                 out);
+      AppendUtf8(static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c))), out);
     }
   }
   return out;
@@ -116,7 +112,10 @@ Expected<Normalizer> Normalizer::FromJson(const Json& j, std::string_view path) 
 
 Status Normalizer::AddFromJson(const Json& j, std::string_view path) {
   if (!j.is_object()) return FieldError(path, "expected an object");
-  MT_ASSIGN_OR_RETURN(const std::string type, RequiredString(j, "type", path));
+  // Bound by reference: GCC 12 misreports a string moved out of the Expected as uninitialized.
+  const auto type_or = RequiredString(j, "type", path);
+  if (!type_or.ok()) return type_or.status();
+  const std::string& type = type_or.value();
   if (type == "Sequence") {
     const auto it = j.find("normalizers");
     if (it == j.end() || !it->is_array()) {

@@ -30,7 +30,7 @@ class Normalizer {
   enum class Kind { kNfc, kNfd, kNfkc, kNfkd, kLowercase, kPrepend, kReplace, kStrip };
   struct Step {
     Kind kind;
-    std::string text;  // Prepend: what to prepend; Replace: the replacement
+    std::string text;                        // Prepend: what to prepend; Replace: the replacement
     std::shared_ptr<const Pattern> pattern;  // Replace
     bool strip_left = false;
     bool strip_right = false;

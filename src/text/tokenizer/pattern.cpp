@@ -42,7 +42,9 @@ void Pattern::FindSegments(std::string_view text, std::vector<Segment>& out) con
     prev = end;
   };
   if (regex_) {
-    regex_->ForEachMatch(text, add_match);
+    std::vector<std::pair<size_t, size_t>> matches;
+    regex_->FindAll(text, matches);
+    for (const auto& [begin, end] : matches) add_match(begin, end);
   } else if (!literal_.empty()) {
     for (size_t at = text.find(literal_); at != std::string_view::npos;
          at = text.find(literal_, at + literal_.size())) {

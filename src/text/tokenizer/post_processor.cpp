@@ -37,7 +37,10 @@ PostProcessor PostProcessor::BosEos(std::vector<int32_t> bos_ids, std::vector<in
 
 Status PostProcessor::AddFromJson(const Json& j, std::string_view path) {
   if (!j.is_object()) return FieldError(path, "expected an object");
-  MT_ASSIGN_OR_RETURN(const std::string type, RequiredString(j, "type", path));
+  // Bound by reference: GCC 12 misreports a string moved out of the Expected as uninitialized.
+  const auto type_or = RequiredString(j, "type", path);
+  if (!type_or.ok()) return type_or.status();
+  const std::string& type = type_or.value();
   if (type == "Sequence") {
     const auto it = j.find("processors");
     if (it == j.end() || !it->is_array()) {

@@ -29,7 +29,10 @@ Expected<PreTokenizer> PreTokenizer::FromJson(const Json& j, std::string_view pa
 
 Status PreTokenizer::AddFromJson(const Json& j, std::string_view path) {
   if (!j.is_object()) return FieldError(path, "expected an object");
-  MT_ASSIGN_OR_RETURN(const std::string type, RequiredString(j, "type", path));
+  // Bound by reference: GCC 12 misreports a string moved out of the Expected as uninitialized.
+  const auto type_or = RequiredString(j, "type", path);
+  if (!type_or.ok()) return type_or.status();
+  const std::string& type = type_or.value();
   Step step;
   if (type == "Sequence") {
     const auto it = j.find("pretokenizers");
@@ -49,28 +52,29 @@ Status PreTokenizer::AddFromJson(const Json& j, std::string_view path) {
     step.pattern = std::make_shared<const Pattern>(std::move(pattern));
     const auto behavior = j.find("behavior");
     if (behavior == j.end()) return FieldError(JoinPath(path, "behavior"), "missing");
-    MT_ASSIGN_OR_RETURN(step.behavior,
-                        ParseSplitBehavior(*behavior, JoinPath(path, "behavior")));
+    const std::string behavior_path = JoinPath(path, "behavior");
+    MT_ASSIGN_OR_RETURN(step.behavior, ParseSplitBehavior(*behavior, behavior_path));
     MT_ASSIGN_OR_RETURN(step.invert, OptionalBool(j, "invert", path, false));
   } else if (type == "ByteLevel") {
     step.kind = Kind::kByteLevel;
     MT_ASSIGN_OR_RETURN(step.add_prefix_space, OptionalBool(j, "add_prefix_space", path, true));
     MT_ASSIGN_OR_RETURN(const bool use_regex, OptionalBool(j, "use_regex", path, true));
-    if (use_regex) MT_ASSIGN_OR_RETURN(step.pattern, CompileBuiltin(kGpt2Pattern));
+    if (use_regex) {
+      MT_ASSIGN_OR_RETURN(step.pattern, CompileBuiltin(kGpt2Pattern));
+    }
     if (!alphabet_) alphabet_ = std::make_shared<const ByteLevelAlphabet>();
   } else if (type == "Metaspace") {
     step.kind = Kind::kMetaspace;
     MT_ASSIGN_OR_RETURN(step.replacement, RequiredString(j, "replacement", path));
     size_t pos = 0;
-    if (step.replacement.empty() || (NextCodePoint(step.replacement, pos), pos) !=
-                                        step.replacement.size()) {
+    if (step.replacement.empty() ||
+        (NextCodePoint(step.replacement, pos), pos) != step.replacement.size()) {
       return FieldError(JoinPath(path, "replacement"), "expected exactly one character");
     }
     MT_ASSIGN_OR_RETURN(const auto scheme, OptionalString(j, "prepend_scheme", path));
-    MT_ASSIGN_OR_RETURN(const bool add_prefix_space,
-                        OptionalBool(j, "add_prefix_space", path, true));
+    MT_ASSIGN_OR_RETURN(const bool prefix, OptionalBool(j, "add_prefix_space", path, true));
     if (!scheme) {
-      step.prepend = add_prefix_space ? Prepend::kAlways : Prepend::kNever;
+      step.prepend = prefix ? Prepend::kAlways : Prepend::kNever;
     } else if (*scheme == "always") {
       step.prepend = Prepend::kAlways;
     } else if (*scheme == "first") {
@@ -102,14 +106,15 @@ Status PreTokenizer::AddFromJson(const Json& j, std::string_view path) {
   return OkStatus();
 }
 
-void PreTokenizer::Apply(PieceList& words) const {
-  for (const Step& step : steps_) {
+void PreTokenizer::Apply(PieceList& words, bool defer_byte_spelling) const {
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    const Step& step = steps_[i];
     switch (step.kind) {
       case Kind::kSplit:
         ApplySplit(step, words);
         break;
       case Kind::kByteLevel:
-        ApplyByteLevel(step, words);
+        ApplyByteLevel(step, !(defer_byte_spelling && i + 1 == steps_.size()), words);
         break;
       case Kind::kMetaspace:
         ApplyMetaspace(step, words);
@@ -151,7 +156,7 @@ void PreTokenizer::ApplyCharSplit(const Step& step, PieceList& words) const {
   std::vector<Segment> segments;
   std::vector<std::pair<size_t, size_t>> kept;
   const bool digits = step.kind == Kind::kDigits;
-  const SplitBehavior behavior = !digits ? SplitBehavior::kRemoved
+  const SplitBehavior behavior = !digits     ? SplitBehavior::kRemoved
                                  : step.flag ? SplitBehavior::kIsolated
                                              : SplitBehavior::kContiguous;
   for (const PieceList::Piece& piece : words.pieces) {
@@ -171,7 +176,10 @@ void PreTokenizer::ApplyCharSplit(const Step& step, PieceList& words) const {
   words.pieces = std::move(out);
 }
 
-void PreTokenizer::ApplyByteLevel(const Step& step, PieceList& words) const {
+void PreTokenizer::ApplyByteLevel(const Step& step, bool spell, PieceList& words) const {
+  // Deferred spelling with nothing to prepend or cut: the words are already what the model
+  // wants (Qwen's and Llama-3's pipelines, where a Split did the cutting).
+  if (!spell && !step.add_prefix_space && !step.pattern) return;
   PieceList out;
   out.text.reserve(words.text.size() * 2);
   out.pieces.reserve(words.pieces.size() * 2);
@@ -181,8 +189,9 @@ void PreTokenizer::ApplyByteLevel(const Step& step, PieceList& words) const {
   for (const PieceList::Piece& piece : words.pieces) {
     std::string_view src = words.View(piece);
     if (step.add_prefix_space && (src.empty() || src.front() != ' ')) {
-      prefixed.assign(" ");
-      prefixed.append(src);
+      prefixed.clear();
+      prefixed.push_back(' ');
+      prefixed.append(src.data(), src.size());
       src = prefixed;
     }
     kept.clear();
@@ -195,9 +204,13 @@ void PreTokenizer::ApplyByteLevel(const Step& step, PieceList& words) const {
     }
     for (const auto& [b, e] : kept) {
       const auto begin = static_cast<uint32_t>(out.text.size());
-      alphabet_->EncodeAppend(src.substr(b, e - b), out.text);
-      out.pieces.push_back({begin, static_cast<uint32_t>(out.text.size()),
-                            piece.at_origin && b == 0});
+      if (spell) {
+        alphabet_->EncodeAppend(src.substr(b, e - b), out.text);
+      } else {
+        out.text.append(src.data() + b, e - b);
+      }
+      out.pieces.push_back(
+          {begin, static_cast<uint32_t>(out.text.size()), piece.at_origin && b == 0});
     }
   }
   words = std::move(out);

@@ -41,7 +41,16 @@ class PreTokenizer {
   static Expected<PreTokenizer> FromJson(const Json& j, std::string_view path);
 
   // Replaces `words` with the result of every step, in order. Empty pieces are dropped.
-  void Apply(PieceList& words) const;
+  // With defer_byte_spelling, a final ByteLevel step cuts the words but leaves them as raw
+  // bytes: the model spells them (ByteLevelAlphabet) only for words it has not cached, which
+  // saves rewriting every byte of the text.
+  void Apply(PieceList& words, bool defer_byte_spelling = false) const;
+
+  // The alphabet a deferred final ByteLevel step would have spelled words with, or nullptr when
+  // the last step is not ByteLevel.
+  const ByteLevelAlphabet* final_byte_level() const {
+    return !steps_.empty() && steps_.back().kind == Kind::kByteLevel ? alphabet_.get() : nullptr;
+  }
 
  private:
   enum class Kind { kSplit, kByteLevel, kMetaspace, kDigits, kWhitespace, kWhitespaceSplit };
@@ -50,15 +59,15 @@ class PreTokenizer {
     Kind kind = Kind::kSplit;
     std::shared_ptr<const Pattern> pattern;  // Split, ByteLevel with use_regex, Whitespace
     SplitBehavior behavior = SplitBehavior::kIsolated;
-    bool invert = false;                     // Split
-    bool add_prefix_space = false;           // ByteLevel
-    bool flag = false;                       // Digits: individual; Metaspace: split
-    std::string replacement;                 // Metaspace, as UTF-8
-    Prepend prepend = Prepend::kAlways;      // Metaspace
+    bool invert = false;                 // Split
+    bool add_prefix_space = false;       // ByteLevel
+    bool flag = false;                   // Digits: individual; Metaspace: split
+    std::string replacement;             // Metaspace, as UTF-8
+    Prepend prepend = Prepend::kAlways;  // Metaspace
   };
   Status AddFromJson(const Json& j, std::string_view path);
   void ApplySplit(const Step& step, PieceList& words) const;
-  void ApplyByteLevel(const Step& step, PieceList& words) const;
+  void ApplyByteLevel(const Step& step, bool spell, PieceList& words) const;
   void ApplyMetaspace(const Step& step, PieceList& words) const;
   void ApplyCharSplit(const Step& step, PieceList& words) const;
 

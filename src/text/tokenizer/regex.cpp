@@ -30,9 +30,8 @@ struct JitStackDeleter {
 Expected<Regex> Regex::Compile(std::string_view pattern) {
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
-  pcre2_code* code =
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                    PCRE2_UTF | PCRE2_UCP, &error_code, &error_offset, nullptr);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_UTF | PCRE2_UCP, &error_code, &error_offset, nullptr);
   if (code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error_code, message, sizeof(message));
@@ -46,8 +45,7 @@ Expected<Regex> Regex::Compile(std::string_view pattern) {
   return regex;
 }
 
-Regex::Regex(Regex&& other) noexcept
-    : code_(std::exchange(other.code_, nullptr)) {}
+Regex::Regex(Regex&& other) noexcept : code_(std::exchange(other.code_, nullptr)) {}
 
 Regex& Regex::operator=(Regex&& other) noexcept {
   if (this != &other) {
@@ -61,8 +59,7 @@ Regex::~Regex() {
   if (code_ != nullptr) pcre2_code_free(code_);
 }
 
-void Regex::ForEachMatch(std::string_view text,
-                         const std::function<void(size_t begin, size_t end)>& on_match) const {
+void Regex::FindAll(std::string_view text, std::vector<std::pair<size_t, size_t>>& matches) const {
   if (code_ == nullptr) return;
   std::unique_ptr<pcre2_match_data, MatchDataDeleter> md(
       pcre2_match_data_create_from_pattern(code_, nullptr));
@@ -86,7 +83,7 @@ void Regex::ForEachMatch(std::string_view text,
     const size_t begin = ov[0];
     const size_t end = ov[1];
     if (end < begin) return;  // \K tricks can report these; no tokenizer pattern uses them
-    on_match(begin, end);
+    matches.emplace_back(begin, end);
     if (end > begin) {
       offset = end;
     } else {

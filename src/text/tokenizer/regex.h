@@ -9,9 +9,10 @@
 #pragma once
 
 #include <cstddef>
-#include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "core/status.h"
 
@@ -30,12 +31,11 @@ class Regex {
   Regex& operator=(const Regex&) = delete;
   ~Regex();
 
-  // Calls on_match(begin, end) (byte offsets into `text`) for every non-overlapping match from
-  // left to right, the way Oniguruma's find_iter walks: after an empty match the search resumes
-  // one character later. `text` must be valid UTF-8 (it is not re-checked, which keeps a scan
-  // linear). A match that cannot finish within PCRE2's resource limits ends the scan early.
-  void ForEachMatch(std::string_view text,
-                    const std::function<void(size_t begin, size_t end)>& on_match) const;
+  // Appends (begin, end) byte offsets of every non-overlapping match from left to right, the
+  // way Oniguruma's find_iter walks: after an empty match the search resumes one character
+  // later. `text` must be valid UTF-8 (it is not re-checked, which keeps a scan linear). A match
+  // that cannot finish within PCRE2's resource limits ends the scan early.
+  void FindAll(std::string_view text, std::vector<std::pair<size_t, size_t>>& matches) const;
 
  private:
   explicit Regex(pcre2_real_code_8* code) : code_(code) {}

@@ -35,8 +35,8 @@ Expected<TokenizerConfig> ParseTokenizerConfig(const Json& j) {
   c.add_bos_eos_given = j.contains("add_bos_token") || j.contains("add_eos_token");
   MT_ASSIGN_OR_RETURN(c.add_bos_token, OptionalBool(j, "add_bos_token", "", false));
   MT_ASSIGN_OR_RETURN(c.add_eos_token, OptionalBool(j, "add_eos_token", "", false));
-  MT_ASSIGN_OR_RETURN(c.clean_up_tokenization_spaces,
-                      OptionalBool(j, "clean_up_tokenization_spaces", "", false));
+  const char* clean_up = "clean_up_tokenization_spaces";
+  MT_ASSIGN_OR_RETURN(c.clean_up_tokenization_spaces, OptionalBool(j, clean_up, "", false));
 
   if (const auto it = j.find("chat_template"); it != j.end() && !it->is_null()) {
     if (it->is_string()) {

@@ -1,0 +1,215 @@
+#include "experts/residency_plan.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <numeric>
+#include <set>
+
+namespace moetier {
+
+namespace {
+
+std::string Gb(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GB", static_cast<double>(bytes) / kBytesPerGb);
+  return buf;
+}
+
+Status SpecError(const std::string& text, const std::string& why) {
+  return Status::Error("--moe-cpu-layers '" + text + "': " + why +
+                       " (use auto, 0, a count like 12, a fraction like 0.25, or ids like 0,5,7 "
+                       "or 0-3,8)");
+}
+
+bool ParseInt(std::string_view s, int64_t& v) {
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  return !s.empty() && ec == std::errc() && end == s.data() + s.size();
+}
+
+}  // namespace
+
+std::string_view BackendName(Backend b) {
+  switch (b) {
+    case Backend::kAuto:
+      return "auto";
+    case Backend::kCpu:
+      return "cpu";
+    case Backend::kOffload:
+      return "offload";
+    case Backend::kHybrid:
+      return "hybrid";
+  }
+  return "?";
+}
+
+Expected<Backend> ParseBackend(const std::string& text) {
+  for (Backend b : {Backend::kAuto, Backend::kCpu, Backend::kOffload, Backend::kHybrid})
+    if (BackendName(b) == text) return b;
+  if (text == "gpu")
+    return Status::Error("--moe-backend gpu (everything in VRAM) is not available yet; use auto, "
+                         "cpu, offload or hybrid");
+  return Status::Error("--moe-backend '" + text + "': expected auto, cpu, offload or hybrid");
+}
+
+Expected<CpuLayersSpec> ParseCpuLayersSpec(const std::string& raw) {
+  CpuLayersSpec s;
+  s.text = raw;
+  std::string text;
+  for (char c : raw)
+    if (c != ' ') text.push_back(c);
+  if (text.empty()) return SpecError(raw, "empty");
+  if (text == "auto") return s;
+  if (text.find(',') != std::string::npos) {
+    s.kind = CpuLayersSpec::Kind::kIds;
+    std::set<int64_t> ids;
+    size_t pos = 0;
+    while (pos < text.size()) {
+      size_t comma = text.find(',', pos);
+      if (comma == std::string::npos) comma = text.size();
+      const std::string item = text.substr(pos, comma - pos);
+      pos = comma + 1;
+      if (item.empty()) return SpecError(raw, "empty item");  // a trailing comma ends the loop
+      const size_t dash = item.find('-', 1);
+      int64_t a = 0, b = 0;
+      if (dash != std::string::npos) {
+        if (!ParseInt(std::string_view(item).substr(0, dash), a) ||
+            !ParseInt(std::string_view(item).substr(dash + 1), b) || a < 0 || b < a)
+          return SpecError(raw, "'" + item + "' is not a range of layer ids");
+      } else {
+        if (!ParseInt(item, a) || a < 0) return SpecError(raw, "'" + item + "' is not a layer id");
+        b = a;
+      }
+      for (int64_t i = a; i <= b; ++i) ids.insert(i);
+    }
+    if (ids.empty()) return SpecError(raw, "no layer ids");
+    s.ids.assign(ids.begin(), ids.end());
+    return s;
+  }
+  int64_t count = 0;
+  if (ParseInt(text, count)) {
+    if (count < 0) return SpecError(raw, "a count cannot be negative");
+    s.kind = CpuLayersSpec::Kind::kCount;
+    s.count = count;
+    return s;
+  }
+  char* end = nullptr;
+  const double f = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() && *end == '\0' && text.find('.') != std::string::npos) {
+    if (!(f >= 0.0 && f <= 1.0)) return SpecError(raw, "a fraction must lie in [0, 1]");
+    s.kind = CpuLayersSpec::Kind::kFraction;
+    s.fraction = f;
+    return s;
+  }
+  return SpecError(raw, "not understood");
+}
+
+uint64_t ResidencyPlan::BytesIn(Tier t) const {
+  uint64_t n = 0;
+  for (const auto& l : layers)
+    if (l.tier == t) n += l.bytes;
+  return n;
+}
+
+std::vector<size_t> LayerMoveOrder(const std::vector<LayerBank>& banks) {
+  std::vector<size_t> order(banks.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (banks[a].bytes != banks[b].bytes) return banks[a].bytes > banks[b].bytes;
+    return banks[a].layer < banks[b].layer;
+  });
+  return order;
+}
+
+Expected<ResidencyPlan> PlanResidency(const PlanInputs& in) {
+  ResidencyPlan plan;
+  plan.budgets = in.budgets;
+  plan.backend = in.backend;
+  if (plan.backend == Backend::kAuto)
+    plan.backend = in.gpu_available ? Backend::kHybrid : Backend::kCpu;
+
+  const size_t n = in.banks.size();
+  std::vector<bool> on_cpu(n, plan.backend == Backend::kCpu);
+  const std::vector<size_t> order = LayerMoveOrder(in.banks);
+
+  if (plan.backend != Backend::kCpu) {
+    const CpuLayersSpec& spec = in.cpu_layers;
+    switch (spec.kind) {
+      case CpuLayersSpec::Kind::kIds:
+        for (int64_t id : spec.ids) {
+          auto it = std::find_if(in.banks.begin(), in.banks.end(),
+                                 [&](const LayerBank& b) { return b.layer == id; });
+          if (it == in.banks.end()) {
+            std::string moe;
+            for (const auto& b : in.banks) moe += (moe.empty() ? "" : ",") + std::to_string(b.layer);
+            return Status::Error("--moe-cpu-layers: layer " + std::to_string(id) +
+                                 " is not a MoE layer of this model (MoE layers: " + moe + ")");
+          }
+          on_cpu[static_cast<size_t>(it - in.banks.begin())] = true;
+        }
+        break;
+      case CpuLayersSpec::Kind::kCount:
+        if (spec.count > static_cast<int64_t>(n))
+          return Status::Error("--moe-cpu-layers " + std::to_string(spec.count) +
+                               ": the model has only " + std::to_string(n) + " MoE layers");
+        for (int64_t i = 0; i < spec.count; ++i) on_cpu[order[static_cast<size_t>(i)]] = true;
+        break;
+      case CpuLayersSpec::Kind::kFraction: {
+        const auto k = static_cast<size_t>(std::llround(spec.fraction * static_cast<double>(n)));
+        for (size_t i = 0; i < k && i < n; ++i) on_cpu[order[i]] = true;
+        break;
+      }
+      case CpuLayersSpec::Kind::kAuto:
+        break;
+    }
+    // The pin budget is hard: with `auto` this is how the CPU layers are chosen; with an explicit
+    // spec, layers beyond it also move to the CPU, with a warning.
+    if (in.budgets.pin_bytes) {
+      uint64_t pinned = 0;
+      for (size_t i = 0; i < n; ++i)
+        if (!on_cpu[i]) pinned += in.banks[i].bytes;
+      size_t moved = 0;
+      uint64_t moved_bytes = 0;
+      for (size_t i : order) {
+        if (pinned <= *in.budgets.pin_bytes) break;
+        if (on_cpu[i]) continue;
+        on_cpu[i] = true;
+        pinned -= in.banks[i].bytes;
+        moved_bytes += in.banks[i].bytes;
+        ++moved;
+      }
+      if (moved > 0 && spec.kind != CpuLayersSpec::Kind::kAuto)
+        plan.warnings.push_back("--moe-cpu-layers " + spec.text + " leaves more to pin than the " +
+                                Gb(*in.budgets.pin_bytes) + " pin budget; " +
+                                std::to_string(moved) + " more layer(s) (" + Gb(moved_bytes) +
+                                ") go to the CPU executor");
+    }
+  }
+
+  plan.layers.resize(n);
+  for (size_t i = 0; i < n; ++i)
+    plan.layers[i] = {in.banks[i].layer, on_cpu[i] ? Tier::kLocked : Tier::kPinned, in.banks[i].bytes};
+
+  if (in.budgets.lock_bytes) {
+    uint64_t locked = plan.BytesIn(Tier::kLocked);
+    size_t moved = 0;
+    uint64_t moved_bytes = 0;
+    for (size_t i : order) {
+      if (locked <= *in.budgets.lock_bytes) break;
+      if (plan.layers[i].tier != Tier::kLocked) continue;
+      plan.layers[i].tier = Tier::kPageable;
+      locked -= plan.layers[i].bytes;
+      moved_bytes += plan.layers[i].bytes;
+      ++moved;
+    }
+    if (moved > 0)
+      plan.warnings.push_back(
+          std::to_string(moved) + " layer(s) (" + Gb(moved_bytes) + ") exceed the " +
+          Gb(*in.budgets.lock_bytes) + " lock budget (" + in.budgets.lock_source +
+          ") and stay pageable: the OS may evict them, and every evicted page costs a disk read "
+          "during decode; raise --lock-budget-gb or `ulimit -l`");
+  }
+  return plan;
+}
+
+}  // namespace moetier

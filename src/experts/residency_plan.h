@@ -1,0 +1,70 @@
+// The residency plan: per MoE layer, the tier its expert bank should settle to, chosen from the
+// backend, the pin and lock budgets and --moe-cpu-layers before a weight byte is read.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "experts/budgets.h"
+#include "experts/tier.h"
+
+namespace moetier {
+
+enum class Backend { kAuto, kCpu, kOffload, kHybrid };
+std::string_view BackendName(Backend b);
+// Parses --moe-backend (auto|cpu|offload|hybrid); `gpu` is refused as not available yet.
+Expected<Backend> ParseBackend(const std::string& text);
+
+// --moe-cpu-layers: which MoE layers are `locked` and decode on the CPU executor.
+struct CpuLayersSpec {
+  enum class Kind { kAuto, kIds, kCount, kFraction };
+  Kind kind = Kind::kAuto;
+  std::vector<int64_t> ids;  // kIds
+  int64_t count = 0;         // kCount (0: none)
+  double fraction = 0.0;     // kFraction, in [0, 1]
+  std::string text;          // as the user wrote it, for messages
+};
+// Forms: `auto`; `0` (none); a count `12`; a fraction `0.25`; layer ids `0,5,7` or ranges
+// `0-3,8` (a single id needs a trailing comma: `5,`). Errors name --moe-cpu-layers.
+Expected<CpuLayersSpec> ParseCpuLayersSpec(const std::string& text);
+
+struct LayerBank {
+  int64_t layer = 0;   // model layer index
+  uint64_t bytes = 0;  // the bank's bytes
+};
+
+struct LayerResidency {
+  int64_t layer = 0;
+  Tier tier = Tier::kPageable;
+  uint64_t bytes = 0;
+};
+
+struct ResidencyPlan {
+  Backend backend = Backend::kCpu;  // resolved (never kAuto)
+  std::vector<LayerResidency> layers;
+  Budgets budgets;
+  std::vector<std::string> warnings;  // one line each, for stderr
+
+  uint64_t BytesIn(Tier t) const;
+};
+
+struct PlanInputs {
+  Backend backend = Backend::kAuto;
+  bool gpu_available = false;
+  std::vector<LayerBank> banks;  // the model's MoE layers, ascending
+  Budgets budgets;
+  CpuLayersSpec cpu_layers;
+};
+
+// The order in which layers leave a tier when a budget is short (to the CPU when pinned bytes
+// exceed the pin budget, and to pageable when locked bytes exceed the lock budget), and in which
+// a count or fraction of --moe-cpu-layers picks them. The rule: larger banks first, since each
+// move then frees the most budget and the fewest layers move; on equal sizes the lower layer id
+// first, as llama.cpp's --n-cpu-moe does, so a user comparing the two sees the same split.
+std::vector<size_t> LayerMoveOrder(const std::vector<LayerBank>& banks);
+
+Expected<ResidencyPlan> PlanResidency(const PlanInputs& in);
+
+}  // namespace moetier

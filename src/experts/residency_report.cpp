@@ -1,0 +1,60 @@
+#include "experts/residency_report.h"
+
+#include <cstdio>
+
+namespace moetier {
+
+namespace {
+
+nlohmann::ordered_json Layers(const std::vector<LayerResidency>& layers) {
+  nlohmann::ordered_json a = nlohmann::ordered_json::array();
+  for (const auto& l : layers)
+    a.push_back({{"layer", l.layer}, {"tier", std::string(TierName(l.tier))}, {"bytes", l.bytes}});
+  return a;
+}
+
+nlohmann::ordered_json OptionalBytes(const std::optional<uint64_t>& v) {
+  return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(nullptr);
+}
+
+}  // namespace
+
+nlohmann::ordered_json ResidencyReportJson(const ResidencyReport& r) {
+  nlohmann::ordered_json j;
+  j["backend"] = std::string(BackendName(r.plan.backend));
+  j["plan"] = Layers(r.plan.layers);
+  if (r.settled) j["settled"] = Layers(*r.settled);
+  const auto& counted = r.settled ? *r.settled : r.plan.layers;
+  uint64_t by_tier[4] = {0, 0, 0, 0};
+  for (const auto& l : counted) by_tier[static_cast<int>(l.tier)] += l.bytes;
+  j["bytes"] = {{"pinned", by_tier[static_cast<int>(Tier::kPinned)]},
+                {"locked", by_tier[static_cast<int>(Tier::kLocked)]},
+                {"pageable", by_tier[static_cast<int>(Tier::kPageable)]}};
+  j["pin_budget_bytes"] = OptionalBytes(r.plan.budgets.pin_bytes);
+  j["lock_budget_bytes"] = OptionalBytes(r.plan.budgets.lock_bytes);
+  j["vmlck_bytes"] = r.vmlck_bytes;
+  if (!r.read_mode.empty()) j["read_mode"] = r.read_mode;
+  j["warnings"] = r.warnings;
+  return j;
+}
+
+std::vector<std::string> TierSummaryLines(const std::vector<LayerResidency>& layers) {
+  std::vector<std::string> lines;
+  for (Tier t : {Tier::kGpu, Tier::kPinned, Tier::kLocked, Tier::kPageable}) {
+    int64_t n = 0;
+    uint64_t bytes = 0;
+    for (const auto& l : layers)
+      if (l.tier == t) {
+        ++n;
+        bytes += l.bytes;
+      }
+    if (n == 0) continue;
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "%s: %lld layer%s, %.2f GB", std::string(TierName(t)).c_str(),
+                  static_cast<long long>(n), n == 1 ? "" : "s", static_cast<double>(bytes) / 1e9);
+    lines.push_back(buf);
+  }
+  return lines;
+}
+
+}  // namespace moetier

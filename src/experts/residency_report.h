@@ -1,0 +1,30 @@
+// What residency was planned and what was achieved, as one-line summaries for stderr and as the
+// JSON of --report and `moetier plan --json`.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "experts/residency_plan.h"
+
+namespace moetier {
+
+struct ResidencyReport {
+  ResidencyPlan plan;
+  std::optional<std::vector<LayerResidency>> settled;  // absent for `moetier plan`
+  uint64_t vmlck_bytes = 0;                            // /proc/self/status after settling
+  std::vector<std::string> warnings;                   // plan and settle warnings
+  std::string read_mode;                               // "o_direct", "buffered", "mmap" or ""
+};
+
+// {"plan":[{"layer":i,"tier":…,"bytes":n}], "settled":[…], "bytes":{"pinned":…,"locked":…,
+//  "pageable":…}, "pin_budget_bytes":n|null, "lock_budget_bytes":n|null, "vmlck_bytes":n}
+// "bytes" sums the settled tiers when there are any, else the planned ones.
+nlohmann::ordered_json ResidencyReportJson(const ResidencyReport& r);
+
+// "pinned: 3 layers, 1.21 GB" for each tier in use (settled if present, else planned).
+std::vector<std::string> TierSummaryLines(const std::vector<LayerResidency>& layers);
+
+}  // namespace moetier

@@ -1,0 +1,119 @@
+#include "model/model_source.h"
+
+#include <nlohmann/json.hpp>
+
+#include "io/mapped_file.h"
+
+namespace moetier {
+
+namespace {
+
+// The dtype of the experts: that of the first MoE layer's first gate matrix.
+Expected<DType> HfExpertDtype(const ModelSource& s) {
+  for (int64_t l = 0; l < s.config.n_layers; ++l) {
+    if (!s.config.layer_is_moe[static_cast<size_t>(l)]) continue;
+    const std::string name = s.spec->expert_tensor_name(l, 0, ExpertMatrix::kGate);
+    const TensorView* v = s.hf->Find(name);
+    if (v == nullptr)
+      return Status::Error(s.hf->description() + ": missing tensor '" + name + "', which " +
+                           s.config.architecture + " needs");
+    if (!IsWeightDType(v->dtype))
+      return Status::Error(s.hf->FileOf(name) + ": tensor '" + name + "' has dtype " +
+                           std::string(DTypeName(v->dtype)) + "; weights must be BF16, F16 or F32");
+    return v->dtype;
+  }
+  return s.config.declared_dtype.value_or(DType::kBF16);
+}
+
+// The converted index must describe the model config.json describes.
+Status CheckIndexAgainstConfig(const ModelSource& s) {
+  const BankIndex& idx = s.converted->index();
+  const std::string& where = s.converted->description();
+  const ModelConfig& c = s.config;
+  if (idx.architecture != c.architecture)
+    return Status::Error(where + ": architecture '" + idx.architecture + "' contradicts " +
+                         c.source + " ('" + c.architecture + "')");
+  std::vector<int64_t> moe_layers;
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    if (c.layer_is_moe[static_cast<size_t>(l)]) moe_layers.push_back(l);
+  if (idx.banks.size() != moe_layers.size())
+    return Status::Error(where + ": " + std::to_string(idx.banks.size()) + " expert banks but " +
+                         c.source + " describes " + std::to_string(moe_layers.size()) +
+                         " MoE layers");
+  for (size_t i = 0; i < idx.banks.size(); ++i) {
+    const BankIndexBank& b = idx.banks[i];
+    const std::string bank = "bank of layer " + std::to_string(b.layer);
+    auto mismatch = [&](const char* what, int64_t have, const char* key, int64_t want) {
+      return Status::Error(where + ": " + bank + " has " + what + " " + std::to_string(have) +
+                           " but " + c.source + " says " + key + " = " + std::to_string(want));
+    };
+    if (b.layer != moe_layers[i])
+      return Status::Error(where + ": " + bank + " is not a MoE layer of " + c.source +
+                           " (expected layer " + std::to_string(moe_layers[i]) + ")");
+    if (b.n_experts != c.n_experts) return mismatch("n_experts", b.n_experts, "the expert count", c.n_experts);
+    if (b.width != c.expert_intermediate_size)
+      return mismatch("width", b.width, "the expert width", c.expert_intermediate_size);
+    if (b.d_model != c.hidden_size) return mismatch("d_model", b.d_model, "hidden_size", c.hidden_size);
+    if (b.dtype != idx.banks[0].dtype)
+      return Status::Error(where + ": " + bank + " has dtype " + std::string(DTypeName(b.dtype)) +
+                           " unlike the first bank");
+    if (c.declared_dtype && b.dtype != *c.declared_dtype)
+      return Status::Error(where + ": " + bank + " is " + std::string(DTypeName(b.dtype)) +
+                           " but " + c.source + " declares " +
+                           std::string(DTypeName(*c.declared_dtype)));
+    const ExpertLayout layout{c.hidden_size, c.expert_intermediate_size, b.dtype};
+    if (b.expert_stride_bytes != layout.stride_bytes())
+      return Status::Error(where + ": " + bank + " has expert_stride_bytes " +
+                           std::to_string(b.expert_stride_bytes) + ", expected " +
+                           std::to_string(layout.stride_bytes()) + "; re-run moetier convert");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+std::unique_ptr<TensorStore> ModelSource::TakeDense() {
+  if (hf) return std::move(hf);
+  return std::move(converted);
+}
+
+Expected<ModelSource> OpenModelSource(const std::filesystem::path& dir) {
+  if (!std::filesystem::is_directory(dir))
+    return Status::Error(dir.string() + ": not a directory; --model takes a model directory");
+  ModelSource s;
+  s.dir = dir;
+  const std::filesystem::path config_path = dir / "config.json";
+  MT_ASSIGN_OR_RETURN(std::string text, ReadTextFile(config_path));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Error(config_path.string() + ": not valid JSON: " + e.what());
+  }
+  MT_ASSIGN_OR_RETURN(std::string arch_name, ReadArchitectureName(j, config_path.string()));
+  s.spec = arch::FindArch(arch_name);
+  if (s.spec == nullptr)
+    return Status::Error(config_path.string() + ": unknown architecture '" + arch_name +
+                         "'; supported: " + arch::SupportedArchNames());
+  MT_ASSIGN_OR_RETURN(s.config, ParseModelConfig(text, config_path.string(), s.spec->defaults()));
+
+  DType expert_dtype;
+  if (IsConvertedModelDir(dir)) {
+    MT_ASSIGN_OR_RETURN(ConvertedModel m, ConvertedModel::Open(dir));
+    s.converted = std::make_unique<ConvertedModel>(std::move(m));
+    MT_RETURN_IF_ERROR(CheckIndexAgainstConfig(s));
+    expert_dtype = s.converted->index().banks.empty() ? DType::kBF16
+                                                      : s.converted->index().banks[0].dtype;
+  } else {
+    MT_ASSIGN_OR_RETURN(Checkpoint c, Checkpoint::OpenHfDirectory(dir));
+    s.hf = std::make_unique<Checkpoint>(std::move(c));
+    MT_ASSIGN_OR_RETURN(expert_dtype, HfExpertDtype(s));
+  }
+  s.layout = ExpertLayout{s.config.hidden_size, s.config.expert_intermediate_size, expert_dtype};
+  for (int64_t l = 0; l < s.config.n_layers; ++l)
+    if (s.config.layer_is_moe[static_cast<size_t>(l)])
+      s.banks.push_back({l, s.layout.bank_bytes(s.config.n_experts)});
+  return s;
+}
+
+}  // namespace moetier

@@ -1,0 +1,40 @@
+// ModelSource: a model directory opened for loading, before any weight byte is read — its
+// config, architecture, files (mapped, not read), and the size of each MoE layer's bank.
+// Either a Hugging Face checkpoint or a converted model; the rest of loading does not care.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "core/status.h"
+#include "experts/expert_layout.h"
+#include "experts/residency_plan.h"
+#include "io/checkpoint.h"
+#include "io/converted_model.h"
+#include "model/arch/arch.h"
+#include "model/config.h"
+
+namespace moetier {
+
+struct ModelSource {
+  std::filesystem::path dir;
+  ModelConfig config;
+  const arch::ArchSpec* spec = nullptr;
+  std::unique_ptr<Checkpoint> hf;             // set for a Hugging Face directory
+  std::unique_ptr<ConvertedModel> converted;  // set for a converted directory
+  ExpertLayout layout;                        // every bank's expert layout
+  std::vector<LayerBank> banks;               // one per MoE layer, ascending
+
+  const TensorStore& dense() const {
+    return hf ? static_cast<const TensorStore&>(*hf) : static_cast<const TensorStore&>(*converted);
+  }
+  // Hands the dense store to the model (the source is spent afterwards).
+  std::unique_ptr<TensorStore> TakeDense();
+};
+
+// Parses config.json, finds the architecture, opens the weight files and checks that a
+// converted index agrees with config.json. Reads headers and the index only.
+Expected<ModelSource> OpenModelSource(const std::filesystem::path& dir);
+
+}  // namespace moetier
