@@ -48,7 +48,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: decode_position_bench --model DIR [--threads N] [--steps S]\n");
     return 2;
   }
-  auto model = LoadCausalLM(dir, LoadOptions{threads});
+  LoadOptions options;
+  options.n_threads = threads;
+  auto model = LoadCausalLM(dir, options);
   if (!model.ok()) {
     std::fprintf(stderr, "error: %s\n", model.message().c_str());
     return 1;

@@ -76,7 +76,8 @@ Command AddTemplateCommand(CLI::App& root) {
         inputs.add_generation_prompt = o->add_generation_prompt;
 
         auto text = tmpl->Render(inputs);
-        if (!text.ok()) return ReportError(text.message());
+        // The template's own errors ("chat template line 3: ...") get the model directory.
+        if (!text.ok()) return ReportError(o->model_dir + ": " + text.message());
         if (std::fwrite(text->data(), 1, text->size(), stdout) != text->size() ||
             std::fflush(stdout) != 0) {
           return ReportError("stdout: write failed");

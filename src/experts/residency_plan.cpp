@@ -141,7 +141,10 @@ Expected<ResidencyPlan> PlanResidency(const PlanInputs& in) {
                                  [&](const LayerBank& b) { return b.layer == id; });
           if (it == in.banks.end()) {
             std::string moe;
-            for (const auto& b : in.banks) moe += (moe.empty() ? "" : ",") + std::to_string(b.layer);
+            for (const auto& b : in.banks) {
+              if (!moe.empty()) moe.push_back(',');
+              moe.append(std::to_string(b.layer));
+            }
             return Status::Error("--moe-cpu-layers: layer " + std::to_string(id) +
                                  " is not a MoE layer of this model (MoE layers: " + moe + ")");
           }

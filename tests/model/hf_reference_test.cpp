@@ -15,6 +15,12 @@
 namespace moetier {
 namespace {
 
+LoadOptions WithThreads(int n) {
+  LoadOptions o;
+  o.n_threads = n;
+  return o;
+}
+
 struct Reference {
   SafetensorsFile file;
   std::vector<int32_t> Ints(const std::string& name) const {
@@ -59,7 +65,7 @@ class HfReference : public ::testing::TestWithParam<std::string> {
     auto ref = SafetensorsFile::Open(dir_ / "reference.safetensors");
     ASSERT_TRUE(ref.ok()) << ref.message();
     ref_ = std::make_unique<Reference>(Reference{std::move(ref).value()});
-    auto model = LoadCausalLM(dir_, LoadOptions{});
+    auto model = LoadCausalLM(dir_, LoadOptions());
     ASSERT_TRUE(model.ok()) << model.message();
     model_ = std::move(model).value();
   }
@@ -162,7 +168,7 @@ TEST_P(HfReference, ThreadCountDoesNotChangeLogits) {
   const auto tokens = ref_->Ints("prompt1.tokens");
   std::vector<std::vector<float>> results;
   for (int threads : {1, 2, 3}) {
-    auto model = LoadCausalLM(dir_, LoadOptions{threads});
+    auto model = LoadCausalLM(dir_, WithThreads(threads));
     ASSERT_TRUE(model.ok());
     KvCache cache = (*model)->NewCache(16);
     std::vector<float> logits;

@@ -64,6 +64,9 @@ Expected<ChatTemplate> ChatTemplate::Load(const std::filesystem::path& model_dir
   const auto jinja_path = model_dir / "chat_template.jinja";
   const auto processor_path = model_dir / "chat_template.json";
   std::error_code ec;
+  if (!std::filesystem::is_directory(model_dir, ec)) {
+    return Status::Error(model_dir.string() + ": not a directory (expected a model directory)");
+  }
   nlohmann::ordered_json config = nlohmann::ordered_json::object();
   const bool has_config = std::filesystem::exists(config_path, ec);
   if (has_config) {
