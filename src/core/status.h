@@ -70,7 +70,9 @@ class Expected {
 #define MT_CONCAT_INNER(a, b) a##b
 #define MT_CONCAT(a, b) MT_CONCAT_INNER(a, b)
 // `MT_ASSIGN_OR_RETURN(auto x, MakeX());` binds the value or returns the failure.
-#define MT_ASSIGN_OR_RETURN(lhs, expr) MT_ASSIGN_OR_RETURN_IMPL(MT_CONCAT(mt_expected_, __LINE__), lhs, expr)
+// __COUNTER__, not __LINE__: a call that wraps onto two lines must name one temporary.
+#define MT_ASSIGN_OR_RETURN(lhs, expr) \
+  MT_ASSIGN_OR_RETURN_IMPL(MT_CONCAT(mt_expected_, __COUNTER__), lhs, expr)
 #define MT_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                             \
   if (!tmp.ok()) return tmp.status();            \

@@ -95,9 +95,11 @@ TEST_P(Residency, EverySplitGivesIdenticalLogits) {
       EXPECT_EQ(Logits(dir, s.opts, &report), want) << s.name << " on " << dir;
       ASSERT_TRUE(report.settled.has_value());
       // Nothing is pinned without a GPU; with one, nothing not planned pinned is.
-      for (size_t i = 0; i < report.settled->size(); ++i)
-        if ((*report.settled)[i].tier == Tier::kPinned)
+      for (size_t i = 0; i < report.settled->size(); ++i) {
+        if ((*report.settled)[i].tier == Tier::kPinned) {
           EXPECT_EQ(report.plan.layers[i].tier, Tier::kPinned) << s.name;
+        }
+      }
     }
   }
 }
@@ -119,7 +121,9 @@ TEST_P(Residency, ReportSaysWhatHappened) {
   EXPECT_EQ(j["bytes"]["pageable"], pageable);
   EXPECT_EQ(j["bytes"]["pinned"], 0u);
   EXPECT_GT(pageable, 0u);
-  if (locked > 0) EXPECT_GE(j["vmlck_bytes"].get<uint64_t>(), locked);
+  if (locked > 0) {
+    EXPECT_GE(j["vmlck_bytes"].get<uint64_t>(), locked);
+  }
   EXPECT_TRUE(j["pin_budget_bytes"].is_null());
   EXPECT_TRUE(j["lock_budget_bytes"].is_number());
   EXPECT_FALSE(j["warnings"].empty());

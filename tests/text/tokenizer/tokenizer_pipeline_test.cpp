@@ -455,3 +455,35 @@ TEST(TokenizerEdgeCases, EmptyNulAndLongInputs) {
 
 }  // namespace
 }  // namespace moetier::text::testing
+
+namespace moetier::text::testing {
+namespace {
+
+// A GPT-2-style tokenizer (ByteLevel with its own regex as the only pre-tokenizer): the model
+// spells the raw words itself, which must give what spelling them first would.
+TEST(ByteLevelTokenizerTest, Gpt2StylePipelineEncodesAndDecodes) {
+  const ByteLevelAlphabet alphabet;
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[std::string(alphabet.Encode(static_cast<uint8_t>(b)))] = b;
+  vocab["\xC4\xA0w"] = 256;  // "Ġw"
+  vocab["He"] = 257;
+  const nlohmann::json j = {
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model",
+       {{"type", "BPE"},
+        {"vocab", vocab},
+        {"merges", nlohmann::json::array({nlohmann::json::array({"\xC4\xA0", "w"}),
+                                          nlohmann::json::array({"H", "e"})})}}}};
+  auto t = Tokenizer::FromJson(j.dump(), "", "gpt2/tokenizer.json");
+  ASSERT_TRUE(t.ok()) << t.message();
+  EXPECT_EQ(t->Encode("Hello world", false),
+            (std::vector<int32_t>{257, 'l', 'l', 'o', 256, 'o', 'r', 'l', 'd'}));
+  for (int pass = 0; pass < 2; ++pass) {  // the second pass is served from the word cache
+    EXPECT_EQ(t->Decode(t->Encode("Hello world \xC3\xA9\xF0\x9F\x8C\x8D\n\t x", false), false),
+              "Hello world \xC3\xA9\xF0\x9F\x8C\x8D\n\t x");
+  }
+}
+
+}  // namespace
+}  // namespace moetier::text::testing
