@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "moetier 0.1.0");
 
   std::vector<Command> commands = {
+      AddRunCommand(app),
       AddGenerateCommand(app),
       AddLogitsCommand(app),
       AddConvertCommand(app),

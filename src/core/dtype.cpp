@@ -14,16 +14,27 @@ constexpr NamedDType kNames[] = {
     {"I64", DType::kI64}, {"I32", DType::kI32}, {"I16", DType::kI16},   {"I8", DType::kI8},
     {"U8", DType::kU8},   {"BOOL", DType::kBool},
 };
+// Not in kNames: safetensors has no such dtypes, so DTypeFromSafetensorsName must refuse them.
+constexpr NamedDType kBlockNames[] = {{"Q8_0", DType::kQ8_0}, {"Q4_0", DType::kQ4_0}};
 }  // namespace
 
 std::string_view DTypeName(DType t) {
   for (const auto& n : kNames)
+    if (n.dtype == t) return n.name;
+  for (const auto& n : kBlockNames)
     if (n.dtype == t) return n.name;
   return "?";
 }
 
 std::optional<DType> DTypeFromSafetensorsName(std::string_view name) {
   for (const auto& n : kNames)
+    if (n.name == name) return n.dtype;
+  return std::nullopt;
+}
+
+std::optional<DType> DTypeFromName(std::string_view name) {
+  if (auto d = DTypeFromSafetensorsName(name)) return d;
+  for (const auto& n : kBlockNames)
     if (n.name == name) return n.dtype;
   return std::nullopt;
 }

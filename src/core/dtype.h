@@ -9,9 +9,28 @@
 
 namespace moetier {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kF64, kI64, kI32, kI16, kI8, kU8, kBool };
+// kQ8_0 and kQ4_0 are GGUF's block-quantized formats, byte for byte (see
+// kernels/cpu/quant.h): a row of k elements (k a multiple of 32) is k/32 blocks of 32 weights,
+// each block an fp16 scale then the quants. They have no per-element size: use DTypeRowBytes.
+enum class DType : uint8_t {
+  kF32,
+  kF16,
+  kBF16,
+  kF64,
+  kI64,
+  kI32,
+  kI16,
+  kI8,
+  kU8,
+  kBool,
+  kQ8_0,
+  kQ4_0,
+};
 
-// Bytes per element.
+// True for the block-quantized dtypes, whose elements come in blocks of DTypeBlockElements.
+constexpr bool IsBlockQuantized(DType t) { return t == DType::kQ8_0 || t == DType::kQ4_0; }
+
+// Bytes per element; 0 for block-quantized dtypes, which have none (use DTypeRowBytes).
 constexpr size_t DTypeSize(DType t) {
   switch (t) {
     case DType::kF64:
@@ -28,17 +47,52 @@ constexpr size_t DTypeSize(DType t) {
     case DType::kU8:
     case DType::kBool:
       return 1;
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+      return 0;
   }
   return 0;
 }
 
-// The spelling safetensors uses ("BF16", "F32", ...).
-std::string_view DTypeName(DType t);
-std::optional<DType> DTypeFromSafetensorsName(std::string_view name);
+// Elements per block: 32 for the block-quantized dtypes, 1 for the others.
+constexpr int64_t DTypeBlockElements(DType t) { return IsBlockQuantized(t) ? 32 : 1; }
 
-// True for the dtypes a weight may have (the forward converts them to float32 as it reads).
+// Bytes per block: GGUF's block_q8_0 is an fp16 scale + 32 int8 (34 bytes), block_q4_0 an fp16
+// scale + 16 bytes of 4-bit codes (18 bytes); DTypeSize for the others.
+constexpr size_t DTypeBlockBytes(DType t) {
+  switch (t) {
+    case DType::kQ8_0:
+      return 34;
+    case DType::kQ4_0:
+      return 18;
+    default:
+      return DTypeSize(t);
+  }
+}
+
+// Bytes of a row of n_elements, for every dtype. For block-quantized dtypes n_elements must be a
+// multiple of 32 (a row is whole blocks; callers check with IsValidRowLength).
+constexpr size_t DTypeRowBytes(DType t, int64_t n_elements) {
+  return static_cast<size_t>(n_elements / DTypeBlockElements(t)) * DTypeBlockBytes(t);
+}
+
+// True when a row of n_elements can be stored in dtype t (whole blocks for quantized dtypes).
+constexpr bool IsValidRowLength(DType t, int64_t n_elements) {
+  return n_elements >= 0 && n_elements % DTypeBlockElements(t) == 0;
+}
+
+// The spelling safetensors uses ("BF16", "F32", ...); "Q8_0" and "Q4_0" (GGUF's names) for the
+// block-quantized dtypes.
+std::string_view DTypeName(DType t);
+// Only the dtypes safetensors has: never a block-quantized one.
+std::optional<DType> DTypeFromSafetensorsName(std::string_view name);
+// Every name DTypeName gives, block-quantized ones included (for formats of our own, such as the
+// bank index, that may hold them).
+std::optional<DType> DTypeFromName(std::string_view name);
+
+// True for the dtypes a weight may have (the matmul kernels read each of them directly).
 constexpr bool IsWeightDType(DType t) {
-  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || IsBlockQuantized(t);
 }
 
 inline float Bf16ToF32(uint16_t h) {

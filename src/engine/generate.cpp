@@ -4,18 +4,31 @@
 
 namespace moetier {
 
+size_t ReusablePrefix(std::span<const int32_t> cached, std::span<const int32_t> prompt) {
+  size_t n = 0;
+  while (n < cached.size() && n < prompt.size() && cached[n] == prompt[n]) ++n;
+  return prompt.empty() ? 0 : std::min(n, prompt.size() - 1);
+}
+
 Expected<std::vector<int32_t>> Generate(CausalLM& model, KvCache& cache,
                                         std::span<const int32_t> prompt,
                                         const GenerateOptions& options,
                                         const TokenCallback& on_token) {
   if (prompt.empty()) return Status::Error("the prompt is empty; give at least one token");
+  if (cache.n_past() >= static_cast<int64_t>(prompt.size()))
+    return Status::Error("the KV cache already holds the whole prompt; truncate it first");
+  MT_RETURN_IF_ERROR(ValidateSamplerOptions(options.sampler));
   Sampler sampler(options.sampler);
   std::vector<float> logits;
   std::vector<int32_t> out;
-  MT_RETURN_IF_ERROR(model.Forward(prompt, cache, LogitsFor::kLastToken, logits));
+  // The repetition penalty looks at the whole context: prompt and generated ids.
+  std::vector<int32_t> context(prompt.begin(), prompt.end());
+  MT_RETURN_IF_ERROR(model.Forward(prompt.subspan(static_cast<size_t>(cache.n_past())), cache,
+                                   LogitsFor::kLastToken, logits));
   for (int64_t i = 0; i < options.max_new_tokens; ++i) {
-    const int32_t next = sampler.Sample(logits);
+    const int32_t next = sampler.Sample(logits, context);
     out.push_back(next);
+    context.push_back(next);
     if (on_token && !on_token(next)) break;
     if (std::find(options.stop_ids.begin(), options.stop_ids.end(), next) != options.stop_ids.end())
       break;

@@ -1,5 +1,5 @@
-// Token-level generation: prefill the prompt, then decode one token at a time with the KV
-// cache, calling back with each new token.
+// Token-level generation: prefill the part of the prompt the KV cache does not hold yet, then
+// decode one token at a time, calling back with each new token.
 #pragma once
 
 #include <cstdint>
@@ -22,11 +22,16 @@ struct GenerateOptions {
 // Called with each generated token; return false to stop.
 using TokenCallback = std::function<bool(int32_t token)>;
 
-// Runs the prompt through `model` (appending to `cache`) and generates up to max_new_tokens.
-// Returns the generated ids.
+// `prompt` is the whole sequence; the cache must hold exactly its first cache.n_past() tokens
+// (a fresh cache holds none; a chat reuses the turns before). Runs the rest, then generates up
+// to max_new_tokens and returns the generated ids (a stop id included).
 Expected<std::vector<int32_t>> Generate(CausalLM& model, KvCache& cache,
                                         std::span<const int32_t> prompt,
                                         const GenerateOptions& options,
                                         const TokenCallback& on_token = nullptr);
+
+// The length of the common prefix of the cached tokens and `prompt`, cut so at least one prompt
+// token is left to run (its logits start generation). Truncate the cache to it before Generate.
+size_t ReusablePrefix(std::span<const int32_t> cached, std::span<const int32_t> prompt);
 
 }  // namespace moetier

@@ -5,6 +5,16 @@
 
 namespace moetier {
 
+Status ValidateSamplerOptions(const SamplerOptions& o) {
+  if (!(o.temperature >= 0.0f)) return Status::Error("--temperature must be >= 0");
+  if (o.top_k < 0) return Status::Error("--top-k must be >= 0 (0 turns it off)");
+  if (!(o.top_p > 0.0f && o.top_p <= 1.0f)) return Status::Error("--top-p must be in (0, 1]");
+  if (!(o.min_p >= 0.0f && o.min_p <= 1.0f)) return Status::Error("--min-p must be in [0, 1]");
+  if (!(o.repetition_penalty > 0.0f))
+    return Status::Error("--repetition-penalty must be > 0 (1 turns it off)");
+  return OkStatus();
+}
+
 int32_t ArgMax(std::span<const float> logits) {
   int32_t best = 0;
   for (size_t i = 1; i < logits.size(); ++i)
@@ -12,25 +22,70 @@ int32_t ArgMax(std::span<const float> logits) {
   return best;
 }
 
-int32_t Sampler::Sample(std::span<const float> logits) {
-  if (options_.temperature <= 0.0f) return ArgMax(logits);
-  const double inv_t = 1.0 / options_.temperature;
-  const float m = *std::max_element(logits.begin(), logits.end());
-  probs_.resize(logits.size());
-  double sum = 0.0;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    probs_[i] = std::exp((static_cast<double>(logits[i]) - m) * inv_t);
-    sum += probs_[i];
+int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> context) {
+  std::span<const float> l = logits;
+  if (options_.repetition_penalty != 1.0f && !context.empty()) {
+    work_.assign(logits.begin(), logits.end());
+    const float p = options_.repetition_penalty;
+    for (int32_t id : context) {
+      if (id < 0 || static_cast<size_t>(id) >= work_.size()) continue;
+      // Penalise each id once, however often it occurs (as Hugging Face's gather/scatter does):
+      // the original logit decides the direction.
+      const float orig = logits[static_cast<size_t>(id)];
+      work_[static_cast<size_t>(id)] = orig < 0 ? orig * p : orig / p;
+    }
+    l = work_;
   }
-  // Draw u in [0, sum) from 53 random bits: the mapping from seed to token is fixed by this code,
+  if (options_.temperature <= 0.0f) return ArgMax(l);
+
+  const float inv_t = 1.0f / options_.temperature;
+  cand_.resize(l.size());
+  for (size_t i = 0; i < l.size(); ++i) cand_[i] = {l[i] * inv_t, static_cast<int32_t>(i)};
+  auto by_logit = [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  };
+  size_t n = cand_.size();
+  if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < n) {
+    std::nth_element(cand_.begin(), cand_.begin() + options_.top_k - 1, cand_.end(), by_logit);
+    const float kth = cand_[static_cast<size_t>(options_.top_k - 1)].first;
+    // Keep ties with the k-th logit, as Hugging Face's threshold does.
+    n = static_cast<size_t>(std::partition(cand_.begin(), cand_.end(),
+                                           [&](const auto& c) { return c.first >= kth; }) -
+                            cand_.begin());
+  }
+  std::sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(n), by_logit);
+  probs_.resize(n);
+  const double m = cand_[0].first;
+  double sum = 0.0;
+  for (size_t i = 0; i < n; ++i) sum += (probs_[i] = std::exp(cand_[i].first - m));
+  if (options_.top_p < 1.0f) {
+    // The smallest prefix whose probability reaches top_p (at least one token).
+    double acc = 0.0;
+    size_t keep = 0;
+    while (keep < n) {
+      acc += probs_[keep] / sum;
+      ++keep;
+      if (acc >= options_.top_p) break;
+    }
+    n = keep;
+  }
+  if (options_.min_p > 0.0f) {
+    const double floor = options_.min_p * probs_[0];
+    size_t keep = 1;
+    while (keep < n && probs_[keep] >= floor) ++keep;
+    n = keep;
+  }
+  sum = 0.0;
+  for (size_t i = 0; i < n; ++i) sum += probs_[i];
+  // u in [0, sum) from 53 random bits: the mapping from seed to token is fixed by this code,
   // not by a library's distribution implementation.
   const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * sum;
   double acc = 0.0;
-  for (size_t i = 0; i < probs_.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     acc += probs_[i];
-    if (u < acc) return static_cast<int32_t>(i);
+    if (u < acc) return cand_[i].second;
   }
-  return static_cast<int32_t>(probs_.size() - 1);
+  return cand_[n - 1].second;
 }
 
 }  // namespace moetier

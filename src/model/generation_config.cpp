@@ -40,3 +40,34 @@ Expected<std::vector<int32_t>> ReadStopTokenIds(const std::filesystem::path& dir
 }
 
 }  // namespace moetier
+
+namespace moetier {
+
+Expected<SamplingDefaults> ReadSamplingDefaults(const std::filesystem::path& dir) {
+  SamplingDefaults d;
+  const auto path = dir / "generation_config.json";
+  if (!std::filesystem::exists(path)) return d;
+  MT_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Error(path.string() + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object()) return Status::Error(path.string() + ": not a JSON object");
+  auto number = [&](const char* key, std::optional<float>& out) -> Status {
+    if (!j.contains(key) || j[key].is_null()) return OkStatus();
+    if (!j[key].is_number()) return Status::Error(path.string() + ": field '" + key + "' must be a number");
+    out = j[key].get<float>();
+    return OkStatus();
+  };
+  MT_RETURN_IF_ERROR(number("temperature", d.temperature));
+  MT_RETURN_IF_ERROR(number("top_p", d.top_p));
+  MT_RETURN_IF_ERROR(number("min_p", d.min_p));
+  MT_RETURN_IF_ERROR(number("repetition_penalty", d.repetition_penalty));
+  if (j.contains("top_k") && j["top_k"].is_number_integer()) d.top_k = j["top_k"].get<int32_t>();
+  if (j.contains("do_sample") && j["do_sample"].is_boolean()) d.do_sample = j["do_sample"].get<bool>();
+  return d;
+}
+
+}  // namespace moetier

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "io/safetensors.h"
 #include "model/causal_lm.h"
@@ -98,8 +100,78 @@ TEST(Cli, ErrorsAreOneLineAndNonZero) {
   }
 }
 
+TEST(Cli, GeneratePromptPrintsHuggingFacesGreedyText) {
+  for (const char* fixture : {"realvocab/qwen3_moe_tiny", "realvocab/mixtral_tiny"}) {
+    const auto ref = nlohmann::json::parse(testing::ReadFile(testing::HfFixture(fixture) / "reference_text.json"));
+    for (const auto& t : ref["texts"]) {
+      testing::TempDir tmp;
+      testing::WriteFile(tmp.path() / "prompt.txt", t["text"].get<std::string>());
+      auto r = RunCli("generate " + Model(fixture) + " --prompt-file '" +
+                      (tmp.path() / "prompt.txt").string() + "' -n " +
+                      std::to_string(t["greedy_ids"].size()));
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      EXPECT_EQ(r.out, t["greedy_text"].get<std::string>() + "\n") << fixture << ": " << t["text"];
+    }
+  }
+}
+
+TEST(Cli, RunAnswersOnceAndChatsOverStdin) {
+  auto once = RunCli("run " + Model("realvocab/qwen3_moe_tiny") + " -p 'Hello!' -n 8 --seed 1");
+  ASSERT_EQ(once.exit_code, 0) << once.err;
+  EXPECT_GT(once.out.size(), 1u);
+
+  testing::TempDir tmp;
+  testing::WriteFile(tmp.path() / "in.txt", "Hi there!\n/reset\nHi there!\n/exit\nnever read\n");
+  const std::string cmd = "run " + Model("realvocab/qwen3_moe_tiny") + " -n 6 --temperature 0";
+  auto chat = RunCli(cmd, (tmp.path() / "in.txt").string());
+  ASSERT_EQ(chat.exit_code, 0) << chat.err;
+  EXPECT_NE(chat.err.find("(conversation forgotten)"), std::string::npos) << chat.err;
+  // Greedy and reset: both answers to the same first message are the same line.
+  std::vector<std::string> lines;
+  std::string line;
+  std::istringstream ss(chat.out);
+  while (std::getline(ss, line)) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 2u) << chat.out;
+  EXPECT_EQ(lines[0], lines[1]);
+}
+
+TEST(Cli, TokenizeAndTemplateCommands) {
+  testing::TempDir tmp;
+  const auto ref = nlohmann::json::parse(
+      testing::ReadFile(testing::HfFixture("realvocab/qwen3_moe_tiny") / "reference_text.json"));
+  std::string lines, want;
+  for (const auto& t : ref["texts"]) {
+    const std::string text = t["text"].get<std::string>();
+    if (text.find('\n') != std::string::npos) continue;  // tokenize splits on \n
+    lines += text + "\n";
+    std::string ids;
+    for (const auto& id : t["ids"]) {
+      if (!ids.empty()) ids.push_back(',');
+      ids.append(std::to_string(id.get<int>()));
+    }
+    want += ids + "\n";
+  }
+  testing::WriteFile(tmp.path() / "lines.txt", lines);
+  auto tok = RunCli("tokenize " + Model("realvocab/qwen3_moe_tiny") + " --file '" +
+                    (tmp.path() / "lines.txt").string() + "'");
+  ASSERT_EQ(tok.exit_code, 0) << tok.err;
+  EXPECT_EQ(tok.out, want);
+
+  nlohmann::json messages = {{"messages", ref["chat"]["messages"]}};
+  testing::WriteFile(tmp.path() / "m.json", messages.dump());
+  auto tpl = RunCli("template " + Model("realvocab/qwen3_moe_tiny") + " --messages '" +
+                    (tmp.path() / "m.json").string() + "' --add-generation-prompt");
+  ASSERT_EQ(tpl.exit_code, 0) << tpl.err;
+  EXPECT_EQ(tpl.out, ref["chat"]["rendered"].get<std::string>());
+
+  auto bad = RunCli("template " + Model("realvocab/qwen3_moe_tiny") + " --messages '" +
+                    (tmp.path() / "none.json").string() + "'");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("none.json"), std::string::npos) << bad.err;
+}
+
 TEST(Cli, HelpExplainsEachCommand) {
-  for (const char* cmd : {"", "generate ", "logits "}) {
+  for (const char* cmd : {"", "generate ", "logits ", "run ", "convert ", "plan ", "tokenize ", "template "}) {
     auto r = RunCli(std::string(cmd) + "--help");
     EXPECT_EQ(r.exit_code, 0);
     EXPECT_NE(r.out.find("--"), std::string::npos) << r.out;

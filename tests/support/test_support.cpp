@@ -85,11 +85,11 @@ void CopyDir(const fs::path& src, const fs::path& dst) {
     if (e.is_regular_file()) fs::copy_file(e.path(), dst / e.path().filename());
 }
 
-CommandResult RunCli(const std::string& args) {
+CommandResult RunCli(const std::string& args, const std::string& stdin_path) {
   TempDir tmp;
   const fs::path out = tmp.path() / "out", err = tmp.path() / "err";
   const std::string cmd = std::string("'") + MOETIER_CLI + "' " + args + " >'" + out.string() +
-                          "' 2>'" + err.string() + "' </dev/null";
+                          "' 2>'" + err.string() + "' <'" + stdin_path + "'";
   const int status = std::system(cmd.c_str());
   CommandResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;

@@ -55,7 +55,8 @@ struct CommandResult {
   std::string out;  // stdout
   std::string err;  // stderr
 };
-// Runs the moetier CLI with `args` (shell-quoted by the caller where needed).
-CommandResult RunCli(const std::string& args);
+// Runs the moetier CLI with `args` (shell-quoted by the caller where needed), with stdin from
+// `stdin_path` (default: /dev/null).
+CommandResult RunCli(const std::string& args, const std::string& stdin_path = "/dev/null");
 
 }  // namespace moetier::testing

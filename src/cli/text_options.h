@@ -1,0 +1,35 @@
+// Flags shared by the commands that produce text (generate --prompt, run): sampling, stop
+// strings, length; and loading the tokenizer and chat template beside the model.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/text_generation.h"
+#include "model/causal_lm.h"
+#include "text/template/chat_template.h"
+#include "text/tokenizer/tokenizer.h"
+
+namespace moetier::cli {
+
+struct SamplingFlags {
+  std::optional<float> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int32_t> top_k;
+  std::optional<uint64_t> seed;
+  int64_t max_new_tokens = 256;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+};
+
+void AddSamplingFlags(CLI::App& cmd, SamplingFlags& f, int64_t default_max_new_tokens);
+
+// The generation options: flags first, then (when use_model_defaults) the sampling defaults of
+// generation_config.json, then greedy. Stop ids from the model and tokenizer unless --ignore-eos.
+Expected<TextGenerationOptions> MakeTextOptions(const SamplingFlags& f, const std::string& model_dir,
+                                                const CausalLM& model,
+                                                const text::Tokenizer& tokenizer,
+                                                bool use_model_defaults);
+
+}  // namespace moetier::cli
