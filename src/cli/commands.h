@@ -19,6 +19,7 @@ Command AddTokenizeCommand(CLI::App& root);
 Command AddConvertCommand(CLI::App& root);
 Command AddPlanCommand(CLI::App& root);
 Command AddRunCommand(CLI::App& root);
+Command AddBenchCommand(CLI::App& root);
 Command AddTemplateCommand(CLI::App& root);
 
 // Prints "error: <message>" on one line of stderr and returns the exit code for failures.

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
       AddLogitsCommand(app),
       AddConvertCommand(app),
       AddPlanCommand(app),
+      AddBenchCommand(app),
       AddTokenizeCommand(app),
       AddTemplateCommand(app),
   };

@@ -39,8 +39,12 @@ int PreadAll(int fd, uint8_t* dst, size_t n, uint64_t off) {
 int ReadChunks(int fd, uint64_t offset, size_t n_bytes, uint8_t* dst, ThreadPool& pool) {
   const size_t n_chunks = (n_bytes + kDirectReadChunkBytes - 1) / kDirectReadChunkBytes;
   std::atomic<int> err{0};
-  pool.ParallelFor(n_chunks, [&](size_t begin, size_t end, int) {
-    for (size_t c = begin; c < end && err.load() == 0; ++c) {
+  // Threads take the next chunk in file order, so the device sees one sequential stream with
+  // several requests in flight, not several streams far apart (which seek on disks and
+  // virtual block devices).
+  std::atomic<size_t> next{0};
+  pool.ParallelFor(static_cast<size_t>(pool.size()), [&](size_t, size_t, int) {
+    for (size_t c = next.fetch_add(1); c < n_chunks && err.load() == 0; c = next.fetch_add(1)) {
       const size_t at = c * kDirectReadChunkBytes;
       const size_t len = std::min(kDirectReadChunkBytes, n_bytes - at);
       const int e = PreadAll(fd, dst + at, len, offset + at);

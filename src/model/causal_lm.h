@@ -28,6 +28,12 @@ class CausalLM {
   virtual Status Forward(std::span<const int32_t> tokens, KvCache& cache, LogitsFor which,
                          std::vector<float>& logits) = 0;
 
+  // Weight bytes one decode step reads: every dense matrix, the embedding row, and top-k experts
+  // per MoE layer (the floor of the bytes a token costs; benchmarks divide by it).
+  virtual uint64_t DecodeBytesPerToken() const = 0;
+  // The dtype of the routed experts' weights.
+  virtual DType expert_dtype() const = 0;
+
   // When set, MoE layers store their raw router logits [n_tokens, n_experts] in (*sink)[layer]
   // on each Forward (for checks against reference router logits). nullptr turns it off.
   virtual void SetRouterLogitsSink(std::vector<std::vector<float>>* sink) = 0;

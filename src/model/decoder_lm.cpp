@@ -84,3 +84,30 @@ Status DecoderLM::Forward(std::span<const int32_t> tokens, KvCache& cache, Logit
 }
 
 }  // namespace moetier
+
+namespace moetier {
+
+uint64_t DecoderLM::DecodeBytesPerToken() const {
+  uint64_t n = w_.embed.n_bytes / static_cast<uint64_t>(config_.vocab_size);  // one row
+  n += w_.lm_head.n_bytes;
+  for (size_t l = 0; l < w_.layers.size(); ++l) {
+    const DecoderLayerWeights& lw = w_.layers[l];
+    n += lw.attn.q.n_bytes + lw.attn.k.n_bytes + lw.attn.v.n_bytes + lw.attn.o.n_bytes;
+    if (lw.is_moe) {
+      const ExpertWeights& e = experts_->Expert(static_cast<int64_t>(l), 0);
+      n += lw.router.n_bytes +
+           static_cast<uint64_t>(router_.top_k) * (e.gate.n_bytes + e.up.n_bytes + e.down.n_bytes);
+    } else {
+      n += lw.dense.gate.n_bytes + lw.dense.up.n_bytes + lw.dense.down.n_bytes;
+    }
+  }
+  return n;
+}
+
+DType DecoderLM::expert_dtype() const {
+  for (size_t l = 0; l < w_.layers.size(); ++l)
+    if (w_.layers[l].is_moe) return experts_->Expert(static_cast<int64_t>(l), 0).gate.dtype;
+  return w_.embed.dtype;
+}
+
+}  // namespace moetier

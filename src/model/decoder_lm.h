@@ -44,6 +44,8 @@ class DecoderLM final : public CausalLM {
   const ModelConfig& config() const override { return config_; }
   Status Forward(std::span<const int32_t> tokens, KvCache& cache, LogitsFor which,
                  std::vector<float>& logits) override;
+  uint64_t DecodeBytesPerToken() const override;
+  DType expert_dtype() const override;
   void SetRouterLogitsSink(std::vector<std::vector<float>>* sink) override { router_sink_ = sink; }
 
  private:

@@ -1,0 +1,116 @@
+// moetier bench: prefill and decode speed, against the machine's read bandwidth measured in the
+// same run.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+
+#include "cli/commands.h"
+#include "cli/model_options.h"
+#include "core/log.h"
+#include "engine/bandwidth.h"
+#include "engine/sampler.h"
+
+namespace moetier::cli {
+
+namespace {
+
+struct Opts {
+  ModelOptions model;
+  int64_t prompt_tokens = 128;
+  int64_t gen_tokens = 32;
+  int repeats = 3;
+  bool json = false;
+};
+
+double Seconds(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int Run(const Opts& o) {
+  auto loaded = LoadModel(o.model);
+  if (!loaded.ok()) return ReportError(loaded.message());
+  CausalLM& lm = **loaded;
+  const int threads = o.model.n_threads > 0 ? o.model.n_threads : ThreadPool::AvailableThreads();
+  const int64_t ctx = o.prompt_tokens + o.gen_tokens + 1;
+
+  // Prompt tokens drawn from the vocabulary with a fixed seed: the same work every run.
+  std::mt19937 rng(1234);
+  std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_tokens));
+  for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(lm.config().vocab_size));
+
+  std::vector<double> prefill_tps, decode_tps;
+  std::vector<float> logits;
+  for (int r = 0; r < o.repeats; ++r) {
+    std::fprintf(stderr, "bench: run %d/%d: prefill %lld tokens, decode %lld tokens\n", r + 1,
+                 o.repeats, static_cast<long long>(o.prompt_tokens), static_cast<long long>(o.gen_tokens));
+    KvCache cache = lm.NewCache(ctx);
+    auto t0 = std::chrono::steady_clock::now();
+    Status s = lm.Forward(prompt, cache, LogitsFor::kLastToken, logits);
+    if (!s.ok()) return ReportError(s.message());
+    prefill_tps.push_back(static_cast<double>(o.prompt_tokens) / Seconds(t0));
+    int32_t next = ArgMax(logits);
+    t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < o.gen_tokens; ++i) {
+      const int32_t one[1] = {next};
+      s = lm.Forward(one, cache, LogitsFor::kLastToken, logits);
+      if (!s.ok()) return ReportError(s.message());
+      next = ArgMax(logits);
+    }
+    decode_tps.push_back(static_cast<double>(o.gen_tokens) / Seconds(t0));
+  }
+  std::fprintf(stderr, "bench: measuring read bandwidth with %d threads\n", threads);
+  ThreadPool pool(threads);
+  const double bw = MeasureReadBandwidthGbps(pool);
+
+  const double prefill = Median(prefill_tps), decode = Median(decode_tps);
+  const uint64_t bytes = lm.DecodeBytesPerToken();
+  const double gbps = decode * static_cast<double>(bytes) / 1e9;
+  nlohmann::ordered_json j;
+  j["model"] = o.model.model_dir;
+  j["dtype"] = std::string(DTypeName(lm.expert_dtype()));
+  j["threads"] = threads;
+  j["prompt_tokens"] = o.prompt_tokens;
+  j["gen_tokens"] = o.gen_tokens;
+  j["repeats"] = o.repeats;
+  j["prefill_tokens_per_s"] = prefill;
+  j["decode_tokens_per_s"] = decode;
+  j["decode_bytes_per_token"] = bytes;
+  j["decode_gb_per_s"] = gbps;
+  j["read_bandwidth_gb_per_s"] = bw;
+  j["decode_percent_of_read_bandwidth"] = bw > 0 ? 100.0 * gbps / bw : 0.0;
+  if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("prefill  %.1f tokens/s (%lld-token prompt)\n", prefill, static_cast<long long>(o.prompt_tokens));
+    std::printf("decode   %.2f tokens/s, %.1f MB/token, %.1f GB/s = %.0f%% of the %.1f GB/s read bandwidth\n",
+                decode, static_cast<double>(bytes) / 1e6, gbps, bw > 0 ? 100.0 * gbps / bw : 0.0, bw);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command AddBenchCommand(CLI::App& root) {
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = root.add_subcommand(
+      "bench",
+      "Measure prefill and decode tokens/s, the weight bytes a decoded token reads, the GB/s that "
+      "achieves, and the machine's read bandwidth in the same run (medians of --repeats runs).");
+  AddModelOptions(*cmd, o->model);
+  cmd->add_option("--prompt-tokens", o->prompt_tokens, "Prompt length for prefill")->check(CLI::PositiveNumber);
+  cmd->add_option("--gen-tokens", o->gen_tokens, "Tokens to decode")->check(CLI::PositiveNumber);
+  cmd->add_option("--repeats", o->repeats, "Runs; the median is reported")->check(CLI::PositiveNumber);
+  cmd->add_flag("--json", o->json, "Print one JSON object on stdout");
+  return {cmd, [o]() -> int { return Run(*o); }};
+}
+
+}  // namespace moetier::cli
