@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the workplace's `device` tool), from binaries built on the development
-# machine with -DMOETIER_CUDA=ON (build-cuda/) and the shared libraries they need (.devlibs/):
+# machine with -DMOETIER_CUDA=ON, copied with the shared libraries they need into an ignored
+# folder that the call carries (CARRY, default .devcarry: build-cuda/ and libs/):
 # the GPU tests, the residency tests with real pinning, and an offload run whose pin budget is
 # below the banks' total. Everything it measures goes under $OUT.
 set -u
 OUT=${OUT:-/tmp/moetier-device}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/.devlibs:${LD_LIBRARY_PATH:-}
-B=build-cuda
+CARRY=${CARRY:-.devcarry}
+export LD_LIBRARY_PATH=$PWD/$CARRY/libs:${LD_LIBRARY_PATH:-}
+B=$CARRY/build-cuda
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 echo "== experts_tests (GPU pin + device-pointer read must run, not skip)"
 $B/tests/experts/experts_tests 2>&1 | tee "$OUT/experts_tests.log" | grep -E "GpuPinned|PASSED|FAILED|SKIPPED" | head
