@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
   }
   std::vector<fs::path> files;
   for (uint32_t i = 0; i < cm->index().files.size(); ++i) files.push_back(cm->FilePath(i));
-  SetLogLevel(LogLevel::kWarn);
+  SetLogLevel(std::getenv("MOETIER_DEBUG") ? LogLevel::kDebug : LogLevel::kWarn);
 
   std::vector<double> raw_gbps, load_gbps;
   uint64_t raw_bytes = 0, model_bytes = 0;

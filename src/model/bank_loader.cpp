@@ -1,11 +1,13 @@
 #include "model/bank_loader.h"
 
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
 
+#include "core/log.h"
 #include "core/progress.h"
 #include "experts/settle.h"
 #include "io/converted_model.h"
@@ -134,6 +136,7 @@ Expected<LoadedBanks> LoadBanks(const ModelSource& s, const ResidencyPlan& plan,
     Settler settler(s, plan, opts, banks, out.settled);
     for (size_t i = 0; i < n; ++i) {
       MT_ASSIGN_OR_RETURN(banks[i], HostBank::Allocate(s.banks[i].bytes));
+      const auto t_read = std::chrono::steady_clock::now();
       if (s.converted) {
         ReadMode m;
         MT_RETURN_IF_ERROR(s.converted->ReadBank(s.converted->index().banks[i], banks[i].data(), io_pool, &m));
@@ -141,6 +144,8 @@ Expected<LoadedBanks> LoadBanks(const ModelSource& s, const ResidencyPlan& plan,
       } else {
         MT_RETURN_IF_ERROR(FillFromCheckpoint(s, s.banks[i].layer, banks[i], io_pool));
       }
+      LogDebug("bank " + std::to_string(i) + " read in " +
+               std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t_read).count()) + " s");
       settler.Submit(i);
       done += s.banks[i].bytes;
       progress.Update(done, "layer " + std::to_string(s.banks[i].layer));

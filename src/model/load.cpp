@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <chrono>
 
 #include "core/log.h"
 #include "experts/host_memory.h"
@@ -52,7 +53,9 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
   ResidencyReport report;
   MT_ASSIGN_OR_RETURN(report.plan, PlanFor(s, options.residency));
   LogWarnings(report.plan.warnings);
+  const auto t0 = std::chrono::steady_clock::now();
   if (s.converted && options.residency.verify) MT_RETURN_IF_ERROR(s.converted->VerifyDenseChecksums());
+  const auto t1 = std::chrono::steady_clock::now();
 
   const int io_threads = options.residency.n_io_threads > 0
                              ? options.residency.n_io_threads
@@ -62,6 +65,9 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
   bank_options.verify = options.residency.verify;
   bank_options.gpu_available = GpuAvailable();
   MT_ASSIGN_OR_RETURN(LoadedBanks banks, LoadBanks(s, report.plan, bank_options, io_pool));
+  const auto t2 = std::chrono::steady_clock::now();
+  LogDebug("load: dense checksums " + std::to_string(std::chrono::duration<double>(t1 - t0).count()) +
+           " s, expert banks " + std::to_string(std::chrono::duration<double>(t2 - t1).count()) + " s");
   LogWarnings(banks.warnings);
 
   report.settled = banks.settled;
