@@ -7,7 +7,8 @@
 #include "io/bank_index.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto idx = moetier::ParseBankIndex(std::string(reinterpret_cast<const char*>(data), size), "fuzz");
+  auto idx =
+      moetier::ParseBankIndex(std::string(reinterpret_cast<const char*>(data), size), "fuzz");
   if (idx.ok()) {
     for (const auto& t : idx->tensors)
       if (t.offset + t.bytes > idx->files.at(t.file).bytes) std::abort();

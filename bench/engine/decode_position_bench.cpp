@@ -40,9 +40,12 @@ int main(int argc, char** argv) {
   std::string dir;
   int threads = 0, steps = 32;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--model")) dir = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--model"))
+      dir = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--threads"))
+      threads = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--steps"))
+      steps = std::atoi(argv[i + 1]);
   }
   if (dir.empty()) {
     std::fprintf(stderr, "usage: decode_position_bench --model DIR [--threads N] [--steps S]\n");

@@ -72,13 +72,19 @@ int main(int argc, char** argv) {
   int repeats = 3;
   bool verify = true;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--model") && i + 1 < argc) dir = argv[++i];
-    else if (!std::strcmp(argv[i], "--repeats") && i + 1 < argc) repeats = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
-    else if (!std::strcmp(argv[i], "--no-verify")) verify = false;
+    if (!std::strcmp(argv[i], "--model") && i + 1 < argc)
+      dir = argv[++i];
+    else if (!std::strcmp(argv[i], "--repeats") && i + 1 < argc)
+      repeats = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--backend") && i + 1 < argc)
+      backend = argv[++i];
+    else if (!std::strcmp(argv[i], "--no-verify"))
+      verify = false;
   }
   if (dir.empty() || !IsConvertedModelDir(dir)) {
-    std::fprintf(stderr, "usage: load_bench --model CONVERTED_DIR [--repeats N] [--backend B] [--no-verify]\n");
+    std::fprintf(
+        stderr,
+        "usage: load_bench --model CONVERTED_DIR [--repeats N] [--backend B] [--no-verify]\n");
     return 2;
   }
   auto cm = ConvertedModel::Open(dir);
@@ -117,7 +123,8 @@ int main(int argc, char** argv) {
   }
   const double raw = Median(raw_gbps), load = Median(load_gbps);
   std::printf(
-      "{\"model\": \"%s\", \"bytes\": %llu, \"repeats\": %d, \"verify\": %s, \"read_mode\": \"%s\", "
+      "{\"model\": \"%s\", \"bytes\": %llu, \"repeats\": %d, \"verify\": %s, \"read_mode\": "
+      "\"%s\", "
       "\"raw_read_gb_per_s\": %.3f, \"load_gb_per_s\": %.3f, \"load_over_raw\": %.3f}\n",
       dir.c_str(), static_cast<unsigned long long>(model_bytes), repeats, verify ? "true" : "false",
       read_mode.c_str(), raw, load, load / raw);

@@ -45,13 +45,15 @@ int Run(const Opts& o) {
   // Prompt tokens drawn from the vocabulary with a fixed seed: the same work every run.
   std::mt19937 rng(1234);
   std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_tokens));
-  for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(lm.config().vocab_size));
+  for (auto& t : prompt)
+    t = static_cast<int32_t>(rng() % static_cast<uint32_t>(lm.config().vocab_size));
 
   std::vector<double> prefill_tps, decode_tps;
   std::vector<float> logits;
   for (int r = 0; r < o.repeats; ++r) {
     std::fprintf(stderr, "bench: run %d/%d: prefill %lld tokens, decode %lld tokens\n", r + 1,
-                 o.repeats, static_cast<long long>(o.prompt_tokens), static_cast<long long>(o.gen_tokens));
+                 o.repeats, static_cast<long long>(o.prompt_tokens),
+                 static_cast<long long>(o.gen_tokens));
     KvCache cache = lm.NewCache(ctx);
     auto t0 = std::chrono::steady_clock::now();
     Status s = lm.Forward(prompt, cache, LogitsFor::kLastToken, logits);
@@ -90,9 +92,12 @@ int Run(const Opts& o) {
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("prefill  %.1f tokens/s (%lld-token prompt)\n", prefill, static_cast<long long>(o.prompt_tokens));
-    std::printf("decode   %.2f tokens/s, %.1f MB/token, %.1f GB/s = %.0f%% of the %.1f GB/s read bandwidth\n",
-                decode, static_cast<double>(bytes) / 1e6, gbps, bw > 0 ? 100.0 * gbps / bw : 0.0, bw);
+    std::printf("prefill  %.1f tokens/s (%lld-token prompt)\n", prefill,
+                static_cast<long long>(o.prompt_tokens));
+    std::printf(
+        "decode   %.2f tokens/s, %.1f MB/token, %.1f GB/s = %.0f%% of the %.1f GB/s read "
+        "bandwidth\n",
+        decode, static_cast<double>(bytes) / 1e6, gbps, bw > 0 ? 100.0 * gbps / bw : 0.0, bw);
   }
   return 0;
 }
@@ -106,9 +111,11 @@ Command AddBenchCommand(CLI::App& root) {
       "Measure prefill and decode tokens/s, the weight bytes a decoded token reads, the GB/s that "
       "achieves, and the machine's read bandwidth in the same run (medians of --repeats runs).");
   AddModelOptions(*cmd, o->model);
-  cmd->add_option("--prompt-tokens", o->prompt_tokens, "Prompt length for prefill")->check(CLI::PositiveNumber);
+  cmd->add_option("--prompt-tokens", o->prompt_tokens, "Prompt length for prefill")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--gen-tokens", o->gen_tokens, "Tokens to decode")->check(CLI::PositiveNumber);
-  cmd->add_option("--repeats", o->repeats, "Runs; the median is reported")->check(CLI::PositiveNumber);
+  cmd->add_option("--repeats", o->repeats, "Runs; the median is reported")
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", o->json, "Print one JSON object on stdout");
   return {cmd, [o]() -> int { return Run(*o); }};
 }

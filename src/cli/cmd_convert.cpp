@@ -27,11 +27,13 @@ Command AddConvertCommand(CLI::App& root) {
   cmd->add_flag("--overwrite", o->overwrite, "Replace the files of an earlier conversion in --out");
   return {cmd, [o]() -> int {
             ConvertOptions opts;
-            opts.shard_bytes = static_cast<uint64_t>(o->shard_gib * static_cast<double>(1ull << 30));
+            opts.shard_bytes =
+                static_cast<uint64_t>(o->shard_gib * static_cast<double>(1ull << 30));
             opts.overwrite = o->overwrite;
             auto r = ConvertCheckpoint(o->model, o->out, opts);
             if (!r.ok()) return ReportError(r.message());
-            std::fprintf(stderr, "wrote %s: %d data file(s), %.2f GB, %d expert banks, %d dense tensors\n",
+            std::fprintf(stderr,
+                         "wrote %s: %d data file(s), %.2f GB, %d expert banks, %d dense tensors\n",
                          o->out.c_str(), r->n_files, static_cast<double>(r->bytes_written) / 1e9,
                          r->n_banks, r->n_tensors);
             return 0;

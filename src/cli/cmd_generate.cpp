@@ -81,7 +81,8 @@ int RunText(Opts o, CausalLM& lm) {
     ids = tok->Encode(o.prompt, /*add_special_tokens=*/true);  // as tokenizer(text) does
   }
   if (ids.empty()) return ReportError("--prompt: the prompt encodes to no tokens");
-  auto opts = MakeTextOptions(o.sampling, o.model.model_dir, lm, *tok, /*use_model_defaults=*/false);
+  auto opts =
+      MakeTextOptions(o.sampling, o.model.model_dir, lm, *tok, /*use_model_defaults=*/false);
   if (!opts.ok()) return ReportError(opts.message());
   KvCache cache = lm.NewCache(ContextSize(o.model, lm));
   auto r = GenerateText(lm, cache, *tok, ids, *opts, [](std::string_view piece) {
@@ -103,8 +104,10 @@ Command AddGenerateCommand(CLI::App& root) {
       "last line of stdout. With --prompt, streams the generated text (--chat wraps the prompt "
       "in the model's chat template as a user message). Greedy unless --temperature is given.");
   AddModelOptions(*cmd, o->model);
-  auto* tokens = cmd->add_option("--tokens", o->tokens, "Prompt token ids, comma-separated, e.g. 3,17,42");
-  auto* prompt = cmd->add_option("-p,--prompt", o->prompt, "Prompt text (needs tokenizer.json beside the model)");
+  auto* tokens =
+      cmd->add_option("--tokens", o->tokens, "Prompt token ids, comma-separated, e.g. 3,17,42");
+  auto* prompt = cmd->add_option("-p,--prompt", o->prompt,
+                                 "Prompt text (needs tokenizer.json beside the model)");
   auto* prompt_file = cmd->add_option("-f,--prompt-file", o->prompt_file,
                                       "Read the prompt text from this file, byte for byte");
   tokens->excludes(prompt);

@@ -29,8 +29,8 @@ Command AddLogitsCommand(CLI::App& root) {
             auto model = LoadModel(o->model);
             if (!model.ok()) return ReportError(model.message());
             CausalLM& lm = **model;
-            KvCache cache = lm.NewCache(std::max<int64_t>(ContextSize(o->model, lm),
-                                                          static_cast<int64_t>(ids->size())));
+            KvCache cache = lm.NewCache(
+                std::max<int64_t>(ContextSize(o->model, lm), static_cast<int64_t>(ids->size())));
             std::vector<float> logits;
             Status s = lm.Forward(*ids, cache, LogitsFor::kAllTokens, logits);
             if (!s.ok()) return ReportError(s.message());

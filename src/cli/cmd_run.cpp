@@ -21,7 +21,9 @@ namespace {
 // may only touch a lock-free atomic, hence this one process-wide flag.
 std::atomic<bool> g_interrupted{false};
 
-void OnSigint(int) { g_interrupted.store(true); }
+void OnSigint(int) {
+  g_interrupted.store(true);
+}
 
 struct Opts {
   ModelOptions model;
@@ -42,7 +44,8 @@ int Run(const Opts& o) {
   if (!tok.ok()) return ReportError(tok.message());
   auto chat = text::ChatTemplate::Load(o.model.model_dir);
   if (!chat.ok()) return ReportError(chat.message());
-  auto opts = MakeTextOptions(o.sampling, o.model.model_dir, **model, *tok, /*use_model_defaults=*/true);
+  auto opts =
+      MakeTextOptions(o.sampling, o.model.model_dir, **model, *tok, /*use_model_defaults=*/true);
   if (!opts.ok()) return ReportError(opts.message());
   ChatSession session(**model, *tok, *chat, ContextSize(o.model, **model), o.system);
 
@@ -60,8 +63,10 @@ int Run(const Opts& o) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   const bool tty = ::isatty(STDIN_FILENO) == 1;
-  std::fprintf(stderr, "Chatting with %s. /reset forgets the conversation, /exit (or Ctrl-D) quits, "
-               "Ctrl-C stops an answer.\n", o.model.model_dir.c_str());
+  std::fprintf(stderr,
+               "Chatting with %s. /reset forgets the conversation, /exit (or Ctrl-D) quits, "
+               "Ctrl-C stops an answer.\n",
+               o.model.model_dir.c_str());
   for (;;) {
     if (tty) std::fprintf(stderr, "> ");
     std::string line;
@@ -82,7 +87,8 @@ int Run(const Opts& o) {
       continue;
     }
     if (line == "/help") {
-      std::fprintf(stderr, "/reset  forget the conversation\n/exit   quit\nCtrl-C  stop the answer\n");
+      std::fprintf(stderr,
+                   "/reset  forget the conversation\n/exit   quit\nCtrl-C  stop the answer\n");
       continue;
     }
     g_interrupted.store(false);

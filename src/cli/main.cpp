@@ -20,14 +20,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "moetier 0.1.0");
 
   std::vector<Command> commands = {
-      AddRunCommand(app),
-      AddGenerateCommand(app),
-      AddLogitsCommand(app),
-      AddConvertCommand(app),
-      AddPlanCommand(app),
-      AddBenchCommand(app),
-      AddTokenizeCommand(app),
-      AddTemplateCommand(app),
+      AddRunCommand(app),      AddGenerateCommand(app), AddLogitsCommand(app),
+      AddConvertCommand(app),  AddPlanCommand(app),     AddBenchCommand(app),
+      AddTokenizeCommand(app), AddTemplateCommand(app),
   };
   try {
     app.parse(argc, argv);

@@ -12,9 +12,10 @@ void AddResidencyOptions(CLI::App& cmd, ModelOptions& opts) {
                 "auto | cpu | offload | hybrid. cpu: every expert bank locked in RAM, run on the "
                 "CPU. offload/hybrid: banks pinned for the GPU except the --moe-cpu-layers. auto: "
                 "hybrid with a GPU, else cpu");
-  g->add_option("--pin-budget-gb", opts.pin_budget_gb,
-                "Most GB (1e9 bytes) of expert banks to pin for the GPU (env MOETIER_PIN_BUDGET_GB; "
-                "default uncapped on Linux, 40% of RAM under WSL)");
+  g->add_option(
+      "--pin-budget-gb", opts.pin_budget_gb,
+      "Most GB (1e9 bytes) of expert banks to pin for the GPU (env MOETIER_PIN_BUDGET_GB; "
+      "default uncapped on Linux, 40% of RAM under WSL)");
   g->add_option("--lock-budget-gb", opts.lock_budget_gb,
                 "Most GB of expert banks to mlock for the CPU (env MOETIER_LOCK_BUDGET_GB; default "
                 "RLIMIT_MEMLOCK, or available RAM less a margin when locking is unlimited); banks "

@@ -11,10 +11,13 @@ void AddSamplingFlags(CLI::App& cmd, SamplingFlags& f, int64_t default_max_new_t
   auto* g = cmd.add_option_group("Sampling");
   g->add_option("-n,--max-new-tokens", f.max_new_tokens, "Most tokens to generate")
       ->check(CLI::NonNegativeNumber);
-  g->add_option("--temperature", f.temperature, "Sampling temperature; 0 picks the most likely token");
+  g->add_option("--temperature", f.temperature,
+                "Sampling temperature; 0 picks the most likely token");
   g->add_option("--top-k", f.top_k, "Sample from the k most likely tokens (0: off)");
-  g->add_option("--top-p", f.top_p, "Sample from the smallest set of tokens whose probability reaches p (1: off)");
-  g->add_option("--min-p", f.min_p, "Drop tokens less likely than min-p times the most likely (0: off)");
+  g->add_option("--top-p", f.top_p,
+                "Sample from the smallest set of tokens whose probability reaches p (1: off)");
+  g->add_option("--min-p", f.min_p,
+                "Drop tokens less likely than min-p times the most likely (0: off)");
   g->add_option("--repetition-penalty", f.repetition_penalty,
                 "Divide the logits of tokens already in the context by this (1: off)");
   g->add_option("--seed", f.seed, "Random seed; the same seed repeats a run (default: random)");
@@ -22,8 +25,8 @@ void AddSamplingFlags(CLI::App& cmd, SamplingFlags& f, int64_t default_max_new_t
   g->add_flag("--ignore-eos", f.ignore_eos, "Keep generating after an end-of-sequence token");
 }
 
-Expected<TextGenerationOptions> MakeTextOptions(const SamplingFlags& f, const std::string& model_dir,
-                                                const CausalLM& model,
+Expected<TextGenerationOptions> MakeTextOptions(const SamplingFlags& f,
+                                                const std::string& model_dir, const CausalLM& model,
                                                 const text::Tokenizer& tokenizer,
                                                 bool use_model_defaults) {
   TextGenerationOptions o;

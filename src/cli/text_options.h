@@ -27,8 +27,8 @@ void AddSamplingFlags(CLI::App& cmd, SamplingFlags& f, int64_t default_max_new_t
 
 // The generation options: flags first, then (when use_model_defaults) the sampling defaults of
 // generation_config.json, then greedy. Stop ids from the model and tokenizer unless --ignore-eos.
-Expected<TextGenerationOptions> MakeTextOptions(const SamplingFlags& f, const std::string& model_dir,
-                                                const CausalLM& model,
+Expected<TextGenerationOptions> MakeTextOptions(const SamplingFlags& f,
+                                                const std::string& model_dir, const CausalLM& model,
                                                 const text::Tokenizer& tokenizer,
                                                 bool use_model_defaults);
 

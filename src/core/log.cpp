@@ -15,10 +15,20 @@ void Emit(LogLevel at, const char* prefix, const std::string& line) {
 }
 }  // namespace
 
-void SetLogLevel(LogLevel level) { Level().store(static_cast<int>(level)); }
-LogLevel GetLogLevel() { return static_cast<LogLevel>(Level().load()); }
-void LogInfo(const std::string& line) { Emit(LogLevel::kInfo, "", line); }
-void LogWarn(const std::string& line) { Emit(LogLevel::kWarn, "warning: ", line); }
-void LogDebug(const std::string& line) { Emit(LogLevel::kDebug, "debug: ", line); }
+void SetLogLevel(LogLevel level) {
+  Level().store(static_cast<int>(level));
+}
+LogLevel GetLogLevel() {
+  return static_cast<LogLevel>(Level().load());
+}
+void LogInfo(const std::string& line) {
+  Emit(LogLevel::kInfo, "", line);
+}
+void LogWarn(const std::string& line) {
+  Emit(LogLevel::kWarn, "warning: ", line);
+}
+void LogDebug(const std::string& line) {
+  Emit(LogLevel::kDebug, "debug: ", line);
+}
 
 }  // namespace moetier

@@ -15,7 +15,9 @@ Progress::Progress(std::string label, uint64_t total_bytes)
       start_(std::chrono::steady_clock::now()),
       last_draw_(start_) {}
 
-Progress::~Progress() { Finish(); }
+Progress::~Progress() {
+  Finish();
+}
 
 void Progress::Update(uint64_t done, const std::string& detail) {
   done_ = done;

@@ -31,14 +31,16 @@ class Status {
   std::string message_;
 };
 
-inline Status OkStatus() { return Status(); }
+inline Status OkStatus() {
+  return Status();
+}
 
 // A value or a failed Status. Access to value() of a failed Expected is a programming error.
 template <typename T>
 class Expected {
  public:
-  Expected(T value) : v_(std::move(value)) {}           // NOLINT: implicit by design
-  Expected(Status status) : v_(std::move(status)) {}    // NOLINT: implicit by design
+  Expected(T value) : v_(std::move(value)) {}         // NOLINT: implicit by design
+  Expected(Status status) : v_(std::move(status)) {}  // NOLINT: implicit by design
 
   bool ok() const { return std::holds_alternative<T>(v_); }
   explicit operator bool() const { return ok(); }

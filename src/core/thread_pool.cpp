@@ -16,8 +16,7 @@ int ThreadPool::AvailableThreads() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-ThreadPool::ThreadPool(int n_threads)
-    : n_threads_(n_threads > 0 ? n_threads : AvailableThreads()) {
+ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads > 0 ? n_threads : AvailableThreads()) {
   workers_.reserve(static_cast<size_t>(n_threads_ - 1));
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }

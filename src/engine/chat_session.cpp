@@ -3,7 +3,8 @@
 namespace moetier {
 
 ChatSession::ChatSession(CausalLM& model, const text::Tokenizer& tokenizer,
-                         const text::ChatTemplate& chat, int64_t ctx_size, std::string system_prompt)
+                         const text::ChatTemplate& chat, int64_t ctx_size,
+                         std::string system_prompt)
     : model_(model),
       tokenizer_(tokenizer),
       chat_(chat),
@@ -14,7 +15,8 @@ ChatSession::ChatSession(CausalLM& model, const text::Tokenizer& tokenizer,
 
 void ChatSession::Reset() {
   messages_ = nlohmann::ordered_json::array();
-  if (!system_prompt_.empty()) messages_.push_back({{"role", "system"}, {"content", system_prompt_}});
+  if (!system_prompt_.empty())
+    messages_.push_back({{"role", "system"}, {"content", system_prompt_}});
   // The cache may keep its rows: the next prompt shares its first tokens with the old one, and
   // ReusablePrefix keeps exactly those.
 }

@@ -19,7 +19,8 @@ class ChatSession {
 
   // Adds the user's message, generates the answer (streamed through on_text) and adds it to the
   // history. A cancelled answer is kept as far as it got.
-  Expected<TextGenerationResult> Ask(const std::string& user_text, const TextGenerationOptions& options,
+  Expected<TextGenerationResult> Ask(const std::string& user_text,
+                                     const TextGenerationOptions& options,
                                      const TextCallback& on_text, const std::atomic<bool>* cancel);
   // Forgets the conversation (the system prompt stays).
   void Reset();

@@ -49,9 +49,9 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
     std::nth_element(cand_.begin(), cand_.begin() + options_.top_k - 1, cand_.end(), by_logit);
     const float kth = cand_[static_cast<size_t>(options_.top_k - 1)].first;
     // Keep ties with the k-th logit, as Hugging Face's threshold does.
-    n = static_cast<size_t>(std::partition(cand_.begin(), cand_.end(),
-                                           [&](const auto& c) { return c.first >= kth; }) -
-                            cand_.begin());
+    n = static_cast<size_t>(
+        std::partition(cand_.begin(), cand_.end(), [&](const auto& c) { return c.first >= kth; }) -
+        cand_.begin());
   }
   std::sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(n), by_logit);
   probs_.resize(n);

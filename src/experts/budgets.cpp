@@ -31,13 +31,16 @@ Status CheckFlag(const char* flag, const std::optional<double>& gb) {
   return OkStatus();
 }
 
-uint64_t ToBytes(double gb) { return static_cast<uint64_t>(std::llround(gb * kBytesPerGb)); }
+uint64_t ToBytes(double gb) {
+  return static_cast<uint64_t>(std::llround(gb * kBytesPerGb));
+}
 
 }  // namespace
 
 std::optional<uint64_t> DefaultPinBudget(const HostMemoryInfo& host, std::string* why) {
   if (host.is_wsl) {
-    const uint64_t b = static_cast<uint64_t>(static_cast<double>(host.total_bytes) * kWslPinFractionOfRam);
+    const uint64_t b =
+        static_cast<uint64_t>(static_cast<double>(host.total_bytes) * kWslPinFractionOfRam);
     *why = "default: 40% of RAM under WSL";
     return b;
   }
@@ -49,7 +52,8 @@ uint64_t DefaultLockBudget(const HostMemoryInfo& host, std::string* why) {
   const uint64_t margin = std::max<uint64_t>(
       kLockMarginMinBytes,
       static_cast<uint64_t>(static_cast<double>(host.total_bytes) * kLockMarginFractionOfRam));
-  const uint64_t free_less_margin = host.available_bytes > margin ? host.available_bytes - margin : 0;
+  const uint64_t free_less_margin =
+      host.available_bytes > margin ? host.available_bytes - margin : 0;
   if (host.may_lock_without_limit()) {
     *why = "default: available RAM less a " + Gb(margin) + " margin";
     return free_less_margin;

@@ -21,7 +21,9 @@ struct ExpertLayout {
     return static_cast<uint64_t>(d_model) * static_cast<uint64_t>(width) * DTypeSize(dtype);
   }
   uint64_t stride_bytes() const { return AlignUp(3 * matrix_bytes(), kBankAlignment); }
-  uint64_t bank_bytes(int64_t n_experts) const { return stride_bytes() * static_cast<uint64_t>(n_experts); }
+  uint64_t bank_bytes(int64_t n_experts) const {
+    return stride_bytes() * static_cast<uint64_t>(n_experts);
+  }
   uint64_t gate_offset() const { return 0; }
   uint64_t up_offset() const { return matrix_bytes(); }
   uint64_t down_offset() const { return 2 * matrix_bytes(); }

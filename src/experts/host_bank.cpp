@@ -17,8 +17,8 @@ Expected<HostBank> HostBank::Allocate(size_t n_bytes) {
   b.alloc_bytes_ = AlignUp(n_bytes == 0 ? 1 : n_bytes, kBankAlignment);
   // mmap gives page-aligned memory that is returned to the OS on munmap, and lets the kernel
   // back large banks with transparent huge pages.
-  void* p = ::mmap(nullptr, b.alloc_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                   -1, 0);
+  void* p =
+      ::mmap(nullptr, b.alloc_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED)
     return Status::Error("cannot allocate a " + std::to_string(n_bytes) +
                          "-byte expert bank: " + std::strerror(errno));
@@ -29,7 +29,9 @@ Expected<HostBank> HostBank::Allocate(size_t n_bytes) {
   return b;
 }
 
-HostBank::~HostBank() { Release(); }
+HostBank::~HostBank() {
+  Release();
+}
 
 HostBank::HostBank(HostBank&& o) noexcept
     : data_(std::exchange(o.data_, nullptr)),

@@ -19,7 +19,9 @@ namespace moetier {
 // expert or one layer is one DMA-able, lockable region.
 inline constexpr size_t kBankAlignment = 4096;
 
-inline constexpr size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+inline constexpr size_t AlignUp(size_t n, size_t a) {
+  return (n + a - 1) / a * a;
+}
 
 class HostBank {
  public:

@@ -40,7 +40,9 @@ Status RegisterHostMemory(void* ptr, size_t n_bytes, void** device_ptr) {
   return OkStatus();
 }
 
-void UnregisterHostMemory(void* ptr) { cudaHostUnregister(ptr); }
+void UnregisterHostMemory(void* ptr) {
+  cudaHostUnregister(ptr);
+}
 
 Status CopyDeviceToHost(const void* device_src, void* host_dst, size_t n_bytes) {
   cudaError_t e = cudaMemcpy(host_dst, device_src, n_bytes, cudaMemcpyDeviceToHost);
@@ -48,8 +50,12 @@ Status CopyDeviceToHost(const void* device_src, void* host_dst, size_t n_bytes) 
   return OkStatus();
 }
 #else
-bool GpuAvailable() { return false; }
-std::string GpuName() { return "none"; }
+bool GpuAvailable() {
+  return false;
+}
+std::string GpuName() {
+  return "none";
+}
 Status RegisterHostMemory(void*, size_t, void**) {
   return Status::Error("this build has no CUDA support (configure with -DMOETIER_CUDA=ON)");
 }
@@ -60,10 +66,13 @@ Status CopyDeviceToHost(const void*, void*, size_t) {
 #endif
 
 Status LockMemory(void* ptr, size_t n_bytes) {
-  if (::mlock(ptr, n_bytes) != 0) return Status::Error(std::string("mlock: ") + std::strerror(errno));
+  if (::mlock(ptr, n_bytes) != 0)
+    return Status::Error(std::string("mlock: ") + std::strerror(errno));
   return OkStatus();
 }
 
-void UnlockMemory(void* ptr, size_t n_bytes) { ::munlock(ptr, n_bytes); }
+void UnlockMemory(void* ptr, size_t n_bytes) {
+  ::munlock(ptr, n_bytes);
+}
 
 }  // namespace moetier

@@ -25,7 +25,8 @@ std::optional<uint64_t> ReadKbField(const char* path, const std::string& key) {
 }
 
 bool DetectWsl() {
-  if (std::getenv("WSL_DISTRO_NAME") != nullptr || std::getenv("WSL_INTEROP") != nullptr) return true;
+  if (std::getenv("WSL_DISTRO_NAME") != nullptr || std::getenv("WSL_INTEROP") != nullptr)
+    return true;
   std::ifstream in("/proc/sys/kernel/osrelease");
   std::string release;
   std::getline(in, release);
@@ -59,6 +60,8 @@ HostMemoryInfo ReadHostMemoryInfo() {
   return info;
 }
 
-uint64_t ReadVmLckBytes() { return ReadKbField("/proc/self/status", "VmLck:").value_or(0); }
+uint64_t ReadVmLckBytes() {
+  return ReadKbField("/proc/self/status", "VmLck:").value_or(0);
+}
 
 }  // namespace moetier

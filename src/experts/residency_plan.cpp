@@ -47,8 +47,9 @@ Expected<Backend> ParseBackend(const std::string& text) {
   for (Backend b : {Backend::kAuto, Backend::kCpu, Backend::kOffload, Backend::kHybrid})
     if (BackendName(b) == text) return b;
   if (text == "gpu")
-    return Status::Error("--moe-backend gpu (everything in VRAM) is not available yet; use auto, "
-                         "cpu, offload or hybrid");
+    return Status::Error(
+        "--moe-backend gpu (everything in VRAM) is not available yet; use auto, "
+        "cpu, offload or hybrid");
   return Status::Error("--moe-backend '" + text + "': expected auto, cpu, offload or hybrid");
 }
 
@@ -191,7 +192,8 @@ Expected<ResidencyPlan> PlanResidency(const PlanInputs& in) {
 
   plan.layers.resize(n);
   for (size_t i = 0; i < n; ++i)
-    plan.layers[i] = {in.banks[i].layer, on_cpu[i] ? Tier::kLocked : Tier::kPinned, in.banks[i].bytes};
+    plan.layers[i] = {in.banks[i].layer, on_cpu[i] ? Tier::kLocked : Tier::kPinned,
+                      in.banks[i].bytes};
 
   if (in.budgets.lock_bytes) {
     uint64_t locked = plan.BytesIn(Tier::kLocked);

@@ -30,9 +30,12 @@ Expected<uint64_t> Checksum(const Ctx& c, const json& j, const std::string& wher
   uint64_t v = 0;
   for (char ch : s) {
     int d;
-    if (ch >= '0' && ch <= '9') d = ch - '0';
-    else if (ch >= 'a' && ch <= 'f') d = ch - 'a' + 10;
-    else return c.Error(where + ": 'xxh64' must be 16 lowercase hex digits");
+    if (ch >= '0' && ch <= '9')
+      d = ch - '0';
+    else if (ch >= 'a' && ch <= 'f')
+      d = ch - 'a' + 10;
+    else
+      return c.Error(where + ": 'xxh64' must be 16 lowercase hex digits");
     v = (v << 4) | static_cast<uint64_t>(d);
   }
   return v;
@@ -54,12 +57,14 @@ struct Range {
 
 Status CheckPlacement(const Ctx& c, const BankIndex& idx, uint32_t file, uint64_t offset,
                       uint64_t bytes, const std::string& where, std::vector<Range>& ranges) {
-  if (file >= idx.files.size()) return c.Error(where + ": 'file' " + std::to_string(file) + " is not in 'files'");
-  if (offset % kAlign != 0) return c.Error(where + ": offset " + std::to_string(offset) + " is not 4096-aligned");
+  if (file >= idx.files.size())
+    return c.Error(where + ": 'file' " + std::to_string(file) + " is not in 'files'");
+  if (offset % kAlign != 0)
+    return c.Error(where + ": offset " + std::to_string(offset) + " is not 4096-aligned");
   if (bytes > idx.files[file].bytes || offset > idx.files[file].bytes - bytes)
-    return c.Error(where + ": bytes " + std::to_string(offset) + ".." + std::to_string(offset + bytes) +
-                   " lie past the end of " + idx.files[file].name + " (" +
-                   std::to_string(idx.files[file].bytes) + " bytes)");
+    return c.Error(where + ": bytes " + std::to_string(offset) + ".." +
+                   std::to_string(offset + bytes) + " lie past the end of " + idx.files[file].name +
+                   " (" + std::to_string(idx.files[file].bytes) + " bytes)");
   ranges.push_back({file, offset, offset + bytes, where});
   return OkStatus();
 }
@@ -92,14 +97,16 @@ Expected<BankIndex> ParseBankIndex(const std::string& text, const std::string& s
     return c.Error("missing string 'architecture'");
   idx.architecture = j["architecture"].get<std::string>();
   for (const char* key : {"files", "tensors", "banks"})
-    if (!j.contains(key) || !j[key].is_array()) return c.Error(std::string("missing array '") + key + "'");
+    if (!j.contains(key) || !j[key].is_array())
+      return c.Error(std::string("missing array '") + key + "'");
 
   for (const auto& f : j["files"]) {
     if (!f.is_object() || !f.contains("name") || !f["name"].is_string())
       return c.Error("'files' entry without a 'name'");
     BankIndexFile file;
     file.name = f["name"].get<std::string>();
-    if (file.name.empty() || file.name.find('/') != std::string::npos || file.name == "." || file.name == "..")
+    if (file.name.empty() || file.name.find('/') != std::string::npos || file.name == "." ||
+        file.name == "..")
       return c.Error("file name '" + file.name + "' is not a plain file name");
     MT_ASSIGN_OR_RETURN(file.bytes, U64(c, f, "bytes", "file '" + file.name + "'"));
     idx.files.push_back(std::move(file));
@@ -119,7 +126,8 @@ Expected<BankIndex> ParseBankIndex(const std::string& text, const std::string& s
       if (!d.is_number_unsigned() || d.get<uint64_t>() > (1ull << 40))
         return c.Error(where + ": bad shape " + t["shape"].dump());
       n *= d.get<uint64_t>();
-      if (n > (1ull << 46)) return c.Error(where + ": shape " + t["shape"].dump() + " is too large");
+      if (n > (1ull << 46))
+        return c.Error(where + ": shape " + t["shape"].dump() + " is too large");
       e.shape.push_back(d.get<int64_t>());
     }
     MT_ASSIGN_OR_RETURN(uint64_t file, U64(c, t, "file", where));
@@ -130,7 +138,8 @@ Expected<BankIndex> ParseBankIndex(const std::string& text, const std::string& s
     e.file = static_cast<uint32_t>(file);
     if (n * DTypeSize(e.dtype) != e.bytes)
       return c.Error(where + ": shape " + t["shape"].dump() + " needs " +
-                     std::to_string(n * DTypeSize(e.dtype)) + " bytes, index says " + std::to_string(e.bytes));
+                     std::to_string(n * DTypeSize(e.dtype)) + " bytes, index says " +
+                     std::to_string(e.bytes));
     MT_RETURN_IF_ERROR(CheckPlacement(c, idx, e.file, e.offset, e.bytes, where, ranges));
     idx.tensors.push_back(std::move(e));
   }
@@ -139,7 +148,8 @@ Expected<BankIndex> ParseBankIndex(const std::string& text, const std::string& s
     if (!b.is_object()) return c.Error("'banks' entry is not an object");
     BankIndexBank e;
     MT_ASSIGN_OR_RETURN(uint64_t layer, U64(c, b, "layer", "bank"));
-    if (layer > (1u << 20)) return c.Error("bank layer " + std::to_string(layer) + " is out of range");
+    if (layer > (1u << 20))
+      return c.Error("bank layer " + std::to_string(layer) + " is out of range");
     e.layer = static_cast<int64_t>(layer);
     const std::string where = "bank of layer " + std::to_string(e.layer);
     MT_ASSIGN_OR_RETURN(e.dtype, Dtype(c, b, where));
@@ -162,9 +172,11 @@ Expected<BankIndex> ParseBankIndex(const std::string& text, const std::string& s
     const uint64_t expert_bytes = 3 * width * d_model * DTypeSize(e.dtype);
     if (e.expert_stride_bytes < expert_bytes || e.expert_stride_bytes % kAlign != 0)
       return c.Error(where + ": expert_stride_bytes " + std::to_string(e.expert_stride_bytes) +
-                     " must be a multiple of 4096 holding " + std::to_string(expert_bytes) + " bytes");
+                     " must be a multiple of 4096 holding " + std::to_string(expert_bytes) +
+                     " bytes");
     if (e.bytes != e.expert_stride_bytes * n_experts)
-      return c.Error(where + ": bytes " + std::to_string(e.bytes) + " != n_experts × expert_stride_bytes");
+      return c.Error(where + ": bytes " + std::to_string(e.bytes) +
+                     " != n_experts × expert_stride_bytes");
     MT_RETURN_IF_ERROR(CheckPlacement(c, idx, e.file, e.offset, e.bytes, where, ranges));
     if (!idx.banks.empty() && idx.banks.back().layer >= e.layer)
       return c.Error("banks are not in ascending layer order at layer " + std::to_string(e.layer));

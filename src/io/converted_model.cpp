@@ -7,9 +7,13 @@ namespace moetier {
 
 namespace fs = std::filesystem;
 
-uint64_t Checksum64(const void* data, size_t n_bytes) { return XXH64(data, n_bytes, 0); }
+uint64_t Checksum64(const void* data, size_t n_bytes) {
+  return XXH64(data, n_bytes, 0);
+}
 
-bool IsConvertedModelDir(const fs::path& dir) { return fs::exists(dir / kBankIndexFileName); }
+bool IsConvertedModelDir(const fs::path& dir) {
+  return fs::exists(dir / kBankIndexFileName);
+}
 
 Expected<ConvertedModel> ConvertedModel::Open(const fs::path& dir) {
   ConvertedModel m;

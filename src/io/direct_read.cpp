@@ -73,11 +73,12 @@ Status ReadFileRange(const std::filesystem::path& path, uint64_t offset, size_t 
   // The filesystem refuses O_DIRECT (open or read gave EINVAL): buffered reads.
   Fd buffered;
   buffered.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (buffered.fd < 0) return Status::Error(path.string() + ": cannot open: " + std::strerror(errno));
+  if (buffered.fd < 0)
+    return Status::Error(path.string() + ": cannot open: " + std::strerror(errno));
   const int e = ReadChunks(buffered.fd, offset, n_bytes, dst, io_pool);
   if (e != 0)
-    return Status::Error(path.string() + ": read failed at offset " + std::to_string(offset) + ": " +
-                         std::strerror(e));
+    return Status::Error(path.string() + ": read failed at offset " + std::to_string(offset) +
+                         ": " + std::strerror(e));
   if (mode_used) *mode_used = ReadMode::kBuffered;
   return OkStatus();
 }

@@ -42,7 +42,9 @@ Expected<MappedFile> MappedFile::Open(const std::filesystem::path& path) {
   return f;
 }
 
-MappedFile::~MappedFile() { Reset(); }
+MappedFile::~MappedFile() {
+  Reset();
+}
 
 MappedFile::MappedFile(MappedFile&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),

@@ -27,8 +27,7 @@ void HeadNorm(float* x, int64_t n_rows, const std::vector<float>& weight, int64_
 }  // namespace
 
 void CausalAttention(ThreadPool& pool, const float* q, int64_t n_tokens, int64_t pos0,
-                     const float* keys, const float* values, const AttentionShape& s,
-                     float* out) {
+                     const float* keys, const float* values, const AttentionShape& s, float* out) {
   const int64_t group = s.n_heads / s.n_kv_heads;
   const int64_t kv_row = s.n_kv_heads * s.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
@@ -39,9 +38,8 @@ void CausalAttention(ThreadPool& pool, const float* q, int64_t n_tokens, int64_t
       const int64_t h = static_cast<int64_t>(item) % s.n_heads;
       const int64_t kvh = h / group;
       const int64_t pos = pos0 + t;
-      const int64_t first = s.sliding_window > 0 && pos >= s.sliding_window
-                                ? pos - s.sliding_window + 1
-                                : 0;
+      const int64_t first =
+          s.sliding_window > 0 && pos >= s.sliding_window ? pos - s.sliding_window + 1 : 0;
       const int64_t n_keys = pos - first + 1;
       if (scores.size() < static_cast<size_t>(n_keys)) scores.resize(static_cast<size_t>(n_keys));
       const float* qh = q + (t * s.n_heads + h) * s.head_dim;

@@ -11,15 +11,15 @@
 namespace moetier {
 
 enum class Scratch : size_t {
-  kQ,           // [T, n_heads * head_dim]
-  kK,           // [T, n_kv_heads * head_dim]
-  kV,           // [T, n_kv_heads * head_dim]
-  kAttnOut,     // [T, n_heads * head_dim]
-  kRouter,      // [T, n_experts]
-  kGathered,    // [T, d_model] tokens routed to one expert
-  kGate,        // [T, width]
-  kUp,          // [T, width]
-  kExpertOut,   // [T, d_model]
+  kQ,          // [T, n_heads * head_dim]
+  kK,          // [T, n_kv_heads * head_dim]
+  kV,          // [T, n_kv_heads * head_dim]
+  kAttnOut,    // [T, n_heads * head_dim]
+  kRouter,     // [T, n_experts]
+  kGathered,   // [T, d_model] tokens routed to one expert
+  kGate,       // [T, width]
+  kUp,         // [T, width]
+  kExpertOut,  // [T, d_model]
   kCount
 };
 

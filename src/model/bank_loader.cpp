@@ -26,9 +26,12 @@ Status FillFromCheckpoint(const ModelSource& s, int64_t layer, HostBank& bank, T
   std::vector<ExpertWeights> src(static_cast<size_t>(E));
   for (int64_t e = 0; e < E && b.status().ok(); ++e) {
     auto& w = src[static_cast<size_t>(e)];
-    w.gate = b.Matrix(s.spec->expert_tensor_name(layer, e, ExpertMatrix::kGate), {lay.width, lay.d_model});
-    w.up = b.Matrix(s.spec->expert_tensor_name(layer, e, ExpertMatrix::kUp), {lay.width, lay.d_model});
-    w.down = b.Matrix(s.spec->expert_tensor_name(layer, e, ExpertMatrix::kDown), {lay.d_model, lay.width});
+    w.gate = b.Matrix(s.spec->expert_tensor_name(layer, e, ExpertMatrix::kGate),
+                      {lay.width, lay.d_model});
+    w.up =
+        b.Matrix(s.spec->expert_tensor_name(layer, e, ExpertMatrix::kUp), {lay.width, lay.d_model});
+    w.down = b.Matrix(s.spec->expert_tensor_name(layer, e, ExpertMatrix::kDown),
+                      {lay.d_model, lay.width});
     for (const TensorView* v : {&w.gate, &w.up, &w.down})
       if (b.status().ok() && v->dtype != lay.dtype)
         return Status::Error(s.hf->description() + ": layer " + std::to_string(layer) + " expert " +
@@ -52,8 +55,13 @@ class Settler {
  public:
   Settler(const ModelSource& s, const ResidencyPlan& plan, const BankLoadOptions& opts,
           std::vector<HostBank>& banks, std::vector<LayerResidency>& settled)
-      : s_(s), plan_(plan), opts_(opts), banks_(banks), settled_(settled),
-        inject_(FailureInjectionFromEnv()), thread_([this] { Run(); }) {}
+      : s_(s),
+        plan_(plan),
+        opts_(opts),
+        banks_(banks),
+        settled_(settled),
+        inject_(FailureInjectionFromEnv()),
+        thread_([this] { Run(); }) {}
   ~Settler() { Finish(); }
 
   void Submit(size_t i) {
@@ -101,7 +109,8 @@ class Settler {
                                 std::to_string(layer) + " (xxh64 " + Hex64(got) + ", index says " +
                                 Hex64(b.xxh64) + "); the file is corrupt: re-run moetier convert");
     }
-    const SettleResult r = SettleBank(bank, layer, plan_.layers[i].tier, opts_.gpu_available, inject_);
+    const SettleResult r =
+        SettleBank(bank, layer, plan_.layers[i].tier, opts_.gpu_available, inject_);
     settled_[i] = {layer, r.tier, bank.size()};
     if (!r.warning.empty()) warnings.push_back(r.warning);
   }
@@ -139,13 +148,17 @@ Expected<LoadedBanks> LoadBanks(const ModelSource& s, const ResidencyPlan& plan,
       const auto t_read = std::chrono::steady_clock::now();
       if (s.converted) {
         ReadMode m;
-        MT_RETURN_IF_ERROR(s.converted->ReadBank(s.converted->index().banks[i], banks[i].data(), io_pool, &m));
+        MT_RETURN_IF_ERROR(
+            s.converted->ReadBank(s.converted->index().banks[i], banks[i].data(), io_pool, &m));
         if (m == ReadMode::kBuffered) mode = m;
       } else {
         MT_RETURN_IF_ERROR(FillFromCheckpoint(s, s.banks[i].layer, banks[i], io_pool));
       }
-      LogDebug("bank " + std::to_string(i) + " read in " +
-               std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t_read).count()) + " s");
+      LogDebug(
+          "bank " + std::to_string(i) + " read in " +
+          std::to_string(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t_read).count()) +
+          " s");
       settler.Submit(i);
       done += s.banks[i].bytes;
       progress.Update(done, "layer " + std::to_string(s.banks[i].layer));

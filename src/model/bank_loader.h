@@ -23,7 +23,7 @@ struct LoadedBanks {
 };
 
 struct BankLoadOptions {
-  bool verify = true;         // compare each converted bank's xxh64 with the index
+  bool verify = true;  // compare each converted bank's xxh64 with the index
   bool gpu_available = false;
 };
 

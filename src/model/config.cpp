@@ -59,7 +59,8 @@ Status ReadIdList(const Reader& r, const std::string& key, std::vector<int32_t>&
 
 Status ReadRope(const Reader& r, const ConfigDefaults& defaults, ModelConfig& c) {
   c.rope_theta = defaults.rope_theta;
-  if (r.Has("rope_theta")) MT_RETURN_IF_ERROR(r.Double(r.j()["rope_theta"], "rope_theta", c.rope_theta));
+  if (r.Has("rope_theta"))
+    MT_RETURN_IF_ERROR(r.Double(r.j()["rope_theta"], "rope_theta", c.rope_theta));
   // Newer checkpoints spell rope settings as rope_parameters: {rope_theta, rope_type, ...};
   // older ones use rope_scaling for the non-default kinds.
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
@@ -92,7 +93,8 @@ Expected<std::string> ReadArchitectureName(const json& config, const std::string
   if (!config.is_object() || !config.contains("architectures") ||
       !config["architectures"].is_array() || config["architectures"].empty() ||
       !config["architectures"][0].is_string())
-    return Status::Error(source + ": missing field 'architectures' (a list naming the model class)");
+    return Status::Error(source +
+                         ": missing field 'architectures' (a list naming the model class)");
   return config["architectures"][0].get<std::string>();
 }
 
@@ -129,7 +131,8 @@ Expected<ModelConfig> ParseModelConfig(const std::string& json_text, const std::
       break;
     }
   }
-  if (!found_width) return r.Error("missing required field '" + defaults.expert_width_keys[0] + "'");
+  if (!found_width)
+    return r.Error("missing required field '" + defaults.expert_width_keys[0] + "'");
 
   if (r.Has("num_experts")) {
     MT_RETURN_IF_ERROR(r.Int("num_experts", c.n_experts, true));
@@ -144,11 +147,13 @@ Expected<ModelConfig> ParseModelConfig(const std::string& json_text, const std::
   MT_RETURN_IF_ERROR(r.Bool("attention_bias", c.attention_bias));
   MT_RETURN_IF_ERROR(r.Int("max_position_embeddings", c.max_position_embeddings, false));
 
-  if (r.Has("rms_norm_eps")) MT_RETURN_IF_ERROR(r.Double(j["rms_norm_eps"], "rms_norm_eps", c.rms_norm_eps));
+  if (r.Has("rms_norm_eps"))
+    MT_RETURN_IF_ERROR(r.Double(j["rms_norm_eps"], "rms_norm_eps", c.rms_norm_eps));
   MT_RETURN_IF_ERROR(ReadRope(r, defaults, c));
 
   if (r.Has("hidden_act") && j["hidden_act"] != "silu")
-    return r.Error("field 'hidden_act' is " + j["hidden_act"].dump() + "; only \"silu\" is supported");
+    return r.Error("field 'hidden_act' is " + j["hidden_act"].dump() +
+                   "; only \"silu\" is supported");
 
   bool use_window = !defaults.sliding_window_needs_flag;
   MT_RETURN_IF_ERROR(r.Bool("use_sliding_window", use_window));
@@ -158,8 +163,9 @@ Expected<ModelConfig> ParseModelConfig(const std::string& json_text, const std::
   for (const char* key : {"torch_dtype", "dtype"}) {
     if (r.Has(key) && j[key].is_string()) {
       auto d = DTypeFromTorchName(j[key].get<std::string>());
-      if (!d) return r.Error(std::string("field '") + key + "' is " + j[key].dump() +
-                             "; expected bfloat16, float16 or float32");
+      if (!d)
+        return r.Error(std::string("field '") + key + "' is " + j[key].dump() +
+                       "; expected bfloat16, float16 or float32");
       c.declared_dtype = d;
     }
   }
@@ -176,10 +182,12 @@ Expected<ModelConfig> ParseModelConfig(const std::string& json_text, const std::
       {"head_dim", c.head_dim},           {"expert width", c.expert_intermediate_size},
       {"number of experts", c.n_experts}, {"num_experts_per_tok", c.n_experts_per_token}};
   for (const auto& [name, v] : positive)
-    if (v <= 0) return r.Error(std::string(name) + " must be positive (is " + std::to_string(v) + ")");
+    if (v <= 0)
+      return r.Error(std::string(name) + " must be positive (is " + std::to_string(v) + ")");
   if (c.n_heads % c.n_kv_heads != 0)
     return r.Error("num_attention_heads (" + std::to_string(c.n_heads) +
-                   ") must be a multiple of num_key_value_heads (" + std::to_string(c.n_kv_heads) + ")");
+                   ") must be a multiple of num_key_value_heads (" + std::to_string(c.n_kv_heads) +
+                   ")");
   if (c.head_dim % 2 != 0) return r.Error("head_dim must be even for rotary embeddings");
   if (c.n_experts_per_token > c.n_experts)
     return r.Error("num_experts_per_tok (" + std::to_string(c.n_experts_per_token) +
@@ -195,7 +203,8 @@ Expected<ModelConfig> ParseModelConfig(const std::string& json_text, const std::
     int64_t step = 1;
     MT_RETURN_IF_ERROR(r.Int("decoder_sparse_step", step, false));
     if (step <= 0) return r.Error("field 'decoder_sparse_step' must be positive");
-    for (int64_t l = 0; l < c.n_layers; ++l) c.layer_is_moe[static_cast<size_t>(l)] = (l + 1) % step == 0;
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      c.layer_is_moe[static_cast<size_t>(l)] = (l + 1) % step == 0;
     if (r.Has("mlp_only_layers")) {
       const json& m = j["mlp_only_layers"];
       if (!m.is_array()) return r.Error("field 'mlp_only_layers' must be a list of layer ids");
@@ -208,7 +217,8 @@ Expected<ModelConfig> ParseModelConfig(const std::string& json_text, const std::
     }
     for (int64_t l = 0; l < c.n_layers; ++l)
       if (!c.layer_is_moe[static_cast<size_t>(l)] && c.dense_intermediate_size <= 0)
-        return r.Error("layer " + std::to_string(l) + " is dense but 'intermediate_size' is missing");
+        return r.Error("layer " + std::to_string(l) +
+                       " is dense but 'intermediate_size' is missing");
   }
   return c;
 }

@@ -25,12 +25,12 @@ struct ModelConfig {
   int64_t n_heads = 0;
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
-  int64_t dense_intermediate_size = 0;  // width of a dense (non-MoE) MLP
+  int64_t dense_intermediate_size = 0;   // width of a dense (non-MoE) MLP
   int64_t expert_intermediate_size = 0;  // width of one routed expert
   int64_t n_experts = 0;
   int64_t n_experts_per_token = 0;  // top-k
-  bool norm_topk_prob = true;        // renormalise the top-k routing weights to sum to 1
-  std::vector<bool> layer_is_moe;    // [n_layers]
+  bool norm_topk_prob = true;       // renormalise the top-k routing weights to sum to 1
+  std::vector<bool> layer_is_moe;   // [n_layers]
   bool attention_bias = false;
   bool tie_word_embeddings = false;
   double rope_theta = 10000.0;

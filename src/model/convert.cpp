@@ -25,12 +25,14 @@ namespace {
 // Appends 4096-aligned items to numbered data files, starting a new file past the shard size.
 class DataWriter {
  public:
-  DataWriter(fs::path dir, uint64_t shard_bytes) : dir_(std::move(dir)), shard_bytes_(shard_bytes) {}
+  DataWriter(fs::path dir, uint64_t shard_bytes)
+      : dir_(std::move(dir)), shard_bytes_(shard_bytes) {}
   ~DataWriter() { Close(); }
 
   // Positions the next item of n_bytes: a new file if this one would pass the shard size.
   Status Begin(uint64_t n_bytes, uint32_t* file, uint64_t* offset) {
-    if (fd_ < 0 || (offset_ > 0 && offset_ + n_bytes > shard_bytes_)) MT_RETURN_IF_ERROR(NextFile());
+    if (fd_ < 0 || (offset_ > 0 && offset_ + n_bytes > shard_bytes_))
+      MT_RETURN_IF_ERROR(NextFile());
     MT_RETURN_IF_ERROR(Pad());
     *file = static_cast<uint32_t>(files_.size() - 1);
     *offset = offset_;
@@ -64,7 +66,8 @@ class DataWriter {
     if (fd_ >= 0) {
       MT_RETURN_IF_ERROR(Pad());
       files_.back().bytes = offset_;
-      if (::fsync(fd_) != 0) return Status::Error(Path().string() + ": fsync failed: " + std::strerror(errno));
+      if (::fsync(fd_) != 0)
+        return Status::Error(Path().string() + ": fsync failed: " + std::strerror(errno));
     }
     Close();
     return OkStatus();
@@ -101,7 +104,8 @@ bool IsSideFile(const fs::path& p) {
   const std::string name = p.filename().string();
   if (name == "model.safetensors.index.json" || name == kBankIndexFileName) return false;
   const std::string ext = p.extension().string();
-  return ext == ".json" || ext == ".jinja" || ext == ".model" || ext == ".txt" || name == "merges.txt";
+  return ext == ".json" || ext == ".jinja" || ext == ".model" || ext == ".txt" ||
+         name == "merges.txt";
 }
 
 }  // namespace
@@ -109,12 +113,14 @@ bool IsSideFile(const fs::path& p) {
 Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::path& out_dir,
                                            const ConvertOptions& options) {
   if (fs::exists(hf_dir / kBankIndexFileName))
-    return Status::Error(hf_dir.string() + ": already a converted model; convert takes a Hugging Face directory");
+    return Status::Error(hf_dir.string() +
+                         ": already a converted model; convert takes a Hugging Face directory");
   MT_ASSIGN_OR_RETURN(ModelSource s, OpenModelSource(hf_dir));
   if (fs::exists(out_dir) && !fs::is_directory(out_dir))
     return Status::Error(out_dir.string() + ": exists and is not a directory");
   if (fs::exists(out_dir) && !fs::is_empty(out_dir) && !options.overwrite)
-    return Status::Error(out_dir.string() + ": not empty; choose an empty --out directory or pass --overwrite");
+    return Status::Error(out_dir.string() +
+                         ": not empty; choose an empty --out directory or pass --overwrite");
   if (fs::exists(out_dir) && fs::equivalent(out_dir, hf_dir))
     return Status::Error(out_dir.string() + ": --out must differ from --model");
   std::error_code ec;
@@ -157,7 +163,8 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
       BankIndexTensor t{name, v->dtype, v->shape, 0, 0, v->n_bytes, XXH64(v->data, v->n_bytes, 0)};
       if (!IsWeightDType(v->dtype))
         return Status::Error(s.hf->FileOf(name) + ": tensor '" + name + "' has dtype " +
-                             std::string(DTypeName(v->dtype)) + "; weights must be BF16, F16 or F32");
+                             std::string(DTypeName(v->dtype)) +
+                             "; weights must be BF16, F16 or F32");
       MT_RETURN_IF_ERROR(out.Begin(v->n_bytes, &t.file, &t.offset));
       MT_RETURN_IF_ERROR(out.Write(v->data, v->n_bytes));
       index.tensors.push_back(std::move(t));
@@ -176,7 +183,7 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
       MT_RETURN_IF_ERROR(out.Begin(b.bytes, &b.file, &b.offset));
       // Owned so every early return frees it.
       std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> owned(XXH64_createState(),
-                                                                            &XXH64_freeState);
+                                                                              &XXH64_freeState);
       XXH64_state_t* state = owned.get();
       XXH64_reset(state, 0);
       static const std::vector<uint8_t> zeros(4096, 0);
@@ -189,8 +196,9 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
           MT_RETURN_IF_ERROR(binder.status());
           if (v.dtype != lay.dtype)
             return Status::Error(s.hf->FileOf(s.spec->expert_tensor_name(b.layer, e, m)) +
-                                 ": expert tensors of mixed dtypes (" + std::string(DTypeName(v.dtype)) +
-                                 " and " + std::string(DTypeName(lay.dtype)) + ")");
+                                 ": expert tensors of mixed dtypes (" +
+                                 std::string(DTypeName(v.dtype)) + " and " +
+                                 std::string(DTypeName(lay.dtype)) + ")");
           XXH64_update(state, v.data, v.n_bytes);
           MT_RETURN_IF_ERROR(out.Write(v.data, v.n_bytes));
         }
@@ -215,8 +223,11 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
 
   for (const auto& e : fs::directory_iterator(hf_dir)) {
     if (!e.is_regular_file() || !IsSideFile(e.path())) continue;
-    fs::copy_file(e.path(), out_dir / e.path().filename(), fs::copy_options::overwrite_existing, ec);
-    if (ec) return Status::Error((out_dir / e.path().filename()).string() + ": cannot copy: " + ec.message());
+    fs::copy_file(e.path(), out_dir / e.path().filename(), fs::copy_options::overwrite_existing,
+                  ec);
+    if (ec)
+      return Status::Error((out_dir / e.path().filename()).string() +
+                           ": cannot copy: " + ec.message());
     // Keep the copies writable by their owner whatever the source's mode, so --overwrite works.
     fs::permissions(out_dir / e.path().filename(), fs::perms::owner_read | fs::perms::owner_write,
                     fs::perm_options::add, ec);
@@ -232,7 +243,9 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
     if (std::fclose(f) != 0 || !ok) return Status::Error(tmp.string() + ": write failed");
   }
   fs::rename(tmp, out_dir / kBankIndexFileName, ec);
-  if (ec) return Status::Error((out_dir / kBankIndexFileName).string() + ": cannot write: " + ec.message());
+  if (ec)
+    return Status::Error((out_dir / kBankIndexFileName).string() +
+                         ": cannot write: " + ec.message());
 
   ConvertSummary sum;
   for (const auto& f : index.files) sum.bytes_written += f.bytes;

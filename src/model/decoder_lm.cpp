@@ -8,9 +8,8 @@
 
 namespace moetier {
 
-DecoderLM::DecoderLM(ModelConfig config, std::unique_ptr<TensorStore> dense,
-                     DecoderWeights weights, std::unique_ptr<ExpertSource> experts,
-                     RouterOptions router, int n_threads)
+DecoderLM::DecoderLM(ModelConfig config, std::unique_ptr<TensorStore> dense, DecoderWeights weights,
+                     std::unique_ptr<ExpertSource> experts, RouterOptions router, int n_threads)
     : config_(std::move(config)),
       dense_(std::move(dense)),
       w_(std::move(weights)),

@@ -57,7 +57,8 @@ Expected<SamplingDefaults> ReadSamplingDefaults(const std::filesystem::path& dir
   if (!j.is_object()) return Status::Error(path.string() + ": not a JSON object");
   auto number = [&](const char* key, std::optional<float>& out) -> Status {
     if (!j.contains(key) || j[key].is_null()) return OkStatus();
-    if (!j[key].is_number()) return Status::Error(path.string() + ": field '" + key + "' must be a number");
+    if (!j[key].is_number())
+      return Status::Error(path.string() + ": field '" + key + "' must be a number");
     out = j[key].get<float>();
     return OkStatus();
   };
@@ -66,7 +67,8 @@ Expected<SamplingDefaults> ReadSamplingDefaults(const std::filesystem::path& dir
   MT_RETURN_IF_ERROR(number("min_p", d.min_p));
   MT_RETURN_IF_ERROR(number("repetition_penalty", d.repetition_penalty));
   if (j.contains("top_k") && j["top_k"].is_number_integer()) d.top_k = j["top_k"].get<int32_t>();
-  if (j.contains("do_sample") && j["do_sample"].is_boolean()) d.do_sample = j["do_sample"].get<bool>();
+  if (j.contains("do_sample") && j["do_sample"].is_boolean())
+    d.do_sample = j["do_sample"].get<bool>();
   return d;
 }
 

@@ -32,7 +32,8 @@ void LogWarnings(const std::vector<std::string>& warnings) {
   constexpr size_t kShown = 3;
   for (size_t i = 0; i < warnings.size() && i < kShown; ++i) LogWarn(warnings[i]);
   if (warnings.size() > kShown)
-    LogWarn("... and " + std::to_string(warnings.size() - kShown) + " more like these (see --report)");
+    LogWarn("... and " + std::to_string(warnings.size() - kShown) +
+            " more like these (see --report)");
 }
 
 }  // namespace
@@ -54,7 +55,8 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
   MT_ASSIGN_OR_RETURN(report.plan, PlanFor(s, options.residency));
   LogWarnings(report.plan.warnings);
   const auto t0 = std::chrono::steady_clock::now();
-  if (s.converted && options.residency.verify) MT_RETURN_IF_ERROR(s.converted->VerifyDenseChecksums());
+  if (s.converted && options.residency.verify)
+    MT_RETURN_IF_ERROR(s.converted->VerifyDenseChecksums());
   const auto t1 = std::chrono::steady_clock::now();
 
   const int io_threads = options.residency.n_io_threads > 0
@@ -66,8 +68,9 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
   bank_options.gpu_available = GpuAvailable();
   MT_ASSIGN_OR_RETURN(LoadedBanks banks, LoadBanks(s, report.plan, bank_options, io_pool));
   const auto t2 = std::chrono::steady_clock::now();
-  LogDebug("load: dense checksums " + std::to_string(std::chrono::duration<double>(t1 - t0).count()) +
-           " s, expert banks " + std::to_string(std::chrono::duration<double>(t2 - t1).count()) + " s");
+  LogDebug("load: dense checksums " +
+           std::to_string(std::chrono::duration<double>(t1 - t0).count()) + " s, expert banks " +
+           std::to_string(std::chrono::duration<double>(t2 - t1).count()) + " s");
   LogWarnings(banks.warnings);
 
   report.settled = banks.settled;
@@ -78,8 +81,9 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
   for (const auto& line : TierSummaryLines(*report.settled)) LogInfo("experts " + line);
 
   const ModelConfig config = s.config;
-  MT_ASSIGN_OR_RETURN(std::unique_ptr<CausalLM> model,
-                      s.spec->create(config, s.TakeDense(), std::move(banks.experts), options.n_threads));
+  MT_ASSIGN_OR_RETURN(
+      std::unique_ptr<CausalLM> model,
+      s.spec->create(config, s.TakeDense(), std::move(banks.experts), options.n_threads));
   model->set_residency(std::move(report));
   return model;
 }

@@ -50,10 +50,12 @@ Status CheckIndexAgainstConfig(const ModelSource& s) {
     if (b.layer != moe_layers[i])
       return Status::Error(where + ": " + bank + " is not a MoE layer of " + c.source +
                            " (expected layer " + std::to_string(moe_layers[i]) + ")");
-    if (b.n_experts != c.n_experts) return mismatch("n_experts", b.n_experts, "the expert count", c.n_experts);
+    if (b.n_experts != c.n_experts)
+      return mismatch("n_experts", b.n_experts, "the expert count", c.n_experts);
     if (b.width != c.expert_intermediate_size)
       return mismatch("width", b.width, "the expert width", c.expert_intermediate_size);
-    if (b.d_model != c.hidden_size) return mismatch("d_model", b.d_model, "hidden_size", c.hidden_size);
+    if (b.d_model != c.hidden_size)
+      return mismatch("d_model", b.d_model, "hidden_size", c.hidden_size);
     if (b.dtype != idx.banks[0].dtype)
       return Status::Error(where + ": " + bank + " has dtype " + std::string(DTypeName(b.dtype)) +
                            " unlike the first bank");
@@ -102,8 +104,8 @@ Expected<ModelSource> OpenModelSource(const std::filesystem::path& dir) {
     MT_ASSIGN_OR_RETURN(ConvertedModel m, ConvertedModel::Open(dir));
     s.converted = std::make_unique<ConvertedModel>(std::move(m));
     MT_RETURN_IF_ERROR(CheckIndexAgainstConfig(s));
-    expert_dtype = s.converted->index().banks.empty() ? DType::kBF16
-                                                      : s.converted->index().banks[0].dtype;
+    expert_dtype =
+        s.converted->index().banks.empty() ? DType::kBF16 : s.converted->index().banks[0].dtype;
   } else {
     MT_ASSIGN_OR_RETURN(Checkpoint c, Checkpoint::OpenHfDirectory(dir));
     s.hf = std::make_unique<Checkpoint>(std::move(c));

@@ -2,8 +2,7 @@
 
 namespace moetier {
 
-const TensorView* WeightBinder::Lookup(const std::string& name,
-                                       const std::vector<int64_t>& shape) {
+const TensorView* WeightBinder::Lookup(const std::string& name, const std::vector<int64_t>& shape) {
   if (!status_.ok()) return nullptr;
   const TensorView* v = checkpoint_.Find(name);
   if (v == nullptr) {
@@ -13,14 +12,15 @@ const TensorView* WeightBinder::Lookup(const std::string& name,
   }
   const std::string file = checkpoint_.FileOf(name);
   if (!IsWeightDType(v->dtype)) {
-    status_ = Status::Error(file + ": tensor '" + name + "' has dtype " +
-                            std::string(DTypeName(v->dtype)) + "; weights must be BF16, F16 or F32");
+    status_ =
+        Status::Error(file + ": tensor '" + name + "' has dtype " +
+                      std::string(DTypeName(v->dtype)) + "; weights must be BF16, F16 or F32");
     return nullptr;
   }
   if (config_.declared_dtype && v->dtype != *config_.declared_dtype) {
-    status_ = Status::Error(file + ": tensor '" + name + "' is " + std::string(DTypeName(v->dtype)) +
-                            " but " + config_.source + " declares " +
-                            std::string(DTypeName(*config_.declared_dtype)));
+    status_ = Status::Error(file + ": tensor '" + name + "' is " +
+                            std::string(DTypeName(v->dtype)) + " but " + config_.source +
+                            " declares " + std::string(DTypeName(*config_.declared_dtype)));
     return nullptr;
   }
   if (v->shape != shape) {

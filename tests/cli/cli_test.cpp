@@ -68,7 +68,8 @@ TEST(Cli, GenerateGreedyMatchesReference) {
 }
 
 TEST(Cli, SeededSamplingIsReproducible) {
-  const std::string args = "generate " + Model() + " --tokens 5,6,7 -n 16 --temperature 1.5 --seed ";
+  const std::string args =
+      "generate " + Model() + " --tokens 5,6,7 -n 16 --temperature 1.5 --seed ";
   auto a = RunCli(args + "11"), b = RunCli(args + "11"), c = RunCli(args + "12");
   ASSERT_EQ(a.exit_code, 0) << a.err;
   EXPECT_EQ(LastLine(a.out), LastLine(b.out));
@@ -85,7 +86,8 @@ TEST(Cli, ErrorsAreOneLineAndNonZero) {
       {"generate " + Model() + " --tokens 3,x,4", "--tokens: 'x' is not a token id"},
       {"generate " + Model() + " --tokens 3,999999", "token id 999999"},
       {"generate --model '" + tmp.path().string() + "/none' --tokens 1", "not a directory"},
-      {"logits --model '" + tmp.path().string() + "' --tokens 1 --out x", "config.json: cannot open"},
+      {"logits --model '" + tmp.path().string() + "' --tokens 1 --out x",
+       "config.json: cannot open"},
       {"logits " + Model() + " --tokens 1 --out '" + tmp.path().string() + "/no/such/dir/f'",
        "cannot open for writing"},
   };
@@ -102,7 +104,8 @@ TEST(Cli, ErrorsAreOneLineAndNonZero) {
 
 TEST(Cli, GeneratePromptPrintsHuggingFacesGreedyText) {
   for (const char* fixture : {"realvocab/qwen3_moe_tiny", "realvocab/mixtral_tiny"}) {
-    const auto ref = nlohmann::json::parse(testing::ReadFile(testing::HfFixture(fixture) / "reference_text.json"));
+    const auto ref = nlohmann::json::parse(
+        testing::ReadFile(testing::HfFixture(fixture) / "reference_text.json"));
     for (const auto& t : ref["texts"]) {
       testing::TempDir tmp;
       testing::WriteFile(tmp.path() / "prompt.txt", t["text"].get<std::string>());
@@ -171,7 +174,8 @@ TEST(Cli, TokenizeAndTemplateCommands) {
 }
 
 TEST(Cli, HelpExplainsEachCommand) {
-  for (const char* cmd : {"", "generate ", "logits ", "run ", "convert ", "plan ", "tokenize ", "template "}) {
+  for (const char* cmd :
+       {"", "generate ", "logits ", "run ", "convert ", "plan ", "tokenize ", "template "}) {
     auto r = RunCli(std::string(cmd) + "--help");
     EXPECT_EQ(r.exit_code, 0);
     EXPECT_NE(r.out.find("--"), std::string::npos) << r.out;

@@ -17,7 +17,8 @@ namespace {
 std::map<int32_t, double> Reference(std::vector<float> l, const SamplerOptions& o,
                                     const std::vector<int32_t>& ctx) {
   std::vector<float> orig = l;
-  for (int32_t id : ctx) l[id] = orig[id] < 0 ? orig[id] * o.repetition_penalty : orig[id] / o.repetition_penalty;
+  for (int32_t id : ctx)
+    l[id] = orig[id] < 0 ? orig[id] * o.repetition_penalty : orig[id] / o.repetition_penalty;
   for (float& v : l) v /= o.temperature;
   std::vector<bool> keep(l.size(), true);
   if (o.top_k > 0) {
@@ -69,8 +70,8 @@ TEST(Sampler, DrawsFollowTheReferenceDistribution) {
   for (float& v : logits) v = dist(rng);
   const std::vector<int32_t> ctx = {3, 3, 7, 11};
   const SamplerOptions cases[] = {
-      {1.0f, 0, 1.0f, 0.0f, 1.0f, 0},  {0.7f, 5, 1.0f, 0.0f, 1.0f, 0},
-      {1.3f, 0, 0.8f, 0.0f, 1.0f, 0},  {1.0f, 0, 1.0f, 0.1f, 1.0f, 0},
+      {1.0f, 0, 1.0f, 0.0f, 1.0f, 0},   {0.7f, 5, 1.0f, 0.0f, 1.0f, 0},
+      {1.3f, 0, 0.8f, 0.0f, 1.0f, 0},   {1.0f, 0, 1.0f, 0.1f, 1.0f, 0},
       {0.9f, 10, 0.9f, 0.05f, 1.3f, 0},
   };
   for (SamplerOptions o : cases) {

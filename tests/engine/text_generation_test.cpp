@@ -71,7 +71,8 @@ TEST_P(TextGeneration, StopStringEndsTheTextBeforeIt) {
   o.tokens.max_new_tokens = 16;
   o.stop_strings = {stop};
   KvCache cache = model_->NewCache(128);
-  auto r = GenerateText(*model_, cache, *tok_, tok_->Encode(t["text"].get<std::string>(), true), o, nullptr);
+  auto r = GenerateText(*model_, cache, *tok_, tok_->Encode(t["text"].get<std::string>(), true), o,
+                        nullptr);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->reason, StopReason::kStopString);
   EXPECT_EQ(r->text, full.substr(0, full.find(stop)));

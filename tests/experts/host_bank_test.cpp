@@ -34,7 +34,8 @@ TEST(HostBank, LockIsCountedInVmLckAndUndoneOnDestruction) {
     ASSERT_TRUE(b.ok());
     std::memset(b->data(), 1, b->size());
     Status s = b->Lock();
-    if (!s.ok()) GTEST_SKIP() << "mlock refused here (" << s.message() << "); degrade covered below";
+    if (!s.ok())
+      GTEST_SKIP() << "mlock refused here (" << s.message() << "); degrade covered below";
     EXPECT_EQ(b->tier(), Tier::kLocked);
     EXPECT_GE(ReadVmLckBytes(), before + (1u << 20));
     EXPECT_FALSE(b->Lock().ok());  // settles once

@@ -60,7 +60,8 @@ TEST(CpuLayersSpec, EveryForm) {
 }
 
 TEST(CpuLayersSpec, MalformedIsAnErrorNamingTheFlag) {
-  for (const char* bad : {"", "x", "-1", "1.5", "-0.5", "3-1", "1,,2", ",1", "1,a", "0.5.1", "2-"}) {
+  for (const char* bad :
+       {"", "x", "-1", "1.5", "-0.5", "3-1", "1,,2", ",1", "1,a", "0.5.1", "2-"}) {
     auto s = ParseCpuLayersSpec(bad);
     ASSERT_FALSE(s.ok()) << bad;
     EXPECT_EQ(s.message().rfind("--moe-cpu-layers '", 0), 0u) << s.message();
@@ -81,7 +82,8 @@ TEST(Plan, AutoBackendIsCpuWithoutGpuAndHybridWithOne) {
 }
 
 TEST(Plan, OffloadPinsAllButTheCpuLayers) {
-  EXPECT_EQ(Tiers(Plan(Backend::kOffload, "0", std::nullopt, std::nullopt)), (std::vector<Tier>(6, P)));
+  EXPECT_EQ(Tiers(Plan(Backend::kOffload, "0", std::nullopt, std::nullopt)),
+            (std::vector<Tier>(6, P)));
   EXPECT_EQ(Tiers(Plan(Backend::kHybrid, "1,4", std::nullopt, std::nullopt)),
             (std::vector<Tier>{P, L, P, P, L, P}));
   // A count takes layers by the rule: equal sizes, so the lowest ids (as llama.cpp --n-cpu-moe).

@@ -44,15 +44,20 @@ TEST(Safetensors, RefusesEachMalformation) {
       {File("{\"a\":", ""), "not valid JSON"},
       {File(R"({"a":{"shape":[1],"data_offsets":[0,4]}})", "xxxx"), "missing string 'dtype'"},
       {File(R"({"a":{"dtype":"F32","data_offsets":[0,4]}})", "xxxx"), "missing array 'shape'"},
-      {File(R"({"a":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", "xxxx"), "not a non-negative integer"},
-      {File(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", "xxxx"), "'data_offsets' must be two"},
-      {File(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", "xxxx"), "end 0 < begin 4"},
+      {File(R"({"a":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", "xxxx"),
+       "not a non-negative integer"},
+      {File(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", "xxxx"),
+       "'data_offsets' must be two"},
+      {File(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", "xxxx"),
+       "end 0 < begin 4"},
       {File(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", "xxxx"), "needs 8 bytes"},
       {File(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", "xxxx"), "truncated"},
-      {File(R"({"a":{"dtype":"F64","shape":[4294967296,4294967296,16],"data_offsets":[0,0]}})", ""), "overflows"},
+      {File(R"({"a":{"dtype":"F64","shape":[4294967296,4294967296,16],"data_offsets":[0,0]}})", ""),
+       "overflows"},
       {File(R"({"__metadata__":{"k":1}})", ""), "not a string"},
-      {File(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[2],"data_offsets":[3,5]}})",
-            "xxxxx"),
+      {File(
+           R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[2],"data_offsets":[3,5]}})",
+           "xxxxx"),
        "overlap"},
   };
   for (const auto& c : cases) {
@@ -78,7 +83,8 @@ TEST(Safetensors, ViewsPointIntoTheMap) {
   testing::TempDir tmp;
   const auto path = tmp.path() / "w.safetensors";
   const float vals[2] = {1.5f, -2.0f};
-  testing::WriteSafetensors(path, {{"t", {"F32", {2}, std::string(reinterpret_cast<const char*>(vals), 8)}}});
+  testing::WriteSafetensors(
+      path, {{"t", {"F32", {2}, std::string(reinterpret_cast<const char*>(vals), 8)}}});
   auto f = SafetensorsFile::Open(path);
   ASSERT_TRUE(f.ok()) << f.message();
   const TensorView* v = f->Find("t");

@@ -39,7 +39,8 @@ TEST(SelectTopK, MatchesSortOnRandomInputs) {
     std::vector<int32_t> order(static_cast<size_t>(E));
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
-    for (int k = 0; k < K; ++k) ASSERT_EQ(ids[static_cast<size_t>(k)], order[static_cast<size_t>(k)]);
+    for (int k = 0; k < K; ++k)
+      ASSERT_EQ(ids[static_cast<size_t>(k)], order[static_cast<size_t>(k)]);
   }
 }
 

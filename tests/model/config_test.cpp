@@ -76,7 +76,11 @@ TEST(Config, Errors) {
       {"string where int", [](auto& j) { j["num_hidden_layers"] = "4"; }, "'num_hidden_layers'"},
       {"heads not divisible", [](auto& j) { j["num_key_value_heads"] = 3; }, "num_key_value_heads"},
       {"top-k > experts", [](auto& j) { j["num_experts_per_tok"] = 9; }, "num_experts_per_tok"},
-      {"yarn rope", [](auto& j) { j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}}; }, "yarn"},
+      {"yarn rope",
+       [](auto& j) {
+         j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}};
+       },
+       "yarn"},
       {"bad mlp_only_layers", [](auto& j) { j["mlp_only_layers"] = {7}; }, "mlp_only_layers"},
       {"gelu", [](auto& j) { j["hidden_act"] = "gelu"; }, "hidden_act"},
       {"negative size", [](auto& j) { j["vocab_size"] = -1; }, "vocab_size"},

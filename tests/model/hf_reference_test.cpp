@@ -28,7 +28,8 @@ struct Reference {
     EXPECT_NE(v, nullptr) << name;
     std::vector<int32_t> out;
     if (v == nullptr) return out;
-    for (int64_t i = 0; i < v->NumElements(); ++i) out.push_back(static_cast<int32_t>(v->as<int64_t>()[i]));
+    for (int64_t i = 0; i < v->NumElements(); ++i)
+      out.push_back(static_cast<int32_t>(v->as<int64_t>()[i]));
     return out;
   }
   std::vector<float> Floats(const std::string& name, std::vector<int64_t>* shape = nullptr) const {
@@ -148,12 +149,16 @@ TEST_P(HfReference, IncrementalDecodingEqualsFullRecompute) {
   KvCache cache = model_->NewCache(64);
   std::vector<float> step;
   const int64_t prefill = 5;
-  ASSERT_TRUE(model_->Forward(std::span(tokens).first(prefill), cache, LogitsFor::kAllTokens, step).ok());
+  ASSERT_TRUE(
+      model_->Forward(std::span(tokens).first(prefill), cache, LogitsFor::kAllTokens, step).ok());
   for (int64_t t = 0; t < prefill; ++t)
-    ExpectRowClose(step.data() + t * V, full.data() + t * V, V, "prefill position " + std::to_string(t));
+    ExpectRowClose(step.data() + t * V, full.data() + t * V, V,
+                   "prefill position " + std::to_string(t));
   for (int64_t t = prefill; t < T; ++t) {
-    ASSERT_TRUE(model_->Forward(std::span(tokens).subspan(static_cast<size_t>(t), 1), cache,
-                                LogitsFor::kLastToken, step).ok());
+    ASSERT_TRUE(model_
+                    ->Forward(std::span(tokens).subspan(static_cast<size_t>(t), 1), cache,
+                              LogitsFor::kLastToken, step)
+                    .ok());
     ASSERT_EQ(cache.n_past(), t + 1);
     // Same arithmetic per row, different batching: equal to float rounding, far inside 1e-5.
     for (int64_t i = 0; i < V; ++i)

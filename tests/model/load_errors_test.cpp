@@ -37,7 +37,8 @@ class LoadErrors : public ::testing::Test {
     ASSERT_FALSE(m.ok()) << "loaded a broken model";
     EXPECT_EQ(m.message().find('\n'), std::string::npos) << "not one line: " << m.message();
     for (const auto& n : needles)
-      EXPECT_NE(m.message().find(n), std::string::npos) << "missing '" << n << "' in: " << m.message();
+      EXPECT_NE(m.message().find(n), std::string::npos)
+          << "missing '" << n << "' in: " << m.message();
   }
 
   testing::TempDir tmp_;
@@ -61,9 +62,8 @@ TEST_F(LoadErrors, HeaderIsNotJson) {
 }
 
 TEST_F(LoadErrors, OverlappingTensors) {
-  const std::string h =
-      R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
-      R"("b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})";
+  const std::string h = R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
+                        R"("b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})";
   testing::WriteRawSafetensors(weights(), h.size(), h, std::string(24, '\0'));
   ExpectLoadError({"model.safetensors", "'a' and 'b' overlap"});
 }
@@ -112,14 +112,16 @@ TEST_F(LoadErrors, MissingTensor) {
   auto tensors = testing::ReadSafetensors(weights());
   tensors.erase("model.layers.2.mlp.experts.5.down_proj.weight");
   testing::WriteSafetensors(weights(), tensors);
-  ExpectLoadError({"model.safetensors", "missing tensor 'model.layers.2.mlp.experts.5.down_proj.weight'"});
+  ExpectLoadError(
+      {"model.safetensors", "missing tensor 'model.layers.2.mlp.experts.5.down_proj.weight'"});
 }
 
 TEST_F(LoadErrors, UnknownArchitecture) {
   nlohmann::json j = Config();
   j["architectures"] = {"FrobnicatorForCausalLM"};
   SetConfig(j);
-  ExpectLoadError({"config.json", "unknown architecture 'FrobnicatorForCausalLM'", "Qwen3MoeForCausalLM"});
+  ExpectLoadError(
+      {"config.json", "unknown architecture 'FrobnicatorForCausalLM'", "Qwen3MoeForCausalLM"});
 }
 
 TEST_F(LoadErrors, ConfigIsNotJson) {
@@ -141,10 +143,12 @@ TEST_F(LoadErrors, NotADirectory) {
 void Shard(const fs::path& dir) {
   auto tensors = testing::ReadSafetensors(dir / "model.safetensors");
   std::map<std::string, TensorSpec> a, b;
-  nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", nlohmann::json::object()}};
+  nlohmann::json index = {{"metadata", {{"total_size", 0}}},
+                          {"weight_map", nlohmann::json::object()}};
   bool first = true;
   for (auto& [name, t] : tensors) {
-    const char* shard = first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+    const char* shard =
+        first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
     (first ? a : b)[name] = t;
     index["weight_map"][name] = shard;
     first = !first;

@@ -170,7 +170,9 @@ TEST_F(ConvertedErrors, DataFileShorterThanIndexSaysHowManyBytesAreMissing) {
 TEST_F(ConvertedErrors, BankChecksumMismatchNamesTheLayerAndFile) {
   FlipByteAt(index_["banks"][2]["offset"].get<uint64_t>() + 777);
   const std::string e = LoadError();
-  EXPECT_NE(e.find("data-00000.bin: checksum mismatch in the expert bank of layer 2"), std::string::npos) << e;
+  EXPECT_NE(e.find("data-00000.bin: checksum mismatch in the expert bank of layer 2"),
+            std::string::npos)
+      << e;
   EXPECT_EQ(LoadError(/*verify=*/false), "");  // --no-verify skips the check
 }
 
@@ -186,7 +188,9 @@ TEST_F(ConvertedErrors, IndexContradictingConfigIsAnError) {
   config["moe_intermediate_size"] = 32;
   testing::WriteFile(dir_ / "config.json", config.dump());
   std::string e = LoadError();
-  EXPECT_NE(e.find(std::string(kBankIndexFileName) + ": bank of layer 0 has width 48"), std::string::npos) << e;
+  EXPECT_NE(e.find(std::string(kBankIndexFileName) + ": bank of layer 0 has width 48"),
+            std::string::npos)
+      << e;
 
   config["moe_intermediate_size"] = 48;
   config["mlp_only_layers"] = {1};

@@ -16,8 +16,12 @@ namespace moetier::testing {
 
 namespace fs = std::filesystem;
 
-fs::path FixturesDir() { return fs::path(MOETIER_FIXTURES_DIR); }
-fs::path HfFixture(const std::string& rel) { return FixturesDir() / "hf" / rel; }
+fs::path FixturesDir() {
+  return fs::path(MOETIER_FIXTURES_DIR);
+}
+fs::path HfFixture(const std::string& rel) {
+  return FixturesDir() / "hf" / rel;
+}
 
 TempDir::TempDir() {
   std::random_device rd;

@@ -64,14 +64,15 @@ std::string MixtralExpertName(int64_t layer, int64_t expert, ExpertMatrix which)
   const char* matrix = which == ExpertMatrix::kGate ? "w1.weight"
                        : which == ExpertMatrix::kUp ? "w3.weight"
                                                     : "w2.weight";
-  return "model.layers." + std::to_string(layer) + ".block_sparse_moe.experts." + std::to_string(expert) + "." + matrix;
+  return "model.layers." + std::to_string(layer) + ".block_sparse_moe.experts." +
+         std::to_string(expert) + "." + matrix;
 }
 
 }  // namespace
 
 const ArchSpec& MixtralSpec() {
   static const ArchSpec spec{"MixtralForCausalLM", &MixtralDefaults, &MixtralExpertName,
-                              &CreateMixtral};
+                             &CreateMixtral};
   return spec;
 }
 

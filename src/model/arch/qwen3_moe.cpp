@@ -28,9 +28,10 @@ ConfigDefaults Qwen3MoeDefaults() {
   return d;
 }
 
-Expected<std::unique_ptr<CausalLM>> CreateQwen3Moe(ModelConfig c, std::unique_ptr<TensorStore> dense,
-                                                  std::unique_ptr<ExpertSource> experts,
-                                                  int n_threads) {
+Expected<std::unique_ptr<CausalLM>> CreateQwen3Moe(ModelConfig c,
+                                                   std::unique_ptr<TensorStore> dense,
+                                                   std::unique_ptr<ExpertSource> experts,
+                                                   int n_threads) {
   WeightBinder b(*dense, c);
   const int64_t H = c.hidden_size, hd = c.head_dim;
   const int64_t q_width = c.n_heads * hd, kv_width = c.n_kv_heads * hd;
@@ -77,14 +78,15 @@ std::string Qwen3MoeExpertName(int64_t layer, int64_t expert, ExpertMatrix which
   const char* matrix = which == ExpertMatrix::kGate ? "gate_proj.weight"
                        : which == ExpertMatrix::kUp ? "up_proj.weight"
                                                     : "down_proj.weight";
-  return "model.layers." + std::to_string(layer) + ".mlp.experts." + std::to_string(expert) + "." + matrix;
+  return "model.layers." + std::to_string(layer) + ".mlp.experts." + std::to_string(expert) + "." +
+         matrix;
 }
 
 }  // namespace
 
 const ArchSpec& Qwen3MoeSpec() {
   static const ArchSpec spec{"Qwen3MoeForCausalLM", &Qwen3MoeDefaults, &Qwen3MoeExpertName,
-                              &CreateQwen3Moe};
+                             &CreateQwen3Moe};
   return spec;
 }
 
