@@ -8,12 +8,6 @@ namespace moetier {
 
 namespace {
 
-std::string Gb(uint64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f GB", static_cast<double>(bytes) / kBytesPerGb);
-  return buf;
-}
-
 Expected<std::optional<double>> EnvGb(const char* name) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return std::optional<double>{};
@@ -37,6 +31,12 @@ uint64_t ToBytes(double gb) {
 
 }  // namespace
 
+std::string FormatGb(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GB", static_cast<double>(bytes) / kBytesPerGb);
+  return buf;
+}
+
 std::optional<uint64_t> DefaultPinBudget(const HostMemoryInfo& host, std::string* why) {
   if (host.is_wsl) {
     const uint64_t b =
@@ -55,7 +55,7 @@ uint64_t DefaultLockBudget(const HostMemoryInfo& host, std::string* why) {
   const uint64_t free_less_margin =
       host.available_bytes > margin ? host.available_bytes - margin : 0;
   if (host.may_lock_without_limit()) {
-    *why = "default: available RAM less a " + Gb(margin) + " margin";
+    *why = "default: available RAM less a " + FormatGb(margin) + " margin";
     return free_less_margin;
   }
   const uint64_t rl = *host.memlock_limit_bytes;
@@ -63,7 +63,7 @@ uint64_t DefaultLockBudget(const HostMemoryInfo& host, std::string* why) {
     *why = "default: RLIMIT_MEMLOCK (ulimit -l)";
     return rl;
   }
-  *why = "default: RLIMIT_MEMLOCK capped to available RAM less a " + Gb(margin) + " margin";
+  *why = "default: RLIMIT_MEMLOCK capped to available RAM less a " + FormatGb(margin) + " margin";
   return free_less_margin;
 }
 

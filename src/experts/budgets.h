@@ -35,6 +35,9 @@ inline constexpr double kLockMarginFractionOfRam = 0.10;
 // 1 GB = 1e9 bytes in every *-gb flag.
 inline constexpr double kBytesPerGb = 1e9;
 
+// "12.34 GB", for messages.
+std::string FormatGb(uint64_t bytes);
+
 // Default pin budget: uncapped on Linux, kWslPinFractionOfRam of RAM under WSL.
 std::optional<uint64_t> DefaultPinBudget(const HostMemoryInfo& host, std::string* why);
 // Default lock budget: RLIMIT_MEMLOCK unless the process may lock without limit, and never

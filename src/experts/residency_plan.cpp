@@ -10,12 +10,6 @@ namespace moetier {
 
 namespace {
 
-std::string Gb(uint64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f GB", static_cast<double>(bytes) / kBytesPerGb);
-  return buf;
-}
-
 Status SpecError(const std::string& text, const std::string& why) {
   return Status::Error("--moe-cpu-layers '" + text + "': " + why +
                        " (use auto, 0, a count like 12, a fraction like 0.25, or ids like 0,5,7 "
@@ -184,8 +178,8 @@ Expected<ResidencyPlan> PlanResidency(const PlanInputs& in) {
       }
       if (moved > 0 && spec.kind != CpuLayersSpec::Kind::kAuto)
         plan.warnings.push_back("--moe-cpu-layers " + spec.text + " leaves more to pin than the " +
-                                Gb(*in.budgets.pin_bytes) + " pin budget; " +
-                                std::to_string(moved) + " more layer(s) (" + Gb(moved_bytes) +
+                                FormatGb(*in.budgets.pin_bytes) + " pin budget; " +
+                                std::to_string(moved) + " more layer(s) (" + FormatGb(moved_bytes) +
                                 ") go to the CPU executor");
     }
   }
@@ -209,8 +203,8 @@ Expected<ResidencyPlan> PlanResidency(const PlanInputs& in) {
     }
     if (moved > 0)
       plan.warnings.push_back(
-          std::to_string(moved) + " layer(s) (" + Gb(moved_bytes) + ") exceed the " +
-          Gb(*in.budgets.lock_bytes) + " lock budget (" + in.budgets.lock_source +
+          std::to_string(moved) + " layer(s) (" + FormatGb(moved_bytes) + ") exceed the " +
+          FormatGb(*in.budgets.lock_bytes) + " lock budget (" + in.budgets.lock_source +
           ") and stay pageable: the OS may evict them, and every evicted page costs a disk read "
           "during decode; raise --lock-budget-gb or `ulimit -l`");
   }

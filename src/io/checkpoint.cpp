@@ -3,7 +3,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "io/mapped_file.h"
+#include "io/json_file.h"
 
 namespace moetier {
 
@@ -26,13 +26,7 @@ Expected<Checkpoint> Checkpoint::OpenHfDirectory(const fs::path& dir) {
 
   if (fs::exists(index_path)) {
     c.description_ = index_path.string();
-    MT_ASSIGN_OR_RETURN(std::string text, ReadTextFile(index_path));
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      return Status::Error(index_path.string() + ": not valid JSON: " + e.what());
-    }
+    MT_ASSIGN_OR_RETURN(nlohmann::json j, ReadJsonFile(index_path));
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       return Status::Error(index_path.string() + ": missing object 'weight_map'");
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {

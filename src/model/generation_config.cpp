@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
-#include "io/mapped_file.h"
+#include "io/json_file.h"
 
 namespace moetier {
 
@@ -12,13 +12,7 @@ Expected<std::vector<int32_t>> ReadStopTokenIds(const std::filesystem::path& dir
   std::vector<int32_t> ids = config.eos_token_ids;
   const auto path = dir / "generation_config.json";
   if (std::filesystem::exists(path)) {
-    MT_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      return Status::Error(path.string() + ": not valid JSON: " + e.what());
-    }
+    MT_ASSIGN_OR_RETURN(nlohmann::json j, ReadJsonFile(path));
     if (j.is_object() && j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
       const auto& v = j["eos_token_id"];
       auto add = [&](const nlohmann::json& e) -> Status {
@@ -47,13 +41,7 @@ Expected<SamplingDefaults> ReadSamplingDefaults(const std::filesystem::path& dir
   SamplingDefaults d;
   const auto path = dir / "generation_config.json";
   if (!std::filesystem::exists(path)) return d;
-  MT_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    return Status::Error(path.string() + ": not valid JSON: " + e.what());
-  }
+  MT_ASSIGN_OR_RETURN(nlohmann::json j, ReadJsonFile(path));
   if (!j.is_object()) return Status::Error(path.string() + ": not a JSON object");
   auto number = [&](const char* key, std::optional<float>& out) -> Status {
     if (!j.contains(key) || j[key].is_null()) return OkStatus();

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/json_file.h"
 #include "io/mapped_file.h"
 
 namespace moetier {
@@ -86,12 +87,7 @@ Expected<ModelSource> OpenModelSource(const std::filesystem::path& dir) {
   s.dir = dir;
   const std::filesystem::path config_path = dir / "config.json";
   MT_ASSIGN_OR_RETURN(std::string text, ReadTextFile(config_path));
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    return Status::Error(config_path.string() + ": not valid JSON: " + e.what());
-  }
+  MT_ASSIGN_OR_RETURN(nlohmann::json j, ParseJsonText(text, config_path.string()));
   MT_ASSIGN_OR_RETURN(std::string arch_name, ReadArchitectureName(j, config_path.string()));
   s.spec = arch::FindArch(arch_name);
   if (s.spec == nullptr)

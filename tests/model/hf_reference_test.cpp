@@ -15,12 +15,6 @@
 namespace moetier {
 namespace {
 
-LoadOptions WithThreads(int n) {
-  LoadOptions o;
-  o.n_threads = n;
-  return o;
-}
-
 struct Reference {
   SafetensorsFile file;
   std::vector<int32_t> Ints(const std::string& name) const {
@@ -173,7 +167,7 @@ TEST_P(HfReference, ThreadCountDoesNotChangeLogits) {
   const auto tokens = ref_->Ints("prompt1.tokens");
   std::vector<std::vector<float>> results;
   for (int threads : {1, 2, 3}) {
-    auto model = LoadCausalLM(dir_, WithThreads(threads));
+    auto model = LoadCausalLM(dir_, testing::WithThreads(threads));
     ASSERT_TRUE(model.ok());
     KvCache cache = (*model)->NewCache(16);
     std::vector<float> logits;

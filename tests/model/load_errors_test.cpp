@@ -11,12 +11,6 @@
 namespace moetier {
 namespace {
 
-LoadOptions WithThreads(int n) {
-  LoadOptions o;
-  o.n_threads = n;
-  return o;
-}
-
 namespace fs = std::filesystem;
 using testing::TensorSpec;
 
@@ -33,7 +27,7 @@ class LoadErrors : public ::testing::Test {
   void SetConfig(const nlohmann::json& j) { testing::WriteFile(dir_ / "config.json", j.dump(2)); }
   // Loads and expects a failure whose message contains every needle.
   void ExpectLoadError(std::initializer_list<std::string> needles) {
-    auto m = LoadCausalLM(dir_, WithThreads(1));
+    auto m = LoadCausalLM(dir_, testing::WithThreads(1));
     ASSERT_FALSE(m.ok()) << "loaded a broken model";
     EXPECT_EQ(m.message().find('\n'), std::string::npos) << "not one line: " << m.message();
     for (const auto& n : needles)
@@ -161,9 +155,9 @@ void Shard(const fs::path& dir) {
 
 TEST_F(LoadErrors, ShardedCheckpointMatchesSingleFile) {
   Shard(dir_);
-  auto sharded = LoadCausalLM(dir_, WithThreads(1));
+  auto sharded = LoadCausalLM(dir_, testing::WithThreads(1));
   ASSERT_TRUE(sharded.ok()) << sharded.message();
-  auto single = LoadCausalLM(testing::HfFixture("qwen3_moe"), WithThreads(1));
+  auto single = LoadCausalLM(testing::HfFixture("qwen3_moe"), testing::WithThreads(1));
   ASSERT_TRUE(single.ok()) << single.message();
   const std::vector<int32_t> tokens = {3, 17, 42, 7};
   std::vector<float> x, y;
@@ -197,7 +191,7 @@ TEST_F(LoadErrors, IndexEscapingTheDirectoryIsRejected) {
 }
 
 TEST_F(LoadErrors, OutOfVocabularyTokenIsAnErrorNotACrash) {
-  auto m = LoadCausalLM(dir_, WithThreads(1));
+  auto m = LoadCausalLM(dir_, testing::WithThreads(1));
   ASSERT_TRUE(m.ok());
   KvCache cache = (*m)->NewCache(8);
   std::vector<float> logits;
@@ -208,7 +202,7 @@ TEST_F(LoadErrors, OutOfVocabularyTokenIsAnErrorNotACrash) {
 }
 
 TEST_F(LoadErrors, ContextOverflowIsAnError) {
-  auto m = LoadCausalLM(dir_, WithThreads(1));
+  auto m = LoadCausalLM(dir_, testing::WithThreads(1));
   ASSERT_TRUE(m.ok());
   KvCache cache = (*m)->NewCache(2);
   std::vector<float> logits;

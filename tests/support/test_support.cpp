@@ -16,6 +16,12 @@ namespace moetier::testing {
 
 namespace fs = std::filesystem;
 
+LoadOptions WithThreads(int n) {
+  LoadOptions o;
+  o.n_threads = n;
+  return o;
+}
+
 fs::path FixturesDir() {
   return fs::path(MOETIER_FIXTURES_DIR);
 }

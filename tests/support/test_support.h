@@ -9,10 +9,14 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "model/causal_lm.h"
 
 namespace moetier::testing {
 
 std::filesystem::path FixturesDir();
+
+// LoadOptions with n threads and everything else default.
+LoadOptions WithThreads(int n);
 // tests/fixtures/hf/<rel>, e.g. "qwen3_moe" or "realvocab/qwen3_moe_tiny".
 std::filesystem::path HfFixture(const std::string& rel);
 
