@@ -10,8 +10,8 @@ struct NamedDType {
   DType dtype;
 };
 constexpr NamedDType kNames[] = {
-    {"F32", DType::kF32}, {"F16", DType::kF16}, {"BF16", DType::kBF16}, {"F64", DType::kF64},
-    {"I64", DType::kI64}, {"I32", DType::kI32}, {"I16", DType::kI16},   {"I8", DType::kI8},
+    {"F32", DType::kF32}, {"F16", DType::kF16},   {"BF16", DType::kBF16}, {"F64", DType::kF64},
+    {"I64", DType::kI64}, {"I32", DType::kI32},   {"I16", DType::kI16},   {"I8", DType::kI8},
     {"U8", DType::kU8},   {"BOOL", DType::kBool},
 };
 // Not in kNames: safetensors has no such dtypes, so DTypeFromSafetensorsName must refuse them.
@@ -46,7 +46,7 @@ uint16_t F32ToF16(float f) {
   const uint32_t abs = x & 0x7fffffffu;
   if (abs >= 0x7f800000u) return sign | (abs > 0x7f800000u ? 0x7e00 : 0x7c00);  // NaN / inf
   if (abs >= 0x477ff000u) return sign | 0x7c00;  // rounds past the largest half: inf
-  if (abs < 0x38800000u) {                      // below the smallest normal half: subnormal
+  if (abs < 0x38800000u) {                       // below the smallest normal half: subnormal
     // value = abs_float * 2^24 in units of the smallest subnormal, rounded to nearest even.
     float a;
     std::memcpy(&a, &abs, sizeof a);

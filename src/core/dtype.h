@@ -28,7 +28,9 @@ enum class DType : uint8_t {
 };
 
 // True for the block-quantized dtypes, whose elements come in blocks of DTypeBlockElements.
-constexpr bool IsBlockQuantized(DType t) { return t == DType::kQ8_0 || t == DType::kQ4_0; }
+constexpr bool IsBlockQuantized(DType t) {
+  return t == DType::kQ8_0 || t == DType::kQ4_0;
+}
 
 // Bytes per element; 0 for block-quantized dtypes, which have none (use DTypeRowBytes).
 constexpr size_t DTypeSize(DType t) {
@@ -55,7 +57,9 @@ constexpr size_t DTypeSize(DType t) {
 }
 
 // Elements per block: 32 for the block-quantized dtypes, 1 for the others.
-constexpr int64_t DTypeBlockElements(DType t) { return IsBlockQuantized(t) ? 32 : 1; }
+constexpr int64_t DTypeBlockElements(DType t) {
+  return IsBlockQuantized(t) ? 32 : 1;
+}
 
 // Bytes per block: GGUF's block_q8_0 is an fp16 scale + 32 int8 (34 bytes), block_q4_0 an fp16
 // scale + 16 bytes of 4-bit codes (18 bytes); DTypeSize for the others.

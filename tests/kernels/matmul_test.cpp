@@ -47,7 +47,8 @@ class MatMulTest : public ::testing::TestWithParam<DType> {};
 TEST_P(MatMulTest, MatchesDoubleReference) {
   std::mt19937 rng(std::random_device{}());
   ThreadPool pool(3);
-  for (auto [rows, cols, tokens] : {std::tuple{1, 1, 1}, {7, 33, 1}, {64, 100, 5}, {129, 1024, 3}}) {
+  for (auto [rows, cols, tokens] :
+       {std::tuple{1, 1, 1}, {7, 33, 1}, {64, 100, 5}, {129, 1024, 3}}) {
     RandomMatrix w = MakeMatrix(GetParam(), rows, cols, rng);
     std::normal_distribution<float> dist(0.0f, 1.0f);
     std::vector<float> x(static_cast<size_t>(tokens * cols));
@@ -121,7 +122,8 @@ TEST(Kernels, RmsNormSoftmaxSiluAgainstDouble) {
   double ss = 0;
   for (float v : x) ss += static_cast<double>(v) * v;
   const double inv = 1.0 / std::sqrt(ss / n + 1e-6);
-  for (int i = 0; i < n; ++i) EXPECT_NEAR(y[i], x[i] * inv * w[i], 1e-5 * std::fabs(x[i] * inv * w[i]) + 1e-6);
+  for (int i = 0; i < n; ++i)
+    EXPECT_NEAR(y[i], x[i] * inv * w[i], 1e-5 * std::fabs(x[i] * inv * w[i]) + 1e-6);
 
   std::vector<float> s = x;
   kernels::SoftmaxRow(s.data(), n);
@@ -147,7 +149,8 @@ TEST(ThreadPool, EveryIndexRunsExactlyOnceOnAllThreads) {
       for (size_t i = b; i < e; ++i) ++hits[i];
     });
     for (int h : hits) ASSERT_EQ(h, 1);
-    EXPECT_EQ(std::accumulate(used.begin(), used.end(), 0), static_cast<int>(std::min<size_t>(n, 4)));
+    EXPECT_EQ(std::accumulate(used.begin(), used.end(), 0),
+              static_cast<int>(std::min<size_t>(n, 4)));
   }
 }
 

@@ -38,8 +38,8 @@ X86Features DetectX86() {
              f16c = c & (1u << 29);
   if (!osxsave || !avx) return f;
   const uint64_t xcr0 = ReadXcr0();
-  const bool os_ymm = (xcr0 & 0x6) == 0x6;     // SSE + AVX state
-  const bool os_zmm = (xcr0 & 0xe6) == 0xe6;   // + opmask, ZMM_Hi256, Hi16_ZMM
+  const bool os_ymm = (xcr0 & 0x6) == 0x6;    // SSE + AVX state
+  const bool os_zmm = (xcr0 & 0xe6) == 0xe6;  // + opmask, ZMM_Hi256, Hi16_ZMM
   unsigned max_leaf = __get_cpuid_max(0, nullptr);
   if (max_leaf < 7) return f;
   unsigned b7 = 0, c7 = 0, d7 = 0, a7 = 0;
@@ -138,7 +138,9 @@ Expected<CpuIsa> ResolveCpuIsa(const char* value) {
                        " is not a known instruction set; use one of auto|" + SupportedList());
 }
 
-Status CheckCpuIsaEnvironment() { return ResolveCpuIsa(std::getenv(kCpuIsaEnv)).status(); }
+Status CheckCpuIsaEnvironment() {
+  return ResolveCpuIsa(std::getenv(kCpuIsaEnv)).status();
+}
 
 CpuIsa ActiveCpuIsa() {
   static const CpuIsa active = [] {

@@ -27,9 +27,8 @@ enum class CpuIsa : uint8_t {
 };
 
 // Every level, lowest first.
-inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kScalar,     CpuIsa::kAvx2,
-                                         CpuIsa::kAvxVnni,    CpuIsa::kAvx512,
-                                         CpuIsa::kAvx512Vnni, CpuIsa::kAvx512Bf16};
+inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2,       CpuIsa::kAvxVnni,
+                                         CpuIsa::kAvx512, CpuIsa::kAvx512Vnni, CpuIsa::kAvx512Bf16};
 
 // "scalar", "avx2", "avxvnni", "avx512", "avx512vnni", "avx512bf16".
 std::string_view CpuIsaName(CpuIsa isa);

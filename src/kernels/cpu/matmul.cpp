@@ -1,9 +1,76 @@
 #include "kernels/cpu/matmul.h"
 
+#include <algorithm>
+#include <cassert>
+#include <cstdlib>
 #include <cstring>
-#include <vector>
+
+#include "kernels/cpu/quant.h"
 
 namespace moetier::kernels {
+
+namespace {
+
+const isa::Kernels* KernelsFor(CpuIsa cpu_isa) {
+  switch (cpu_isa) {
+    case CpuIsa::kScalar:
+      return isa::ScalarKernels();
+    case CpuIsa::kAvx2:
+      return isa::Avx2Kernels();
+    case CpuIsa::kAvxVnni:
+      return isa::AvxVnniKernels();
+    case CpuIsa::kAvx512:
+      return isa::Avx512Kernels();
+    case CpuIsa::kAvx512Vnni:
+      return isa::Avx512VnniKernels();
+    case CpuIsa::kAvx512Bf16:
+      return isa::Avx512Bf16Kernels();
+  }
+  return nullptr;
+}
+
+// The kernels to run for `cpu_isa`: the scalar ones if that ISA cannot run here, so that a
+// caller's mistake can cost speed but never an illegal instruction.
+const isa::Kernels& SafeKernels(CpuIsa cpu_isa) {
+  const isa::Kernels* k = CpuSupports(cpu_isa) ? KernelsFor(cpu_isa) : nullptr;
+  return k != nullptr ? *k : *isa::ScalarKernels();
+}
+
+isa::WFormat FormatOf(DType t) {
+  switch (t) {
+    case DType::kF16:
+      return isa::WFormat::kF16;
+    case DType::kBF16:
+      return isa::WFormat::kBF16;
+    case DType::kQ8_0:
+      return isa::WFormat::kQ8_0;
+    case DType::kQ4_0:
+      return isa::WFormat::kQ4_0;
+    default:
+      return isa::WFormat::kF32;
+  }
+}
+
+// Per-thread aligned scratch that grows once and is then reused (no allocation per call).
+class ThreadScratch {
+ public:
+  ~ThreadScratch() { std::free(p_); }
+  float* Floats(int64_t n) {
+    const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+    if (bytes > size_) {
+      std::free(p_);
+      size_ = isa::RoundUp(static_cast<int64_t>(bytes), isa::kAlign);
+      p_ = std::aligned_alloc(isa::kAlign, size_);
+    }
+    return static_cast<float*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace
 
 float DotF32(const float* a, const float* b, int64_t n) {
   float acc = 0.0f;
@@ -31,37 +98,114 @@ void RowToF32(const TensorView& w, int64_t offset, int64_t n, float* out) {
       for (int64_t i = 0; i < n; ++i) out[i] = F16ToF32(src[i]);
       return;
     }
+    case DType::kQ8_0:
+    case DType::kQ4_0: {
+      // Rows are whole blocks, so flat element e lives in block e / 32 of the whole tensor.
+      const size_t block_bytes = DTypeBlockBytes(w.dtype);
+      float block[kQuantBlock];
+      for (int64_t e = offset; e < offset + n;) {
+        const int64_t b = e / kQuantBlock, first = e - b * kQuantBlock;
+        const int64_t take = std::min<int64_t>(kQuantBlock - first, offset + n - e);
+        const uint8_t* src = w.bytes() + static_cast<size_t>(b) * block_bytes;
+        if (w.dtype == DType::kQ8_0) {
+          DequantizeRowQ8_0(src, kQuantBlock, block);
+        } else {
+          DequantizeRowQ4_0(src, kQuantBlock, block);
+        }
+        std::memcpy(out + (e - offset), block + first, static_cast<size_t>(take) * sizeof(float));
+        e += take;
+      }
+      return;
+    }
     default:
       // Loaders only admit weight dtypes; reaching here is a programming error.
       std::memset(out, 0, static_cast<size_t>(n) * sizeof(float));
   }
 }
 
-void MatMulRows(const float* x, int64_t n_tokens, const TensorView& w, int64_t row_begin,
-                int64_t row_end, float* y, int64_t y_stride, float* row_buf) {
-  const int64_t k = w.shape.back();
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    const float* row;
-    if (w.dtype == DType::kF32) {
-      row = w.as<float>() + r * k;
-    } else {
-      RowToF32(w, r * k, k, row_buf);
-      row = row_buf;
-    }
-    for (int64_t t = 0; t < n_tokens; ++t) y[t * y_stride + r] = DotF32(x + t * k, row, k);
+void PreparedActivations::FreeDeleter::operator()(uint8_t* p) const {
+  std::free(p);
+}
+
+void PreparedActivations::Prepare(const float* x, int64_t n_tokens, int64_t k, DType w_dtype,
+                                  CpuIsa cpu_isa) {
+  assert(IsWeightDType(w_dtype) && IsValidRowLength(w_dtype, k));
+  if (!CpuSupports(cpu_isa)) cpu_isa = CpuIsa::kScalar;  // see SafeKernels
+  const isa::Kernels& kern = SafeKernels(cpu_isa);
+  const isa::WFormat f = FormatOf(w_dtype);
+  w_dtype_ = w_dtype;
+  isa_ = cpu_isa;
+  view_ = isa::Prepared{};
+  view_.n_tokens = n_tokens;
+  view_.k = k;
+  view_.x = x;
+  view_.token_bytes = kern.token_bytes(f, k);
+  view_.group = f == isa::WFormat::kQ4_0 ? kern.q4_0_group : 1;
+  if (view_.token_bytes == 0) return;
+  const size_t need = static_cast<size_t>(view_.token_bytes * n_tokens);
+  if (need > capacity_) {
+    capacity_ = static_cast<size_t>(isa::RoundUp(static_cast<int64_t>(need), isa::kAlign));
+    storage_.reset(static_cast<uint8_t*>(std::aligned_alloc(isa::kAlign, capacity_)));
   }
+  kern.prepare(f, x, n_tokens, k, storage_.get());
+  view_.data = storage_.get();
+}
+
+void DotRows(const TensorView& w, int64_t row_begin, int64_t row_end, const PreparedActivations& x,
+             float* y, int64_t y_stride) {
+  const int64_t k = w.shape.back();
+  assert(w.dtype == x.w_dtype() && k == x.k());
+  if (row_begin >= row_end || x.n_tokens() == 0) return;
+  if (k == 0) {
+    for (int64_t t = 0; t < x.n_tokens(); ++t)
+      for (int64_t r = row_begin; r < row_end; ++r) y[t * y_stride + r] = 0.0f;
+    return;
+  }
+  thread_local ThreadScratch scratch;
+  const isa::Kernels& kern = SafeKernels(x.isa());
+  kern.dot_rows(FormatOf(w.dtype), w.bytes(), static_cast<int64_t>(DTypeRowBytes(w.dtype, k)),
+                row_begin, row_end, x.view(), y, y_stride, scratch.Floats(isa::ScratchFloats(k)));
+}
+
+void MatMulRows(const float* x, int64_t n_tokens, const TensorView& w, int64_t row_begin,
+                int64_t row_end, float* y, int64_t y_stride, float* /*row_buf*/) {
+  thread_local PreparedActivations prepared;
+  prepared.Prepare(x, n_tokens, w.shape.back(), w.dtype);
+  DotRows(w, row_begin, row_end, prepared, y, y_stride);
 }
 
 void MatMul(ThreadPool& pool, const float* x, int64_t n_tokens, const TensorView& w, float* y) {
   const int64_t n_rows = w.shape.front();
-  const int64_t k = w.shape.back();
-  // Rows are handed out in blocks so each thread streams a contiguous range of weight bytes.
+  // The calling thread's storage, read by every worker until ParallelFor returns. (Named
+  // through a reference: inside the lambda a thread_local name would mean the worker's own.)
+  thread_local PreparedActivations tls_prepared;
+  PreparedActivations& prepared = tls_prepared;
+  prepared.Prepare(x, n_tokens, w.shape.back(), w.dtype);
+  // Rows are handed out in contiguous blocks so each thread streams its own weight bytes.
   pool.ParallelFor(static_cast<size_t>(n_rows), [&](size_t begin, size_t end, int) {
-    thread_local std::vector<float> row_buf;
-    if (row_buf.size() < static_cast<size_t>(k)) row_buf.resize(static_cast<size_t>(k));
-    MatMulRows(x, n_tokens, w, static_cast<int64_t>(begin), static_cast<int64_t>(end), y, n_rows,
-               row_buf.data());
+    DotRows(w, static_cast<int64_t>(begin), static_cast<int64_t>(end), prepared, y, n_rows);
   });
 }
 
 }  // namespace moetier::kernels
+
+#if !defined(MOETIER_X86_KERNELS)
+// Builds without the x86 translation units (another architecture): only the scalar kernels.
+namespace moetier::kernels::isa {
+const Kernels* Avx2Kernels() {
+  return nullptr;
+}
+const Kernels* AvxVnniKernels() {
+  return nullptr;
+}
+const Kernels* Avx512Kernels() {
+  return nullptr;
+}
+const Kernels* Avx512VnniKernels() {
+  return nullptr;
+}
+const Kernels* Avx512Bf16Kernels() {
+  return nullptr;
+}
+}  // namespace moetier::kernels::isa
+#endif

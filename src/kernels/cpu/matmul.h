@@ -1,30 +1,86 @@
-// Matrix products of float32 activations with weights stored as bf16, f16 or f32, in float32
-// arithmetic. Math only: no model knowledge.
+// Matrix products y[T, N] = x[T, K] · W[N, K]ᵀ of float32 activations with weights stored as
+// f32, f16, bf16 (fp32 arithmetic) or GGUF Q8_0 / Q4_0 blocks (activations quantized to 8 bits
+// per 32-block, integer dots, per-block scales in fp32). Math only: no model knowledge.
+//
+// The instruction set is chosen at run time (cpu_isa.h); formats and dispatch are described in
+// README.md beside this file.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/matmul_isa.h"
 
 namespace moetier::kernels {
 
 // dot(a, b) over n float32 elements.
 float DotF32(const float* a, const float* b, int64_t n);
 
-// Converts `n` elements of a row of a bf16/f16/f32 tensor starting at element `offset` to f32.
+// Converts `n` elements of a weight tensor starting at flat element `offset` to f32: f32, f16,
+// bf16, Q8_0 or Q4_0 (any offset and n: partial blocks are dequantized as needed).
 void RowToF32(const TensorView& w, int64_t offset, int64_t n, float* out);
+
+// Activations x[n_tokens, k] made ready, once per matmul, for products with one weight dtype on
+// one instruction set: kept in place for f32/f16/bf16 weights (fp32 math), quantized to q8
+// blocks for Q8_0/Q4_0 weights, rounded to bf16 for bf16 weights on kAvx512Bf16.
+//
+// Contract: Prepare runs on one thread; afterwards any number of threads may call DotRows on
+// it concurrently (it is read-only). Storage grows to the largest request and is reused, so
+// steady-state use does not allocate. When the activations are used in place, x must stay alive
+// and unchanged until the last DotRows returns.
+class PreparedActivations {
+ public:
+  PreparedActivations() = default;
+  PreparedActivations(PreparedActivations&&) noexcept = default;
+  PreparedActivations& operator=(PreparedActivations&&) noexcept = default;
+  PreparedActivations(const PreparedActivations&) = delete;
+  PreparedActivations& operator=(const PreparedActivations&) = delete;
+
+  // x: [n_tokens, k] float32, row stride k. `w_dtype` must be a weight dtype (IsWeightDType) and,
+  // when block-quantized, k a multiple of 32. `isa` must be supported (CpuSupports).
+  void Prepare(const float* x, int64_t n_tokens, int64_t k, DType w_dtype,
+               CpuIsa isa = ActiveCpuIsa());
+
+  int64_t n_tokens() const { return view_.n_tokens; }
+  int64_t k() const { return view_.k; }
+  DType w_dtype() const { return w_dtype_; }
+  CpuIsa isa() const { return isa_; }
+  // The layout the ISA kernels read (matmul_isa.h); for tests.
+  const isa::Prepared& view() const { return view_; }
+
+ private:
+  struct FreeDeleter {
+    void operator()(uint8_t* p) const;
+  };
+  isa::Prepared view_;
+  DType w_dtype_ = DType::kF32;
+  CpuIsa isa_ = CpuIsa::kScalar;
+  std::unique_ptr<uint8_t, FreeDeleter> storage_;  // kAlign-aligned
+  size_t capacity_ = 0;
+};
+
+// y[t * y_stride + r] = dot(x[t, :], w[r, :]) for t < x.n_tokens() and r in [row_begin, row_end),
+// with w [n_rows, k] of dtype x.w_dtype(). Runs on the calling thread; each weight row is read
+// once for all tokens. Every output element is computed the same way whatever the row range, so
+// splitting rows across threads cannot change any result bit.
+void DotRows(const TensorView& w, int64_t row_begin, int64_t row_end, const PreparedActivations& x,
+             float* y, int64_t y_stride);
 
 // y[t, r] = dot(x[t, :], w[r, :]) for t < n_tokens and rows r in [row_begin, row_end), where
 // w is [n_rows, k] and x is [n_tokens, k] (row stride k). y has row stride y_stride.
-// Each weight row is read once for all tokens, so prefill reads the weights once per call.
-// Runs on the calling thread; `row_buf` holds k floats of scratch.
+// Prepares x on every call (into this thread's reusable storage) and then runs DotRows: to
+// split one matmul across threads, Prepare once and call DotRows instead. `row_buf` is no
+// longer used (kept for callers; may be null).
 void MatMulRows(const float* x, int64_t n_tokens, const TensorView& w, int64_t row_begin,
                 int64_t row_end, float* y, int64_t y_stride, float* row_buf);
 
-// y[n_tokens, n_rows] = x[n_tokens, k] · w[n_rows, k]ᵀ, split over rows across the pool. Every
-// output element is computed by one thread in a fixed order, so results do not depend on the
-// number of threads.
+// y[n_tokens, n_rows] = x[n_tokens, k] · w[n_rows, k]ᵀ: prepares x once on the calling thread,
+// then splits rows over the pool. Every output element is computed by one thread in a fixed
+// order, so results do not depend on the number of threads.
 void MatMul(ThreadPool& pool, const float* x, int64_t n_tokens, const TensorView& w, float* y);
 
 }  // namespace moetier::kernels

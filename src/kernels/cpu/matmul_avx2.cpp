@@ -3,5 +3,7 @@
 #include "kernels/cpu/matmul_avx2_impl.h"
 
 namespace moetier::kernels::isa {
-const Kernels* Avx2Kernels() { return &kKernels; }
+const Kernels* Avx2Kernels() {
+  return &kKernels;
+}
 }  // namespace moetier::kernels::isa

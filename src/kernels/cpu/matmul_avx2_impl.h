@@ -2,10 +2,17 @@
 // MOETIER_KERNEL_AVXVNNI defined, by matmul_avxvnni.cpp, each compiled with its ISA's -m flags.
 // Everything here has internal linkage (see the ODR note in matmul_isa.h).
 //
-// Shapes: a tile is R weight rows x C tokens; each (row, token) pair owns one 8-lane float32
-// accumulator, updated once per 8 elements (float formats) or per 32-block (quantized), in k
-// order, then summed across lanes in a fixed tree. R and C only change which pairs share loads,
-// never an element's arithmetic, so results do not depend on the row split or token count.
+// Arithmetic per output element (row r, token t), the same whatever the tile shape: the k range
+// is cut into steps (8 elements for float formats; one Q8_0 block or one group of two Q4_0
+// blocks), step s is added into accumulator s mod A of that element (A = kFloatAcc or
+// kQuantAcc: independent FMA chains, so one row streams at full speed), then the A
+// accumulators are summed in a fixed tree and the 8 lanes in another. A tile of R rows x C
+// tokens only decides which elements share loads, so results depend neither on how rows are
+// split across threads nor on how many tokens are batched together.
+//
+// Memory: decode (one token) walks one row at a time, a single sequential stream, and
+// prefetches kPrefetchBytes ahead of it; interleaving several rows' streams measured far slower
+// on DRAM. Prefill tiles take 1-2 rows and 2-3 tokens to reuse loads.
 #include <immintrin.h>
 
 #include <cstddef>
@@ -23,6 +30,23 @@ constexpr bool kVnni = true;
 constexpr bool kVnni = false;
 #endif
 
+constexpr int kFloatAcc = 4;  // FMA latency 4 x 1 chain per step: 4 chains keep one row busy
+constexpr int kQuantAcc = 2;  // a quantized step is long enough that 2 chains suffice
+// How far ahead of the row being read to prefetch: ~2 KB measured best for one stream (1 KB
+// left Q4_0 at ~55% of the read bandwidth, 2 KB ~70-90%, 4-8 KB no better).
+constexpr int64_t kPrefetchBytes = 2048;
+constexpr int64_t kQ4Group = 2;  // Q4_0 blocks per 256-bit step (nibble-interleaved layout)
+
+// Loops over tile rows, tokens and accumulators have compile-time trip counts and must unroll
+// fully, so that every accumulator lives in a register.
+#define MOETIER_UNROLL _Pragma("GCC unroll 16")
+
+inline void Prefetch(const uint8_t* p) {
+  // Through an integer: the address may lie past the end of the weights (prefetch never faults).
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kPrefetchBytes),
+               _MM_HINT_T0);
+}
+
 inline float HSum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -30,7 +54,9 @@ inline float HSum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t Min(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Float formats, fp32 arithmetic.
@@ -70,33 +96,48 @@ inline __m256 LoadTailX(const float* x, int64_t n) {
 template <WFormat F, int R, int C>
 void FloatTile(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
                int64_t y_stride) {
-  __m256 acc[R][C];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  static_assert(kFloatAcc == 4, "the final sum below adds 4 accumulators");
+  __m256 acc[R][C][kFloatAcc];
+  MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
+      MOETIER_UNROLL for (int a = 0; a < kFloatAcc; ++a) acc[r][c][a] = _mm256_setzero_ps();
+  // One step of 8 elements into accumulator a (a compile-time constant after unrolling);
+  // `tail` > 0: only that many elements remain, read through zero-padded copies.
+  auto step = [&](int64_t i, int a, int64_t tail) __attribute__((always_inline)) {
+    __m256 wv[R];
+    MOETIER_UNROLL for (int r = 0; r < R; ++r) wv[r] =
+        tail ? LoadTail<F>(w + r * row_bytes, i, tail) : Load8<F>(w + r * row_bytes, i);
+    MOETIER_UNROLL for (int c = 0; c < C; ++c) {
+      const __m256 xv = tail ? LoadTailX(x + c * k + i, tail) : _mm256_loadu_ps(x + c * k + i);
+      MOETIER_UNROLL for (int r = 0; r < R; ++r) acc[r][c][a] =
+          _mm256_fmadd_ps(wv[r], xv, acc[r][c][a]);
+    }
+  };
+  constexpr int64_t kIter = 8 * kFloatAcc;  // elements per pass over the accumulators
   int64_t i = 0;
-  for (; i + 8 <= k; i += 8) {
-    __m256 wv[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) wv[r] = Load8<F>(w + r * row_bytes, i);
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) {
-      const __m256 xv = _mm256_loadu_ps(x + c * k + i);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(wv[r], xv, acc[r][c]);
-    }
+  for (; i + kIter <= k; i += kIter) {
+    MOETIER_UNROLL for (int r = 0; r < R; ++r) for (int64_t b = 0; b < kIter * ElemBytes<F>();
+                                                    b += 64)
+        Prefetch(w + r * row_bytes + i * ElemBytes<F>() + b);
+    MOETIER_UNROLL for (int a = 0; a < kFloatAcc; ++a) step(i + 8 * a, a, 0);
   }
-  if (i < k) {
-    __m256 wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = LoadTail<F>(w + r * row_bytes, i, k - i);
-    for (int c = 0; c < C; ++c) {
-      const __m256 xv = LoadTailX(x + c * k + i, k - i);
-      for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(wv[r], xv, acc[r][c]);
-    }
+  // Fewer than kIter elements left: whole steps continue the cycle at accumulator 0, then the
+  // partial step (if any) goes to the next one.
+  const int64_t full = (k - i) / 8, tail = (k - i) % 8;
+  if (full > 0) step(i, 0, 0);
+  if (full > 1) step(i + 8, 1, 0);
+  if (full > 2) step(i + 16, 2, 0);
+  if (tail > 0) {
+    const int64_t at = i + 8 * full;
+    if (full == 0) step(at, 0, tail);
+    if (full == 1) step(at, 1, tail);
+    if (full == 2) step(at, 2, tail);
+    if (full == 3) step(at, 3, tail);
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[c * y_stride + r] = HSum(acc[r][c]);
+  MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c) {
+    const __m256 s = _mm256_add_ps(_mm256_add_ps(acc[r][c][0], acc[r][c][1]),
+                                   _mm256_add_ps(acc[r][c][2], acc[r][c][3]));
+    y[c * y_stride + r] = HSum(s);
+  }
 }
 
 // Converts rows to float32 in `out` (row stride `stride` floats): exact, so a tile over the
@@ -118,114 +159,159 @@ void ConvertRows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Quantized formats: int8 dots per 32-block, scaled per block in float32.
-
-struct QuantRow {  // one weight row's block at index b, ready for the int8 dot
-  __m256i q;       // Q8_0: the int8 codes (kVnni: + 128, as uint8); Q4_0: the 4-bit codes 0..15
-  __m256i absq;    // Q8_0 without VNNI: |codes| (vpmaddubsw needs one unsigned operand)
-  __m256 d;        // the block's fp16 scale, broadcast
-};
-
-template <WFormat F>
-inline QuantRow LoadQuant(const uint8_t* blk) {
-  QuantRow qr;
-  uint16_t h;
-  std::memcpy(&h, blk, 2);
-  qr.d = _mm256_set1_ps(_cvtsh_ss(h));
-  if constexpr (F == WFormat::kQ8_0) {
-    qr.q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-    if constexpr (kVnni) {
-      qr.q = _mm256_xor_si256(qr.q, _mm256_set1_epi8(static_cast<char>(0x80)));  // + 128
-      qr.absq = qr.q;
-    } else {
-      qr.absq = _mm256_abs_epi8(qr.q);
-    }
-  } else {
-    // [qs | qs] -> low 128 bits keep the low nibbles (weights 0..15), high 128 bits the high
-    // nibbles (weights 16..31): the block's natural order.
-    const __m256i v =
-        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
-    const __m256i both = _mm256_blend_epi32(v, _mm256_srli_epi16(v, 4), 0xF0);
-    qr.q = _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
-    qr.absq = qr.q;
-  }
-  return qr;
-}
-
-// int32 lanes (each the dot of 4 consecutive elements) of a weight block with activation quants
-// xq, plus bias (the prepared -offset * sum correction).
-template <WFormat F>
-inline __m256i BlockDot(const QuantRow& w, __m256i xq, __m256i bias) {
-#if defined(MOETIER_KERNEL_AVXVNNI)
-  (void)F;
-  return _mm256_dpbusd_avx_epi32(bias, w.q, xq);
-#else
-  const __m256i ones = _mm256_set1_epi16(1);
-  if constexpr (F == WFormat::kQ8_0) {
-    // |w| * (x * sign(w)): pairs stay within int16 (2 * 128 * 127 < 32768).
-    const __m256i p = _mm256_maddubs_epi16(w.absq, _mm256_sign_epi8(xq, w.q));
-    (void)bias;  // offset 0: no correction
-    return _mm256_madd_epi16(p, ones);
-  } else {
-    // codes 0..15 * x: pairs within int16 (2 * 15 * 127).
-    const __m256i p = _mm256_maddubs_epi16(w.q, xq);
-    return _mm256_add_epi32(_mm256_madd_epi16(p, ones), bias);
-  }
-#endif
-}
+// Quantized formats: int8 dots, scaled per block in float32. A step is one Q8_0 block (8 lanes)
+// or one group of two Q4_0 blocks (4 lanes each, nibble-interleaved layout).
 
 template <WFormat F>
 constexpr int64_t QBlockBytes() {
   return F == WFormat::kQ8_0 ? kQ8_0Bytes : kQ4_0Bytes;
 }
+template <WFormat F>
+constexpr int64_t Group() {
+  return F == WFormat::kQ8_0 ? 1 : kQ4Group;
+}
+
+struct QuantStep {  // one weight row's step, ready for the int8 dots
+  __m256i q;        // Q8_0: codes (kVnni: + 128, as uint8); Q4_0: low nibbles of both blocks
+  __m256i q2;       // Q8_0 without VNNI: |codes|; Q4_0: high nibbles of both blocks
+  __m256 d;         // the weight scale of each lane's block
+};
+
+// `n_blocks` of the step's blocks exist (the rest of a group reads as zero, never from memory).
+template <WFormat F>
+inline QuantStep LoadStep(const uint8_t* blk, int64_t n_blocks) {
+  QuantStep st;
+  if constexpr (F == WFormat::kQ8_0) {
+    (void)n_blocks;
+    uint16_t h;
+    std::memcpy(&h, blk, 2);
+    st.d = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(h)));
+    st.q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    if constexpr (kVnni) {
+      st.q = _mm256_xor_si256(st.q, _mm256_set1_epi8(static_cast<char>(0x80)));  // + 128
+      st.q2 = st.q;
+    } else {
+      st.q2 = _mm256_abs_epi8(st.q);
+    }
+  } else {
+    const uint8_t* blk1 = blk + kQ4_0Bytes;
+    const bool two = n_blocks > 1;
+    uint16_t h0, h1 = 0;
+    std::memcpy(&h0, blk, 2);
+    if (two) std::memcpy(&h1, blk1, 2);
+    // [d0 d0 d0 d0 d1 d1 d1 d1]
+    st.d = _mm256_setr_m128(_mm_set1_ps(_cvtsh_ss(h0)), _mm_set1_ps(_cvtsh_ss(h1)));
+    const __m128i qs0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const __m128i qs1 =
+        two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk1 + 2)) : _mm_setzero_si128();
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(qs0), qs1, 1);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    st.q = _mm256_and_si256(v, m4);
+    st.q2 = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+  }
+  return st;
+}
+
+// int32 lanes of one step's dot with the activation quants at `xq` (32 bytes per Q8_0 step, 64
+// per Q4_0 group: low halves then high halves), plus the prepared bias.
+template <WFormat F>
+inline __m256i StepDot(const QuantStep& w, const uint8_t* xq, __m256i bias) {
+  const __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(xq));
+  if constexpr (F == WFormat::kQ8_0) {
+    if constexpr (kVnni) {
+#if defined(MOETIER_KERNEL_AVXVNNI)
+      return _mm256_dpbusd_avx_epi32(bias, w.q, x0);
+#endif
+    } else {
+      // |w| * (x * sign(w)): pairs stay within int16 (2 * 128 * 127 < 32768); offset 0.
+      (void)bias;
+      const __m256i p = _mm256_maddubs_epi16(w.q2, _mm256_sign_epi8(x0, w.q));
+      return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+    }
+  } else {
+    const __m256i x1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(xq + 32));
+    if constexpr (kVnni) {
+#if defined(MOETIER_KERNEL_AVXVNNI)
+      return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(bias, w.q, x0), w.q2, x1);
+#endif
+    } else {
+      // codes 0..15 x int8: each pair sum <= 2 * 15 * 127, two of them still fit int16.
+      const __m256i p =
+          _mm256_add_epi16(_mm256_maddubs_epi16(w.q, x0), _mm256_maddubs_epi16(w.q2, x1));
+      return _mm256_add_epi32(_mm256_madd_epi16(p, _mm256_set1_epi16(1)), bias);
+    }
+  }
+}
 
 template <WFormat F, int R, int C>
 void QuantTile(const uint8_t* w, int64_t row_bytes, const uint8_t* xrec, int64_t token_bytes,
                int64_t k, float* y, int64_t y_stride) {
-  const QuantLayout lay = QuantLayoutFor(k);
+  const QuantLayout lay = QuantLayoutFor(k, Group<F>());
   const int64_t nb = k / kBlock;
-  __m256 acc[R][C];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    QuantRow wr[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) wr[r] = LoadQuant<F>(w + r * row_bytes + b * QBlockBytes<F>());
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) {
+  constexpr int64_t kStepBytes = Group<F>() * QBlockBytes<F>();  // weight bytes per step
+  constexpr int64_t kStepQx = Group<F>() * kBlock;               // activation quants per step
+  static_assert(kQuantAcc == 2, "the loop tail and final sum below assume 2 accumulators");
+  __m256 acc[R][C][kQuantAcc];
+  MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
+      MOETIER_UNROLL for (int a = 0; a < kQuantAcc; ++a) acc[r][c][a] = _mm256_setzero_ps();
+  // One step into accumulator a; n_blocks < Group<F>() only for a last, partial group.
+  auto step = [&](int64_t g, int a, int64_t n_blocks) __attribute__((always_inline)) {
+    QuantStep ws[R];
+    MOETIER_UNROLL for (int r = 0; r < R; ++r) ws[r] =
+        LoadStep<F>(w + r * row_bytes + g * kStepBytes, n_blocks);
+    MOETIER_UNROLL for (int c = 0; c < C; ++c) {
       const uint8_t* rec = xrec + c * token_bytes;
-      const __m256i xq = _mm256_load_si256(reinterpret_cast<const __m256i*>(rec + b * kBlock));
-      const __m256 dx = _mm256_load_ps(reinterpret_cast<const float*>(rec + lay.dx_offset) +
-                                       b * kLanesPerBlock);
-      const __m256i bias = _mm256_load_si256(
-          reinterpret_cast<const __m256i*>(rec + lay.bias_offset) + b);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const __m256 s = _mm256_cvtepi32_ps(BlockDot<F>(wr[r], xq, bias));
-        acc[r][c] = _mm256_fmadd_ps(s, _mm256_mul_ps(wr[r].d, dx), acc[r][c]);
+      const __m256 dx = _mm256_load_ps(reinterpret_cast<const float*>(rec + lay.dx_offset) + 8 * g);
+      const __m256i bias =
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(rec + lay.bias_offset) + g);
+      MOETIER_UNROLL for (int r = 0; r < R; ++r) {
+        const __m256 s = _mm256_cvtepi32_ps(StepDot<F>(ws[r], rec + g * kStepQx, bias));
+        acc[r][c][a] = _mm256_fmadd_ps(s, _mm256_mul_ps(ws[r].d, dx), acc[r][c][a]);
       }
     }
+  };
+  const int64_t n_full = nb / Group<F>();  // steps with every block present
+  int64_t g = 0;
+  for (; g + kQuantAcc <= n_full; g += kQuantAcc) {
+    MOETIER_UNROLL for (int r = 0; r < R; ++r) Prefetch(w + r * row_bytes + g * kStepBytes);
+    step(g, 0, Group<F>());
+    step(g + 1, 1, Group<F>());
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[c * y_stride + r] = HSum(acc[r][c]);
+  // At most one full step and one partial group remain; they continue the accumulator cycle.
+  int a = 0;
+  if (g < n_full) {
+    step(g++, 0, Group<F>());
+    a = 1;
+  }
+  const int64_t rest = nb - g * Group<F>();
+  if (rest > 0) {
+    if (a == 0) step(g, 0, rest);
+    if (a == 1) step(g, 1, rest);
+  }
+  MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
+      y[c * y_stride + r] = HSum(_mm256_add_ps(acc[r][c][0], acc[r][c][1]));
 }
 
 // ---------------------------------------------------------------------------------------------
-// Row/token blocking. RMAX x CMAX is the largest tile; remainders use smaller instantiations.
+// Row/token blocking: (1 row x 1 token) for decode; up to kPrefillRows x kPrefillTokens tiles
+// otherwise; remainders use smaller instantiations (same per-element arithmetic).
 
-#define MOETIER_TILE_SWITCH(FN, R, C, ...)                   \
-  switch ((R) * 8 + (C)) {                                   \
-    case 1 * 8 + 1: FN<1, 1>(__VA_ARGS__); break;           \
-    case 1 * 8 + 2: FN<1, 2>(__VA_ARGS__); break;           \
-    case 2 * 8 + 1: FN<2, 1>(__VA_ARGS__); break;           \
-    case 2 * 8 + 2: FN<2, 2>(__VA_ARGS__); break;           \
-    case 3 * 8 + 1: FN<3, 1>(__VA_ARGS__); break;           \
-    case 3 * 8 + 2: FN<3, 2>(__VA_ARGS__); break;           \
-    case 4 * 8 + 1: FN<4, 1>(__VA_ARGS__); break;           \
-    case 4 * 8 + 2: FN<4, 2>(__VA_ARGS__); break;           \
-    default: break;                                          \
+#define MOETIER_TILE_CASES_R(FN, R, ...) \
+  case R * 8 + 1:                        \
+    FN<R, 1>(__VA_ARGS__);               \
+    break;                               \
+  case R * 8 + 2:                        \
+    FN<R, 2>(__VA_ARGS__);               \
+    break;                               \
+  case R * 8 + 3:                        \
+    FN<R, 3>(__VA_ARGS__);               \
+    break;
+#define MOETIER_TILE_SWITCH(FN, NR, NT, ...) \
+  switch ((NR)*8 + (NT)) {                   \
+    MOETIER_TILE_CASES_R(FN, 1, __VA_ARGS__) \
+    MOETIER_TILE_CASES_R(FN, 2, __VA_ARGS__) \
+    default:                                 \
+      break;                                 \
   }
 
 template <WFormat F>
@@ -240,26 +326,27 @@ struct FloatTiles {
 template <WFormat F>
 void FloatRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t row_end,
                const Prepared& x, float* y, int64_t y_stride, float* scratch) {
-  constexpr int64_t kRows = 4, kTokens = 2;
+  // 16 ymm registers: 1 row x 3 tokens x 4 accumulators = 12.
+  constexpr int64_t kRows = 1, kTokens = 3;
   const int64_t k = x.k;
-  // With more tokens than one tile holds, convert each group of rows once (exactly) and reuse
-  // it for every token tile; with fewer, convert in registers.
+  // With more tokens than one tile holds, convert each row once (exactly) and reuse it for
+  // every token tile; with fewer, convert in registers.
   const bool convert = F != WFormat::kF32 && x.n_tokens > kTokens;
   const int64_t stride = RoundUp(k, 64);
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
     const int64_t nr = Min(kRows, row_end - r0);
+    if (convert) ConvertRows<F>(w + r0 * row_bytes, row_bytes, nr, k, scratch, stride);
     for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kTokens) {
       const int64_t nt = Min(kTokens, x.n_tokens - t0);
       float* yt = y + t0 * y_stride + r0;
       const float* xt = x.x + t0 * k;
       if (convert) {
-        if (t0 == 0) ConvertRows<F>(w + r0 * row_bytes, row_bytes, nr, k, scratch, stride);
         const auto* cw = reinterpret_cast<const uint8_t*>(scratch);
-        MOETIER_TILE_SWITCH(FloatTiles<WFormat::kF32>::template Run, nr, nt, cw, stride * 4, xt,
-                            k, yt, y_stride)
+        MOETIER_TILE_SWITCH(FloatTiles<WFormat::kF32>::template Run, nr, nt, cw, stride * 4, xt, k,
+                            yt, y_stride)
       } else {
-        MOETIER_TILE_SWITCH(FloatTiles<F>::template Run, nr, nt, w + r0 * row_bytes, row_bytes,
-                            xt, k, yt, y_stride)
+        MOETIER_TILE_SWITCH(FloatTiles<F>::template Run, nr, nt, w + r0 * row_bytes, row_bytes, xt,
+                            k, yt, y_stride)
       }
     }
   }
@@ -277,26 +364,31 @@ struct QuantTiles {
 template <WFormat F>
 void QuantRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t row_end,
                const Prepared& x, float* y, int64_t y_stride) {
-  // 16 ymm registers: 4 rows x 1 token for decode; 2 x 2 when tokens can share the unpacking.
-  const int64_t kRows = x.n_tokens == 1 ? 4 : 2, kTokens = x.n_tokens == 1 ? 1 : 2;
+  // Decode: one row at a time (one stream); prefill: 2 rows x 2 tokens share their loads.
+  const int64_t kRows = x.n_tokens == 1 ? 1 : 2, kTokens = x.n_tokens == 1 ? 1 : 2;
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
     const int64_t nr = Min(kRows, row_end - r0);
     for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kTokens) {
       const int64_t nt = Min(kTokens, x.n_tokens - t0);
       MOETIER_TILE_SWITCH(QuantTiles<F>::template Run, nr, nt, w + r0 * row_bytes, row_bytes,
-                          x.data + t0 * x.token_bytes, x.token_bytes, x.k,
-                          y + t0 * y_stride + r0, y_stride)
+                          x.data + t0 * x.token_bytes, x.token_bytes, x.k, y + t0 * y_stride + r0,
+                          y_stride)
     }
   }
 }
 
 #undef MOETIER_TILE_SWITCH
+#undef MOETIER_TILE_CASES_R
+#undef MOETIER_UNROLL
 
 // ---------------------------------------------------------------------------------------------
-// Activation quantization, bit-identical to the scalar reference (matmul_scalar.cpp).
+// Activation quantization, bit-identical to the scalar reference (matmul_scalar.cpp) up to the
+// layout: same amax, scale, rounding and clamping.
 
 int64_t TokenBytes(WFormat f, int64_t k) {
-  return f == WFormat::kQ8_0 || f == WFormat::kQ4_0 ? QuantLayoutFor(k).token_bytes : 0;
+  if (f == WFormat::kQ8_0) return QuantLayoutFor(k, 1).token_bytes;
+  if (f == WFormat::kQ4_0) return QuantLayoutFor(k, kQ4Group).token_bytes;
+  return 0;
 }
 
 int32_t QuantOffset(WFormat f) {
@@ -304,45 +396,72 @@ int32_t QuantOffset(WFormat f) {
   return kVnni ? 128 : 0;
 }
 
-void Prepare(WFormat f, const float* x, int64_t n_tokens, int64_t k, uint8_t* out) {
-  if (TokenBytes(f, k) == 0) return;
-  const QuantLayout lay = QuantLayoutFor(k);
-  const int64_t nb = k / kBlock;
+// Quantizes one 32-block: returns its 32 quants in natural order and its scale.
+inline __m256i QuantizeBlock(const float* x, float* d_out) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  __m256 v[4];
+  __m256 m = _mm256_setzero_ps();
+  for (int j = 0; j < 4; ++j) {
+    v[j] = _mm256_loadu_ps(x + 8 * j);
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[j]));
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 0x55));
+  const float amax = _mm_cvtss_f32(m4);
+  *d_out = amax / 127.0f;
+  const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+  __m256i q[4];
+  for (int j = 0; j < 4; ++j)
+    q[j] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v[j], id), lo), hi));
+  // int32 -> int8 (in range, so saturation never bites), then undo the in-lane interleave.
+  const __m256i q16a = _mm256_packs_epi32(q[0], q[1]);
+  const __m256i q16b = _mm256_packs_epi32(q[2], q[3]);
+  return _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16a, q16b),
+                                     _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// Sums of 4 consecutive int8 in each int32 lane.
+inline __m256i LaneSums(__m256i q) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+}
+
+void Prepare(WFormat f, const float* x, int64_t n_tokens, int64_t k, uint8_t* out) {
+  if (TokenBytes(f, k) == 0) return;
+  const int64_t group = f == WFormat::kQ4_0 ? kQ4Group : 1;
+  const QuantLayout lay = QuantLayoutFor(k, group);
+  const int64_t nb = k / kBlock;
   const __m256i neg_offset = _mm256_set1_epi32(-QuantOffset(f));
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t t = 0; t < n_tokens; ++t) {
     uint8_t* rec = out + t * lay.token_bytes;
     std::memset(rec, 0, static_cast<size_t>(lay.token_bytes));
     const float* xt = x + t * k;
-    for (int64_t b = 0; b < nb; ++b) {
-      __m256 v[4];
-      __m256 m = _mm256_setzero_ps();
-      for (int j = 0; j < 4; ++j) {
-        v[j] = _mm256_loadu_ps(xt + b * kBlock + 8 * j);
-        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[j]));
+    auto* dx = reinterpret_cast<float*>(rec + lay.dx_offset);
+    auto* bias = reinterpret_cast<__m256i*>(rec + lay.bias_offset);
+    if (group == 1) {
+      for (int64_t b = 0; b < nb; ++b) {
+        float d;
+        const __m256i q = QuantizeBlock(xt + b * kBlock, &d);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(rec + b * kBlock), q);
+        _mm256_store_ps(dx + 8 * b, _mm256_set1_ps(d));
+        _mm256_store_si256(bias + b, _mm256_mullo_epi32(LaneSums(q), neg_offset));
       }
-      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-      m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 0x55));
-      const float amax = _mm_cvtss_f32(m4);
-      const float d = amax / 127.0f;
-      const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
-      __m256i q[4];
-      for (int j = 0; j < 4; ++j)
-        q[j] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v[j], id), lo), hi));
-      // int32 -> int8 (values already in range, so saturation never bites), natural order.
-      const __m256i q16a = _mm256_packs_epi32(q[0], q[1]);
-      const __m256i q16b = _mm256_packs_epi32(q[2], q[3]);
-      const __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16a, q16b), order);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(rec + b * kBlock), q8);
-      _mm256_store_ps(reinterpret_cast<float*>(rec + lay.dx_offset) + b * kLanesPerBlock,
-                      _mm256_set1_ps(d));
-      const __m256i sum4 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q8),
-                                             _mm256_set1_epi16(1));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(rec + lay.bias_offset) + b,
-                         _mm256_mullo_epi32(sum4, neg_offset));
+      continue;
+    }
+    // Nibble-interleaved pairs: [b lo16 | b1 lo16] then [b hi16 | b1 hi16].
+    for (int64_t g = 0; g < lay.n_groups; ++g) {
+      float d0 = 0.0f, d1 = 0.0f;
+      const __m256i q0 = QuantizeBlock(xt + 2 * g * kBlock, &d0);
+      const __m256i q1 =
+          2 * g + 1 < nb ? QuantizeBlock(xt + (2 * g + 1) * kBlock, &d1) : _mm256_setzero_si256();
+      const __m256i lo = _mm256_permute2x128_si256(q0, q1, 0x20);
+      const __m256i hi = _mm256_permute2x128_si256(q0, q1, 0x31);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(rec + 64 * g), lo);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(rec + 64 * g + 32), hi);
+      _mm256_store_ps(dx + 8 * g, _mm256_setr_m128(_mm_set1_ps(d0), _mm_set1_ps(d1)));
+      const __m256i sums = _mm256_add_epi32(LaneSums(lo), LaneSums(hi));
+      _mm256_store_si256(bias + g, _mm256_mullo_epi32(sums, neg_offset));
     }
   }
 }
@@ -363,7 +482,7 @@ void DotRows(WFormat f, const uint8_t* w, int64_t row_bytes, int64_t row_begin, 
   }
 }
 
-const Kernels kKernels = {TokenBytes, Prepare, DotRows};
+const Kernels kKernels = {kQ4Group, TokenBytes, Prepare, DotRows};
 
 }  // namespace
 }  // namespace moetier::kernels::isa

@@ -3,5 +3,7 @@
 #include "kernels/cpu/matmul_avx512_impl.h"
 
 namespace moetier::kernels::isa {
-const Kernels* Avx512Kernels() { return &kKernels; }
+const Kernels* Avx512Kernels() {
+  return &kKernels;
+}
 }  // namespace moetier::kernels::isa

@@ -3,10 +3,23 @@
 // matmul_avx512bf16.cpp (MOETIER_KERNEL_AVX512BF16: also bf16 weights with vdpbf16ps), each
 // compiled with its ISA's -m flags. Everything here has internal linkage (see matmul_isa.h).
 //
-// Shapes: a tile is R weight rows x C tokens; each (row, token) pair owns one 16-lane float32
-// accumulator, updated once per 16 elements (fp32 math), per 32 elements (vdpbf16ps) or per
-// pair of 32-blocks (quantized), in k order, then summed across lanes in a fixed tree. R and C
-// never change an element's arithmetic, so results do not depend on the row split.
+// Arithmetic per output element (row r, token t), the same whatever the tile shape: the k range
+// is cut into steps (16 elements for fp32 math, 32 for vdpbf16ps, a pair of Q8_0 blocks or a
+// group of four Q4_0 blocks), step s goes into accumulator s mod A of that element, then the A
+// accumulators are summed in a fixed tree and the 16 lanes in another. Tiles (R rows x C
+// tokens) only decide which elements share loads: results depend neither on the row split
+// across threads nor on the number of tokens batched together.
+//
+// Memory: decode (one token) walks one row at a time, a single sequential stream, prefetching
+// kPrefetchBytes ahead; prefill tiles (4 rows x 3 tokens for float formats, 2 x 4 quantized)
+// reuse each load across rows and tokens.
+
+// GCC 12's AVX-512 intrinsics seed their results with a self-initialised "undefined" vector,
+// which -Wuninitialized flags once inlined (GCC bug 105593, fixed in 13): a false alarm.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cstddef>
@@ -29,6 +42,25 @@ constexpr bool kBf16Dot = true;
 constexpr bool kBf16Dot = false;
 #endif
 
+// Independent FMA chains per output element. Two chains of 16-wide FMAs already outrun one
+// core's share of DRAM bandwidth (~12 GB/s measured on a Sapphire Rapids VM) for decode, and
+// fewer accumulators leave registers for larger prefill tiles.
+constexpr int kFloatAcc = 2;
+constexpr int kQuantAcc = 2;
+// How far ahead of the row being read to prefetch (see matmul_avx2_impl.h for the measurement).
+constexpr int64_t kPrefetchBytes = 2048;
+constexpr int64_t kQ4Group = 4;  // Q4_0 blocks per 512-bit step (nibble-interleaved layout)
+
+// Loops over tile rows, tokens and accumulators have compile-time trip counts and must unroll
+// fully, so that every accumulator lives in a register.
+#define MOETIER_UNROLL _Pragma("GCC unroll 16")
+
+inline void Prefetch(const uint8_t* p) {
+  // Through an integer: the address may lie past the end of the weights (prefetch never faults).
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kPrefetchBytes),
+               _MM_HINT_T0);
+}
+
 inline float HSum(__m512 v) {
   const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
@@ -37,18 +69,74 @@ inline float HSum(__m512 v) {
   return _mm_cvtss_f32(s);
 }
 
-inline int64_t Min(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t Min(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
 
-inline __mmask16 TailMask16(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+inline __mmask16 TailMask16(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
+}
 inline __mmask32 TailMask32(int64_t n) {
-  return static_cast<__mmask32>((uint64_t{1} << n) - 1u);
+  return n >= 32 ? static_cast<__mmask32>(0xFFFFFFFFu)
+                 : static_cast<__mmask32>((uint64_t{1} << n) - 1u);
+}
+
+// Runs step(i, a, n) over [0, k) in steps of kWidth elements: step s starts at s * kWidth,
+// goes to accumulator a = s mod kA and covers n = min(kWidth, k - i) elements. `a` is a
+// compile-time constant at every call (so accumulators stay in registers) and n is the
+// constant kWidth on full passes. Each full pass of kA steps first calls prefetch(i).
+template <int kA, int64_t kWidth, typename Step, typename Pf>
+inline void ForSteps(int64_t k, Step&& step, Pf&& prefetch) {
+  static_assert(kA >= 1 && kA <= 4, "up to 4 accumulators");
+  int64_t i = 0;
+  for (; i + kA * kWidth <= k; i += kA * kWidth) {
+    prefetch(i);
+    step(i, 0, kWidth);
+    if constexpr (kA > 1) step(i + kWidth, 1, kWidth);
+    if constexpr (kA > 2) step(i + 2 * kWidth, 2, kWidth);
+    if constexpr (kA > 3) step(i + 3 * kWidth, 3, kWidth);
+  }
+  const int64_t left = k - i;  // < kA * kWidth: the cycle continues at accumulator 0
+  if (left > 0) step(i, 0, Min(kWidth, left));
+  if constexpr (kA > 1)
+    if (left > kWidth) step(i + kWidth, 1, Min(kWidth, left - kWidth));
+  if constexpr (kA > 2)
+    if (left > 2 * kWidth) step(i + 2 * kWidth, 2, Min(kWidth, left - 2 * kWidth));
+  if constexpr (kA > 3)
+    if (left > 3 * kWidth) step(i + 3 * kWidth, 3, left - 3 * kWidth);
+}
+
+template <int kA>
+inline float HSumAcc(const __m512* a) {
+  if constexpr (kA == 1) return HSum(a[0]);
+  if constexpr (kA == 2) return HSum(_mm512_add_ps(a[0], a[1]));
+  if constexpr (kA == 4)
+    return HSum(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
 }
 
 // ---------------------------------------------------------------------------------------------
 // Float formats, fp32 arithmetic: 16 weights per step, converted exactly to float32.
 
-// 16 weights from element i of `row`; `m` selects the ones to read (the others are zero and
-// are never touched in memory, so a tail never reads past the row).
+template <WFormat F>
+constexpr int64_t ElemBytes() {
+  return F == WFormat::kF32 ? 4 : 2;
+}
+
+// 16 weights from element i of `row`.
+template <WFormat F>
+inline __m512 Load16(const uint8_t* row, int64_t i) {
+  if constexpr (F == WFormat::kF32) {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + i);
+  } else if constexpr (F == WFormat::kBF16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * i)));
+  }
+}
+
+// As Load16, but only the weights `m` selects are read (the others are zero and never touched
+// in memory, so a tail never reads past the row).
 template <WFormat F>
 inline __m512 Load16(const uint8_t* row, int64_t i, __mmask16 m) {
   if constexpr (F == WFormat::kF32) {
@@ -64,26 +152,30 @@ inline __m512 Load16(const uint8_t* row, int64_t i, __mmask16 m) {
 template <WFormat F, int R, int C>
 void FloatTile(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
                int64_t y_stride) {
-  __m512 acc[R][C];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  const __mmask16 all = 0xFFFF;
-  for (int64_t i = 0; i < k; i += 16) {
-    const __mmask16 m = k - i >= 16 ? all : TailMask16(k - i);
+  __m512 acc[R][C][kFloatAcc];
+  MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
+      MOETIER_UNROLL for (int a = 0; a < kFloatAcc; ++a) acc[r][c][a] = _mm512_setzero_ps();
+  auto step = [&](int64_t i, int a, int64_t n) __attribute__((always_inline)) {
+    const bool full = n == 16;  // a constant on full passes: plain loads there
+    const __mmask16 m = TailMask16(n);
     __m512 wv[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) wv[r] = Load16<F>(w + r * row_bytes, i, m);
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) {
-      const __m512 xv = _mm512_maskz_loadu_ps(m, x + c * k + i);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(wv[r], xv, acc[r][c]);
+    MOETIER_UNROLL for (int r = 0; r < R; ++r) wv[r] =
+        full ? Load16<F>(w + r * row_bytes, i) : Load16<F>(w + r * row_bytes, i, m);
+    MOETIER_UNROLL for (int c = 0; c < C; ++c) {
+      const __m512 xv =
+          full ? _mm512_loadu_ps(x + c * k + i) : _mm512_maskz_loadu_ps(m, x + c * k + i);
+      MOETIER_UNROLL for (int r = 0; r < R; ++r) acc[r][c][a] =
+          _mm512_fmadd_ps(wv[r], xv, acc[r][c][a]);
     }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[c * y_stride + r] = HSum(acc[r][c]);
+  };
+  auto prefetch = [&](int64_t i) __attribute__((always_inline)) {
+    MOETIER_UNROLL for (int r = 0; r < R; ++r) for (int64_t b = 0;
+                                                    b < kFloatAcc * 16 * ElemBytes<F>(); b += 64)
+        Prefetch(w + r * row_bytes + i * ElemBytes<F>() + b);
+  };
+  ForSteps<kFloatAcc, 16>(k, step, prefetch);
+  MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
+      y[c * y_stride + r] = HSumAcc<kFloatAcc>(acc[r][c]);
 }
 
 // Converts rows to float32 in `out` (row stride `stride` floats), exactly.
@@ -92,114 +184,132 @@ void ConvertRows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k,
                  int64_t stride) {
   for (int64_t r = 0; r < n_rows; ++r)
     for (int64_t i = 0; i < k; i += 16) {
-      const __mmask16 m = k - i >= 16 ? 0xFFFF : TailMask16(k - i);
+      const __mmask16 m = TailMask16(k - i);
       _mm512_mask_storeu_ps(out + r * stride + i, m, Load16<F>(w + r * row_bytes, i, m));
     }
 }
 
 // ---------------------------------------------------------------------------------------------
-// bf16 weights x bf16-rounded activations with vdpbf16ps (kAvx512Bf16 only).
+// bf16 weights x bf16-rounded activations with vdpbf16ps (kAvx512Bf16 only): 32 per step.
 
 #if defined(MOETIER_KERNEL_AVX512BF16)
 template <int R, int C>
 void Bf16Tile(const uint8_t* w, int64_t row_bytes, const uint8_t* xb, int64_t token_bytes,
               int64_t k, float* y, int64_t y_stride) {
-  __m512 acc[R][C];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < k; i += 32) {
-    const __mmask32 m = k - i >= 32 ? 0xFFFFFFFFu : TailMask32(k - i);
+  __m512 acc[R][C][kFloatAcc];
+  MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
+      MOETIER_UNROLL for (int a = 0; a < kFloatAcc; ++a) acc[r][c][a] = _mm512_setzero_ps();
+  auto step = [&](int64_t i, int a, int64_t n) __attribute__((always_inline)) {
+    const bool full = n == 32;  // a constant on full passes: plain loads there
+    const __mmask32 m = TailMask32(n);
     __m512i wv[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi16(m, w + r * row_bytes + 2 * i);
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) {
+    MOETIER_UNROLL for (int r = 0; r < R; ++r) wv[r] =
+        full ? _mm512_loadu_si512(w + r * row_bytes + 2 * i)
+             : _mm512_maskz_loadu_epi16(m, w + r * row_bytes + 2 * i);
+    MOETIER_UNROLL for (int c = 0; c < C; ++c) {
       // Zero padded to a multiple of 32 by Prepare: a full load stays inside the record.
       const __m512i xv = _mm512_load_si512(xb + c * token_bytes + 2 * i);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r)
-        acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)wv[r], (__m512bh)xv);
+      MOETIER_UNROLL for (int r = 0; r < R; ++r) acc[r][c][a] =
+          _mm512_dpbf16_ps(acc[r][c][a], (__m512bh)wv[r], (__m512bh)xv);
     }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[c * y_stride + r] = HSum(acc[r][c]);
+  };
+  auto prefetch = [&](int64_t i) __attribute__((always_inline)) {
+    MOETIER_UNROLL for (int r = 0; r < R; ++r) for (int64_t b = 0; b < kFloatAcc * 64; b += 64)
+        Prefetch(w + r * row_bytes + 2 * i + b);
+  };
+  ForSteps<kFloatAcc, 32>(k, step, prefetch);
+  MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
+      y[c * y_stride + r] = HSumAcc<kFloatAcc>(acc[r][c]);
 }
 #endif
 
 // ---------------------------------------------------------------------------------------------
-// Quantized formats: int8 dots over a pair of 32-blocks per 512-bit register (lanes 0..7 the
-// first block, 8..15 the second), scaled per block in float32. An odd last block is paired with
-// zeros: its weights read as zero and the prepared activations' padding (quants, scales and
-// bias) is zero, so the empty half adds exactly 0.
+// Quantized formats: int8 dots, scaled per block in float32. A step fills one 512-bit register
+// of quants: two Q8_0 blocks (natural layout, 8 lanes each) or four Q4_0 blocks
+// (nibble-interleaved layout, 4 lanes each). Blocks past the row's end read as zero.
 
 template <WFormat F>
 constexpr int64_t QBlockBytes() {
   return F == WFormat::kQ8_0 ? kQ8_0Bytes : kQ4_0Bytes;
 }
+template <WFormat F>
+constexpr int64_t StepBlocks() {
+  return F == WFormat::kQ8_0 ? 2 : kQ4Group;
+}
 
-struct QuantPair {
-  __m512i q;        // Q8_0: codes (kVnni: + 128, as uint8); Q4_0: 4-bit codes, natural order
-  __m512i absq;     // Q8_0 without VNNI: |codes|
-  __mmask64 neg;    // Q8_0 without VNNI: codes < 0
-  __m512 d;         // scales: lanes 0..7 block b, 8..15 block b + 1
+struct QuantStep {
+  __m512i q;      // Q8_0: codes (kVnni: + 128, as uint8); Q4_0: low nibbles of the 4 blocks
+  __m512i q2;     // Q8_0 without VNNI: |codes|; Q4_0: high nibbles
+  __mmask64 neg;  // Q8_0 without VNNI: codes < 0
+  __m512 d;       // the weight scale of each lane's block
 };
 
 template <WFormat F>
-inline QuantPair LoadQuantPair(const uint8_t* blk, bool second) {
-  QuantPair qp;
-  const uint8_t* blk1 = blk + QBlockBytes<F>();
-  uint16_t h0, h1 = 0;
-  std::memcpy(&h0, blk, 2);
-  if (second) std::memcpy(&h1, blk1, 2);
-  const __m256i hh =
-      _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(static_cast<short>(h0))),
-                              _mm_set1_epi16(static_cast<short>(h1)), 1);
-  qp.d = _mm512_cvtph_ps(hh);
+inline QuantStep LoadStep(const uint8_t* blk, int64_t n_blocks) {
+  QuantStep st;
+  st.neg = 0;
+  uint16_t h[4] = {0, 0, 0, 0};
+  for (int64_t j = 0; j < StepBlocks<F>(); ++j)
+    if (j < n_blocks) std::memcpy(&h[j], blk + j * QBlockBytes<F>(), 2);
+  const __m128 d4 =
+      _mm_cvtph_ps(_mm_setr_epi16(static_cast<short>(h[0]), static_cast<short>(h[1]),
+                                  static_cast<short>(h[2]), static_cast<short>(h[3]), 0, 0, 0, 0));
   if constexpr (F == WFormat::kQ8_0) {
+    st.d = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                 _mm512_castps128_ps512(d4));
     const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-    const __m256i q1 = second ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk1 + 2))
-                              : _mm256_setzero_si256();
-    qp.q = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
+    const __m256i q1 =
+        n_blocks > 1 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kQ8_0Bytes + 2))
+                     : _mm256_setzero_si256();
+    st.q = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
     if constexpr (kVnni) {
-      qp.q = _mm512_xor_si512(qp.q, _mm512_set1_epi8(static_cast<char>(0x80)));  // + 128
-      qp.absq = qp.q;
-      qp.neg = 0;
+      st.q = _mm512_xor_si512(st.q, _mm512_set1_epi8(static_cast<char>(0x80)));  // + 128
+      st.q2 = st.q;
     } else {
-      qp.absq = _mm512_abs_epi8(qp.q);
-      qp.neg = _mm512_movepi8_mask(qp.q);
+      st.q2 = _mm512_abs_epi8(st.q);
+      st.neg = _mm512_movepi8_mask(st.q);
     }
   } else {
-    // [qs0 | qs0 | qs1 | qs1], then low nibbles in 128-bit lanes 0 and 2 (weights 0..15), high
-    // nibbles in lanes 1 and 3 (weights 16..31): both blocks in natural order.
-    const __m256i v0 =
-        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
-    const __m256i v1 = second ? _mm256_broadcastsi128_si256(
-                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk1 + 2)))
-                              : _mm256_setzero_si256();
-    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(v0), v1, 1);
-    const __m512i both = _mm512_mask_blend_epi64(0xCC, v, _mm512_srli_epi16(v, 4));
-    qp.q = _mm512_and_si512(both, _mm512_set1_epi8(0x0F));
-    qp.absq = qp.q;
-    qp.neg = 0;
+    st.d = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                 _mm512_castps128_ps512(d4));
+    __m128i qs[4];
+    for (int64_t j = 0; j < kQ4Group; ++j)
+      qs[j] = j < n_blocks
+                  ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + j * kQ4_0Bytes + 2))
+                  : _mm_setzero_si128();
+    const __m256i v01 = _mm256_inserti128_si256(_mm256_castsi128_si256(qs[0]), qs[1], 1);
+    const __m256i v23 = _mm256_inserti128_si256(_mm256_castsi128_si256(qs[2]), qs[3], 1);
+    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(v01), v23, 1);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    st.q = _mm512_and_si512(v, m4);
+    st.q2 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
   }
-  return qp;
+  return st;
 }
 
+// int32 lanes of one step's dot with the activation quants at `xq` (64 bytes per Q8_0 pair,
+// 128 per Q4_0 group: low halves then high halves), plus the prepared bias.
 template <WFormat F>
-inline __m512i PairDot(const QuantPair& w, __m512i xq, __m512i bias) {
-  if constexpr (kVnni) {
-    return _mm512_dpbusd_epi32(bias, w.q, xq);
-  } else {
-    const __m512i ones = _mm512_set1_epi16(1);
-    if constexpr (F == WFormat::kQ8_0) {
-      // |w| * (x * sign(w)); pairs stay within int16 (2 * 128 * 127 < 32768).
-      const __m512i xs = _mm512_mask_sub_epi8(xq, w.neg, _mm512_setzero_si512(), xq);
-      (void)bias;
-      return _mm512_madd_epi16(_mm512_maddubs_epi16(w.absq, xs), ones);
+inline __m512i StepDot(const QuantStep& w, const uint8_t* xq, __m512i bias) {
+  const __m512i x0 = _mm512_load_si512(xq);
+  if constexpr (F == WFormat::kQ8_0) {
+    if constexpr (kVnni) {
+      return _mm512_dpbusd_epi32(bias, w.q, x0);
     } else {
-      return _mm512_add_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(w.q, xq), ones), bias);
+      // |w| * (x * sign(w)); pairs stay within int16 (2 * 128 * 127 < 32768); offset 0.
+      (void)bias;
+      const __m512i xs = _mm512_mask_sub_epi8(x0, w.neg, _mm512_setzero_si512(), x0);
+      return _mm512_madd_epi16(_mm512_maddubs_epi16(w.q2, xs), _mm512_set1_epi16(1));
+    }
+  } else {
+    const __m512i x1 = _mm512_load_si512(xq + 64);
+    if constexpr (kVnni) {
+      return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(bias, w.q, x0), w.q2, x1);
+    } else {
+      // codes 0..15 x int8: each pair sum <= 2 * 15 * 127, two of them still fit int16.
+      const __m512i p =
+          _mm512_add_epi16(_mm512_maddubs_epi16(w.q, x0), _mm512_maddubs_epi16(w.q2, x1));
+      return _mm512_add_epi32(_mm512_madd_epi16(p, _mm512_set1_epi16(1)), bias);
     }
   }
 }
@@ -207,55 +317,74 @@ inline __m512i PairDot(const QuantPair& w, __m512i xq, __m512i bias) {
 template <WFormat F, int R, int C>
 void QuantTile(const uint8_t* w, int64_t row_bytes, const uint8_t* xrec, int64_t token_bytes,
                int64_t k, float* y, int64_t y_stride) {
-  const QuantLayout lay = QuantLayoutFor(k);
+  const QuantLayout lay = QuantLayoutFor(k, F == WFormat::kQ8_0 ? 1 : kQ4Group);
   const int64_t nb = k / kBlock;
-  __m512 acc[R][C];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; b += 2) {
-    const bool second = b + 1 < nb;
-    QuantPair wp[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r)
-      wp[r] = LoadQuantPair<F>(w + r * row_bytes + b * QBlockBytes<F>(), second);
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) {
+  constexpr int64_t kStepBytes = StepBlocks<F>() * QBlockBytes<F>();  // weight bytes per step
+  constexpr int64_t kStepQx = StepBlocks<F>() * kBlock;               // activation quants per step
+  static_assert(kQuantAcc == 2, "the loop tail and final sum below assume 2 accumulators");
+  __m512 acc[R][C][kQuantAcc];
+  MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
+      MOETIER_UNROLL for (int a = 0; a < kQuantAcc; ++a) acc[r][c][a] = _mm512_setzero_ps();
+  auto step = [&](int64_t s, int a) __attribute__((always_inline)) {
+    QuantStep ws[R];
+    const int64_t n_blocks = Min(StepBlocks<F>(), nb - s * StepBlocks<F>());
+    MOETIER_UNROLL for (int r = 0; r < R; ++r) ws[r] =
+        LoadStep<F>(w + r * row_bytes + s * kStepBytes, n_blocks);
+    MOETIER_UNROLL for (int c = 0; c < C; ++c) {
       const uint8_t* rec = xrec + c * token_bytes;
-      const __m512i xq = _mm512_load_si512(rec + b * kBlock);
       const __m512 dx =
-          _mm512_load_ps(reinterpret_cast<const float*>(rec + lay.dx_offset) + b * kLanesPerBlock);
-      const __m512i bias = _mm512_load_si512(rec + lay.bias_offset + b * kLanesPerBlock * 4);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const __m512 s = _mm512_cvtepi32_ps(PairDot<F>(wp[r], xq, bias));
-        acc[r][c] = _mm512_fmadd_ps(s, _mm512_mul_ps(wp[r].d, dx), acc[r][c]);
+          _mm512_load_ps(reinterpret_cast<const float*>(rec + lay.dx_offset) + 16 * s);
+      const __m512i bias = _mm512_load_si512(rec + lay.bias_offset + 64 * s);
+      MOETIER_UNROLL for (int r = 0; r < R; ++r) {
+        const __m512 v = _mm512_cvtepi32_ps(StepDot<F>(ws[r], rec + s * kStepQx, bias));
+        acc[r][c][a] = _mm512_fmadd_ps(v, _mm512_mul_ps(ws[r].d, dx), acc[r][c][a]);
       }
     }
+  };
+  const int64_t n_steps = (nb + StepBlocks<F>() - 1) / StepBlocks<F>();
+  int64_t s = 0;
+  for (; s + kQuantAcc <= n_steps; s += kQuantAcc) {
+    MOETIER_UNROLL for (int r = 0; r < R; ++r) for (int64_t b = 0; b < kQuantAcc * kStepBytes;
+                                                    b += 64)
+        Prefetch(w + r * row_bytes + s * kStepBytes + b);
+    step(s, 0);
+    step(s + 1, 1);
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[c * y_stride + r] = HSum(acc[r][c]);
+  if (s < n_steps) step(s, 0);
+  MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
+      y[c * y_stride + r] = HSum(_mm512_add_ps(acc[r][c][0], acc[r][c][1]));
 }
 
 // ---------------------------------------------------------------------------------------------
-// Row/token blocking: tiles of up to 4 rows x 4 tokens; remainders use smaller instantiations.
+// Row/token blocking: (1 row x 1 token) for decode, up to 2 rows x kTokens for prefill;
+// remainders use smaller instantiations (same per-element arithmetic).
 
-#define MOETIER_TILE_CASES_R(FN, R, ...)                  \
-  case R * 8 + 1: FN<R, 1>(__VA_ARGS__); break;           \
-  case R * 8 + 2: FN<R, 2>(__VA_ARGS__); break;           \
-  case R * 8 + 3: FN<R, 3>(__VA_ARGS__); break;           \
-  case R * 8 + 4: FN<R, 4>(__VA_ARGS__); break;
-#define MOETIER_TILE_SWITCH(FN, NR, NT, ...)              \
-  switch ((NR) * 8 + (NT)) {                              \
-    MOETIER_TILE_CASES_R(FN, 1, __VA_ARGS__)              \
-    MOETIER_TILE_CASES_R(FN, 2, __VA_ARGS__)              \
-    MOETIER_TILE_CASES_R(FN, 3, __VA_ARGS__)              \
-    MOETIER_TILE_CASES_R(FN, 4, __VA_ARGS__)              \
-    default: break;                                       \
+#define MOETIER_TILE_CASES_R(FN, R, ...) \
+  case R * 8 + 1:                        \
+    FN<R, 1>(__VA_ARGS__);               \
+    break;                               \
+  case R * 8 + 2:                        \
+    FN<R, 2>(__VA_ARGS__);               \
+    break;                               \
+  case R * 8 + 3:                        \
+    FN<R, 3>(__VA_ARGS__);               \
+    break;                               \
+  case R * 8 + 4:                        \
+    FN<R, 4>(__VA_ARGS__);               \
+    break;
+#define MOETIER_TILE_SWITCH(FN, NR, NT, ...) \
+  switch ((NR)*8 + (NT)) {                   \
+    MOETIER_TILE_CASES_R(FN, 1, __VA_ARGS__) \
+    MOETIER_TILE_CASES_R(FN, 2, __VA_ARGS__) \
+    MOETIER_TILE_CASES_R(FN, 3, __VA_ARGS__) \
+    MOETIER_TILE_CASES_R(FN, 4, __VA_ARGS__) \
+    default:                                 \
+      break;                                 \
   }
 
-constexpr int64_t kTileRows = 4, kTileTokens = 4;
+// Prefill tile shapes: 32 zmm registers hold R x C x A accumulators plus the operands.
+constexpr int64_t kFloatRows = 4, kFloatTokens = 3;  // 4 x 3 x 2 = 24 accumulators
+constexpr int64_t kQuantRows = 2, kQuantTokens = 4;  // 2 x 4 x 2 = 16 (+ 2 x 4 weight regs)
 
 template <WFormat F>
 struct FloatTiles {
@@ -270,24 +399,25 @@ template <WFormat F>
 void FloatRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t row_end,
                const Prepared& x, float* y, int64_t y_stride, float* scratch) {
   const int64_t k = x.k;
+  const int64_t kRows = x.n_tokens == 1 ? 1 : kFloatRows;
   // With more tokens than one tile holds, convert each group of rows once (exactly) and reuse
   // it for every token tile; with fewer, convert in registers.
-  const bool convert = F != WFormat::kF32 && x.n_tokens > kTileTokens;
+  const bool convert = F != WFormat::kF32 && x.n_tokens > kFloatTokens;
   const int64_t stride = RoundUp(k, 64);
-  for (int64_t r0 = row_begin; r0 < row_end; r0 += kTileRows) {
-    const int64_t nr = Min(kTileRows, row_end - r0);
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
+    const int64_t nr = Min(kRows, row_end - r0);
     if (convert) ConvertRows<F>(w + r0 * row_bytes, row_bytes, nr, k, scratch, stride);
-    for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kTileTokens) {
-      const int64_t nt = Min(kTileTokens, x.n_tokens - t0);
+    for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kFloatTokens) {
+      const int64_t nt = Min(kFloatTokens, x.n_tokens - t0);
       float* yt = y + t0 * y_stride + r0;
       const float* xt = x.x + t0 * k;
       if (convert) {
         const auto* cw = reinterpret_cast<const uint8_t*>(scratch);
-        MOETIER_TILE_SWITCH(FloatTiles<WFormat::kF32>::template Run, nr, nt, cw, stride * 4, xt,
-                            k, yt, y_stride)
+        MOETIER_TILE_SWITCH(FloatTiles<WFormat::kF32>::template Run, nr, nt, cw, stride * 4, xt, k,
+                            yt, y_stride)
       } else {
-        MOETIER_TILE_SWITCH(FloatTiles<F>::template Run, nr, nt, w + r0 * row_bytes, row_bytes,
-                            xt, k, yt, y_stride)
+        MOETIER_TILE_SWITCH(FloatTiles<F>::template Run, nr, nt, w + r0 * row_bytes, row_bytes, xt,
+                            k, yt, y_stride)
       }
     }
   }
@@ -304,13 +434,14 @@ struct Bf16Tiles {
 
 void Bf16Rows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t row_end,
               const Prepared& x, float* y, int64_t y_stride) {
-  for (int64_t r0 = row_begin; r0 < row_end; r0 += kTileRows) {
-    const int64_t nr = Min(kTileRows, row_end - r0);
-    for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kTileTokens) {
-      const int64_t nt = Min(kTileTokens, x.n_tokens - t0);
+  const int64_t kRows = x.n_tokens == 1 ? 1 : kFloatRows;
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
+    const int64_t nr = Min(kRows, row_end - r0);
+    for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kFloatTokens) {
+      const int64_t nt = Min(kFloatTokens, x.n_tokens - t0);
       MOETIER_TILE_SWITCH(Bf16Tiles::template Run, nr, nt, w + r0 * row_bytes, row_bytes,
-                          x.data + t0 * x.token_bytes, x.token_bytes, x.k,
-                          y + t0 * y_stride + r0, y_stride)
+                          x.data + t0 * x.token_bytes, x.token_bytes, x.k, y + t0 * y_stride + r0,
+                          y_stride)
     }
   }
 }
@@ -328,28 +459,35 @@ struct QuantTiles {
 template <WFormat F>
 void QuantRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t row_end,
                const Prepared& x, float* y, int64_t y_stride) {
-  for (int64_t r0 = row_begin; r0 < row_end; r0 += kTileRows) {
-    const int64_t nr = Min(kTileRows, row_end - r0);
-    for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kTileTokens) {
-      const int64_t nt = Min(kTileTokens, x.n_tokens - t0);
+  const int64_t kRows = x.n_tokens == 1 ? 1 : kQuantRows;
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
+    const int64_t nr = Min(kRows, row_end - r0);
+    for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kQuantTokens) {
+      const int64_t nt = Min(kQuantTokens, x.n_tokens - t0);
       MOETIER_TILE_SWITCH(QuantTiles<F>::template Run, nr, nt, w + r0 * row_bytes, row_bytes,
-                          x.data + t0 * x.token_bytes, x.token_bytes, x.k,
-                          y + t0 * y_stride + r0, y_stride)
+                          x.data + t0 * x.token_bytes, x.token_bytes, x.k, y + t0 * y_stride + r0,
+                          y_stride)
     }
   }
 }
 
 #undef MOETIER_TILE_SWITCH
 #undef MOETIER_TILE_CASES_R
+#undef MOETIER_UNROLL
 
 // ---------------------------------------------------------------------------------------------
-// Activation preparation, bit-identical to the scalar reference (matmul_scalar.cpp).
+// Activation preparation, bit-identical to the scalar reference (matmul_scalar.cpp) up to the
+// layout: same amax, scale, rounding and clamping.
 
-bool UsesBf16Dot(WFormat f) { return kBf16Dot && f == WFormat::kBF16; }
+bool UsesBf16Dot(WFormat f) {
+  return kBf16Dot && f == WFormat::kBF16;
+}
 
 int64_t TokenBytes(WFormat f, int64_t k) {
   if (UsesBf16Dot(f)) return RoundUp(RoundUp(k, 32) * 2, kAlign);
-  return f == WFormat::kQ8_0 || f == WFormat::kQ4_0 ? QuantLayoutFor(k).token_bytes : 0;
+  if (f == WFormat::kQ8_0) return QuantLayoutFor(k, 1).token_bytes;
+  if (f == WFormat::kQ4_0) return QuantLayoutFor(k, kQ4Group).token_bytes;
+  return 0;
 }
 
 int32_t QuantOffset(WFormat f) {
@@ -366,53 +504,82 @@ void PrepareBf16(const float* x, int64_t n_tokens, int64_t k, uint8_t* out) {
     std::memset(rec, 0, static_cast<size_t>(token_bytes));
     const float* xt = x + t * k;
     for (int64_t i = 0; i < k; i += 32) {
-      const int64_t n0 = Min(16, k - i), n1 = Min(16, k - i - 16);
-      const __m512 lo = _mm512_maskz_loadu_ps(TailMask16(n0), xt + i);
-      const __m512 hi = n1 > 0 ? _mm512_maskz_loadu_ps(TailMask16(n1), xt + i + 16)
-                               : _mm512_setzero_ps();
+      const __m512 lo = _mm512_maskz_loadu_ps(TailMask16(k - i), xt + i);
+      const __m512 hi = k - i > 16 ? _mm512_maskz_loadu_ps(TailMask16(k - i - 16), xt + i + 16)
+                                   : _mm512_setzero_ps();
       _mm512_store_si512(rec + 2 * i, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
     }
   }
 }
 #endif
 
+// Quantizes one 32-block: its 32 quants in natural order, and its scale.
+inline __m256i QuantizeBlock(const float* x, float* d_out) {
+  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  const __m512 v0 = _mm512_loadu_ps(x);
+  const __m512 v1 = _mm512_loadu_ps(x + 16);
+  const __m512 m = _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1));
+  const __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(m), _mm512_extractf32x8_ps(m, 1));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 0x55));
+  const float amax = _mm_cvtss_f32(m4);
+  *d_out = amax / 127.0f;
+  const __m512 id = _mm512_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+  const __m512i q0 =
+      _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v0, id), lo), hi));
+  const __m512i q1 =
+      _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v1, id), lo), hi));
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtsepi32_epi8(q0)),
+                                 _mm512_cvtsepi32_epi8(q1), 1);
+}
+
+// Sums of 4 consecutive int8 in each int32 lane.
+inline __m256i LaneSums(__m256i q) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+}
+
 void Prepare(WFormat f, const float* x, int64_t n_tokens, int64_t k, uint8_t* out) {
 #if defined(MOETIER_KERNEL_AVX512BF16)
   if (UsesBf16Dot(f)) return PrepareBf16(x, n_tokens, k, out);
 #endif
   if (TokenBytes(f, k) == 0) return;
-  const QuantLayout lay = QuantLayoutFor(k);
+  const int64_t group = f == WFormat::kQ4_0 ? kQ4Group : 1;
+  const QuantLayout lay = QuantLayoutFor(k, group);
   const int64_t nb = k / kBlock;
-  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
   const __m256i neg_offset = _mm256_set1_epi32(-QuantOffset(f));
   for (int64_t t = 0; t < n_tokens; ++t) {
     uint8_t* rec = out + t * lay.token_bytes;
     std::memset(rec, 0, static_cast<size_t>(lay.token_bytes));
     const float* xt = x + t * k;
+    auto* dx = reinterpret_cast<float*>(rec + lay.dx_offset);
+    auto* bias = reinterpret_cast<int32_t*>(rec + lay.bias_offset);
+    if (group == 1) {
+      for (int64_t b = 0; b < nb; ++b) {
+        float d;
+        const __m256i q = QuantizeBlock(xt + b * kBlock, &d);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(rec + b * kBlock), q);
+        _mm256_store_ps(dx + 8 * b, _mm256_set1_ps(d));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(bias + 8 * b),
+                           _mm256_mullo_epi32(LaneSums(q), neg_offset));
+      }
+      continue;
+    }
+    // Nibble-interleaved groups of 4: the low 16 quants of each block, then the high 16.
     for (int64_t b = 0; b < nb; ++b) {
-      const __m512 v0 = _mm512_loadu_ps(xt + b * kBlock);
-      const __m512 v1 = _mm512_loadu_ps(xt + b * kBlock + 16);
-      const __m512 m = _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1));
-      __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(m), _mm512_extractf32x8_ps(m, 1));
-      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
-      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-      m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 0x55));
-      const float amax = _mm_cvtss_f32(m4);
-      const float d = amax / 127.0f;
-      const __m512 id = _mm512_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
-      const __m512i q0 =
-          _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v0, id), lo), hi));
-      const __m512i q1 =
-          _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v1, id), lo), hi));
-      const __m256i q8 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtsepi32_epi8(q0)),
-                                                 _mm512_cvtsepi32_epi8(q1), 1);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(rec + b * kBlock), q8);
-      _mm256_store_ps(reinterpret_cast<float*>(rec + lay.dx_offset) + b * kLanesPerBlock,
-                      _mm256_set1_ps(d));
-      const __m256i sum4 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q8),
-                                             _mm256_set1_epi16(1));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(rec + lay.bias_offset) + b,
-                         _mm256_mullo_epi32(sum4, neg_offset));
+      const int64_t g = b / group, j = b % group;
+      float d;
+      const __m256i q = QuantizeBlock(xt + b * kBlock, &d);
+      uint8_t* base = rec + g * group * kBlock;
+      _mm_store_si128(reinterpret_cast<__m128i*>(base + 16 * j), _mm256_castsi256_si128(q));
+      _mm_store_si128(reinterpret_cast<__m128i*>(base + 16 * (group + j)),
+                      _mm256_extracti128_si256(q, 1));
+      _mm_store_ps(dx + 4 * b, _mm_set1_ps(d));
+      // Lane l of this block: quants 4l..4l+3 plus 16+4l..16+4l+3.
+      const __m256i s = LaneSums(q);
+      const __m128i lane = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+      _mm_store_si128(reinterpret_cast<__m128i*>(bias + 4 * b),
+                      _mm_mullo_epi32(lane, _mm256_castsi256_si128(neg_offset)));
     }
   }
 }
@@ -437,7 +604,7 @@ void DotRows(WFormat f, const uint8_t* w, int64_t row_bytes, int64_t row_begin, 
   }
 }
 
-const Kernels kKernels = {TokenBytes, Prepare, DotRows};
+const Kernels kKernels = {kQ4Group, TokenBytes, Prepare, DotRows};
 
 }  // namespace
 }  // namespace moetier::kernels::isa

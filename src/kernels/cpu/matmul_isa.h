@@ -4,8 +4,9 @@
 // ODR hazard: a TU compiled with -mavx512f must not emit any inline function or template that
 // another TU also emits (std:: templates, inline helpers from core/), because the linker keeps
 // one copy, which could then run AVX-512 on a CPU without it. So this header uses plain types
-// only, the ISA TUs include nothing but <immintrin.h>, <cstdint>, <cstddef>, <cstring>
-// (builtins) and this header, and keep all their helpers in an anonymous namespace.
+// only (its functions are `static`: one private copy per TU), the ISA TUs include nothing but
+// <immintrin.h>, <cstdint>, <cstddef>, <cstring> (builtins) and this header, and keep all their
+// helpers in an anonymous namespace.
 #pragma once
 
 #include <cstddef>
@@ -18,46 +19,62 @@ enum class WFormat : uint8_t { kF32, kF16, kBF16, kQ8_0, kQ4_0 };
 inline constexpr int64_t kBlock = 32;       // quantized block: weights per block
 inline constexpr int64_t kQ8_0Bytes = 34;   // fp16 d + 32 x int8
 inline constexpr int64_t kQ4_0Bytes = 18;   // fp16 d + 16 x (2 x 4-bit)
-inline constexpr int64_t kLanesPerBlock = 8;  // int32 lanes of an int8 dot over a block (4 each)
 inline constexpr int64_t kAlign = 64;       // bytes; every prepared array starts on a cache line
 inline constexpr int64_t kMaxTileRows = 4;  // most weight rows any kernel converts at once
 
-constexpr int64_t RoundUp(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+static constexpr int64_t RoundUp(int64_t v, int64_t m) {
+  return (v + m - 1) / m * m;
+}
 
 // Prepared activations, one layout per (weight format, ISA), built once per matmul.
 //
 // f32/f16/bf16 weights, fp32 math: `x` is the caller's [n_tokens, k] (row stride k); no copy.
 // bf16 weights on kAvx512Bf16 (vdpbf16ps): per token, bf16[RoundUp(k, 32)], zero padded.
-// Q8_0/Q4_0 weights: per token, for nb = k/32 blocks, each array kAlign-aligned:
-//   qx   int8[k]            round-half-even(x / dx) per block, in [-127, 127]
-//   dx   float[nb * 8]      the block's scale max|x|/127, repeated for its 8 lanes
-//   bias int32[nb * 8]      -offset * (sum of the lane's 4 quants): pre-loads the int32
-//                           accumulator so that a kernel which adds `offset` to the weight
-//                           codes (to make them unsigned for vpdpbusd/vpmaddubsw) gets the
-//                           signed dot. offset is 8 for Q4_0, 128 for Q8_0 with VNNI, else 0.
+// Q8_0/Q4_0 weights: per token a record of three arrays (QuantLayout), each kAlign-aligned:
+//   qx   int8      the activations as round-half-even(x / dx) per 32-block, in [-127, 127]
+//   dx   float     per int32 lane: the scale (max|x| / 127) of the block the lane belongs to
+//   bias int32     per int32 lane: -offset * (sum of the lane's quants), pre-loaded into the
+//                  accumulator so that a kernel which adds `offset` to the weight codes (to make
+//                  them unsigned for vpdpbusd/vpmaddubsw) still gets the signed dot. offset is 8
+//                  for Q4_0, 128 for Q8_0 with VNNI, 0 otherwise.
+// A "lane" is one int32 of the integer dot. Blocks come in groups of `group`:
+//   group 1 (natural order): qx is x's order; 8 lanes per block, lane j = elements 4j..4j+3.
+//   group G > 1 (Q4_0 only, "nibble-interleaved", matching how a register holds the low and
+//   high nibbles of G blocks): per group, the first 16 quants of each of the G blocks, then the
+//   last 16 of each; 4 lanes per block, lane j = elements 4j..4j+3 and 16+4j..16+4j+3.
+// A last partial group is padded with zero blocks (zero quants, scale and bias), so kernels may
+// process whole groups: the padding adds exactly zero.
 struct Prepared {
   int64_t n_tokens = 0;
   int64_t k = 0;
-  const float* x = nullptr;     // fp32-math float formats
+  const float* x = nullptr;       // fp32-math float formats
   const uint8_t* data = nullptr;  // everything else: n_tokens records of token_bytes
   int64_t token_bytes = 0;
+  int64_t group = 1;  // quantized formats: blocks per group of the layout
 };
 
 // Byte offsets of the arrays inside one quantized token record.
 struct QuantLayout {
+  int64_t group;            // blocks per group
+  int64_t n_groups;         // ceil(k / 32 / group)
+  int64_t lanes_per_block;  // 8 (group 1) or 4
   int64_t dx_offset;
   int64_t bias_offset;
   int64_t token_bytes;
 };
-constexpr QuantLayout QuantLayoutFor(int64_t k) {
-  const int64_t nb = k / kBlock;
-  const int64_t qx_bytes = RoundUp(k, kAlign);
-  const int64_t lane_bytes = RoundUp(nb * kLanesPerBlock * 4, kAlign);
-  return {qx_bytes, qx_bytes + lane_bytes, qx_bytes + 2 * lane_bytes};
+static constexpr QuantLayout QuantLayoutFor(int64_t k, int64_t group) {
+  const int64_t n_groups = (k / kBlock + group - 1) / group;
+  const int64_t lanes_per_block = group == 1 ? 8 : 4;
+  const int64_t qx_bytes = RoundUp(n_groups * group * kBlock, kAlign);
+  const int64_t lane_bytes = RoundUp(n_groups * group * lanes_per_block * 4, kAlign);
+  return {
+      group, n_groups, lanes_per_block, qx_bytes, qx_bytes + lane_bytes, qx_bytes + 2 * lane_bytes};
 }
 
 // One instruction set's kernels. Every function runs on the calling thread.
 struct Kernels {
+  // Blocks per group in the prepared layout for Q4_0 weights (Q8_0 is always 1).
+  int64_t q4_0_group;
   // Bytes of prepared data per token (0: the kernel reads the caller's float activations).
   int64_t (*token_bytes)(WFormat f, int64_t k);
   // Writes n_tokens records of token_bytes to `out` (kAlign-aligned) from x [n_tokens, k].
@@ -67,11 +84,12 @@ struct Kernels {
   // kAlign-aligned. Each y element's arithmetic is the same whatever the row range and token
   // count, so results never depend on how rows are split across threads.
   void (*dot_rows)(WFormat f, const uint8_t* w, int64_t row_bytes, int64_t row_begin,
-                   int64_t row_end, const Prepared& x, float* y, int64_t y_stride,
-                   float* scratch);
+                   int64_t row_end, const Prepared& x, float* y, int64_t y_stride, float* scratch);
 };
 
-constexpr int64_t ScratchFloats(int64_t k) { return kMaxTileRows * RoundUp(k, 64); }
+static constexpr int64_t ScratchFloats(int64_t k) {
+  return kMaxTileRows * RoundUp(k, 64);
+}
 
 // nullptr when the build has no code for that ISA (e.g. not an x86-64 build).
 const Kernels* ScalarKernels();

@@ -14,7 +14,7 @@ namespace moetier::kernels::isa {
 namespace {
 
 int64_t TokenBytes(WFormat f, int64_t k) {
-  return f == WFormat::kQ8_0 || f == WFormat::kQ4_0 ? QuantLayoutFor(k).token_bytes : 0;
+  return f == WFormat::kQ8_0 || f == WFormat::kQ4_0 ? QuantLayoutFor(k, 1).token_bytes : 0;
 }
 
 // The activation quantizer every ISA reproduces bit for bit: per 32-block, amax = max|x|,
@@ -22,7 +22,7 @@ int64_t TokenBytes(WFormat f, int64_t k) {
 // reciprocal (not a division per element) because the SIMD versions must match it cheaply.
 void Prepare(WFormat f, const float* x, int64_t n_tokens, int64_t k, uint8_t* out) {
   if (TokenBytes(f, k) == 0) return;
-  const QuantLayout lay = QuantLayoutFor(k);
+  const QuantLayout lay = QuantLayoutFor(k, 1);
   const int64_t nb = k / kBlock;
   for (int64_t t = 0; t < n_tokens; ++t) {
     uint8_t* rec = out + t * lay.token_bytes;
@@ -40,9 +40,9 @@ void Prepare(WFormat f, const float* x, int64_t n_tokens, int64_t k, uint8_t* ou
         const float v = std::fmin(127.0f, std::fmax(-127.0f, xt[b * kBlock + j] * id));
         qx[b * kBlock + j] = static_cast<int8_t>(std::nearbyint(v));
       }
-      for (int64_t l = 0; l < kLanesPerBlock; ++l) {
-        dx[b * kLanesPerBlock + l] = d;
-        bias[b * kLanesPerBlock + l] = 0;  // the scalar kernel adds no offset to weight codes
+      for (int64_t l = 0; l < lay.lanes_per_block; ++l) {
+        dx[b * lay.lanes_per_block + l] = d;
+        bias[b * lay.lanes_per_block + l] = 0;  // the scalar kernel adds no offset to weight codes
       }
     }
   }
@@ -87,7 +87,7 @@ void DotRows(WFormat f, const uint8_t* w, int64_t row_bytes, int64_t row_begin, 
              const Prepared& x, float* y, int64_t y_stride, float* /*scratch*/) {
   const int64_t k = x.k;
   if (f == WFormat::kQ8_0 || f == WFormat::kQ4_0) {
-    const QuantLayout lay = QuantLayoutFor(k);
+    const QuantLayout lay = QuantLayoutFor(k, 1);
     const int64_t nb = k / kBlock;
     const int64_t block_bytes = f == WFormat::kQ8_0 ? kQ8_0Bytes : kQ4_0Bytes;
     for (int64_t r = row_begin; r < row_end; ++r) {
@@ -102,7 +102,7 @@ void DotRows(WFormat f, const uint8_t* w, int64_t row_bytes, int64_t row_begin, 
           uint16_t h;
           std::memcpy(&h, blk, 2);
           const int32_t s = BlockDot(f, blk, qx + b * kBlock);
-          acc += static_cast<double>(F16ToF32(h)) * dx[b * kLanesPerBlock] * s;
+          acc += static_cast<double>(F16ToF32(h)) * dx[b * lay.lanes_per_block] * s;
         }
         y[t * y_stride + r] = static_cast<float>(acc);
       }
@@ -120,10 +120,12 @@ void DotRows(WFormat f, const uint8_t* w, int64_t row_bytes, int64_t row_begin, 
   }
 }
 
-const Kernels kScalar = {TokenBytes, Prepare, DotRows};
+const Kernels kScalar = {1, TokenBytes, Prepare, DotRows};
 
 }  // namespace
 
-const Kernels* ScalarKernels() { return &kScalar; }
+const Kernels* ScalarKernels() {
+  return &kScalar;
+}
 
 }  // namespace moetier::kernels::isa

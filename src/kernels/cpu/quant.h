@@ -4,8 +4,10 @@
 // A row of k weights (k a multiple of 32) is k/32 blocks stored back to back, no padding:
 //
 //   Q8_0, 34 bytes:  [d: fp16, little-endian][qs: 32 x int8]        w[j] = d * qs[j]
-//   Q4_0, 18 bytes:  [d: fp16, little-endian][qs: 16 x uint8]       w[j]      = d * ((qs[j] & 15) - 8)
-//                                                                   w[j + 16] = d * ((qs[j] >> 4) - 8)
+//   Q4_0, 18 bytes:  [d: fp16, little-endian][qs: 16 x uint8]       w[j]      = d * ((qs[j] & 15) -
+//   8)
+//                                                                   w[j + 16] = d * ((qs[j] >> 4) -
+//                                                                   8)
 //
 // (j < 16 for Q4_0: byte j holds weights j and j + 16, low nibble first.) Blocks are only
 // 2-byte aligned (34 and 18 are even), so kernels use unaligned loads.

@@ -1,0 +1,336 @@
+// Every instruction-set level this CPU can run, for every weight format, against the scalar
+// reference, and the scalar reference against a double-precision dot, on fresh random inputs:
+// odd row counts, k with and without tails, several token counts. Also: results that must be
+// bit-identical (row splits, thread counts, token batching) and activation preparation that
+// must match the scalar quantizer bit for bit.
+//
+// Tolerances (u = 2^-24, the float32 unit roundoff; P = sum over j of |w_j * x_j| for the
+// operands the kernel multiplies):
+//  - scalar vs double: the scalar kernels accumulate in double and round once, so
+//    |y - ref| <= u |ref| + k 2^-52 P.
+//  - SIMD vs scalar (fp32 math): each of L >= 8 lanes accumulates k/L products with one
+//    rounding per FMA, then a log2(L)-level tree: |y - ref| <= (k/L + log2 L + 1) u P, so we
+//    allow (k/8 + 16) u P.
+//  - SIMD vs scalar (quantized): integer block dots are exact; each block adds one scale
+//    product and one FMA rounding per lane: (k/32 + 16) u P, P over dequantized operands.
+//  - quantized vs the unquantized activations: |x - dx q| <= dx/2 per element (round to
+//    nearest; 1.001 for the rounding of x * 127/amax), so |y - w.x| <= sum_j |w_j| 0.501 dx_b.
+//  - bf16 activations (kAvx512Bf16, bf16 weights): x rounded to nearest bf16 (8-bit
+//    significand: relative error <= 2^-8), products then exact, so |y - ref| <= 2^-8 P +
+//    (k/16 + 16) u P.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/quant.h"
+
+namespace moetier::kernels {
+namespace {
+
+struct Weights {
+  std::vector<uint8_t> bytes;
+  std::vector<float> values;  // exactly what the bytes hold, as float32
+  TensorView view;
+};
+
+enum class Fill { kNormal, kRandomBytes };
+
+Weights MakeWeights(DType dt, int64_t rows, int64_t k, std::mt19937& rng, Fill fill) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  Weights w;
+  const size_t row_bytes = DTypeRowBytes(dt, k);
+  w.bytes.resize(row_bytes * static_cast<size_t>(rows) + 1);  // +1: never empty
+  w.values.resize(static_cast<size_t>(rows * k));
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row = w.bytes.data() + r * row_bytes;
+    float* vals = w.values.data() + r * k;
+    std::vector<float> src(static_cast<size_t>(k));
+    for (float& v : src) v = dist(rng);
+    if (fill == Fill::kRandomBytes && IsBlockQuantized(dt)) {
+      // Every code a GGUF file may hold (Q8_0's -128 included), scales of either sign.
+      for (size_t i = 0; i < row_bytes; ++i) row[i] = static_cast<uint8_t>(rng());
+      for (size_t b = 0; b < row_bytes; b += DTypeBlockBytes(dt)) {
+        const uint16_t h = F32ToF16(dist(rng) * 0.01f);
+        std::memcpy(row + b, &h, 2);
+      }
+      if (dt == DType::kQ8_0) {
+        DequantizeRowQ8_0(row, k, vals);
+      } else {
+        DequantizeRowQ4_0(row, k, vals);
+      }
+      continue;
+    }
+    switch (dt) {
+      case DType::kF32:
+        std::memcpy(row, src.data(), row_bytes);
+        std::memcpy(vals, src.data(), row_bytes);
+        break;
+      case DType::kBF16:
+      case DType::kF16:
+        for (int64_t i = 0; i < k; ++i) {
+          const uint16_t h = dt == DType::kBF16 ? F32ToBf16(src[i]) : F32ToF16(src[i]);
+          std::memcpy(row + 2 * i, &h, 2);
+          vals[i] = dt == DType::kBF16 ? Bf16ToF32(h) : F16ToF32(h);
+        }
+        break;
+      case DType::kQ8_0:
+        QuantizeRowQ8_0(src.data(), k, row);
+        DequantizeRowQ8_0(row, k, vals);
+        break;
+      case DType::kQ4_0:
+        QuantizeRowQ4_0(src.data(), k, row);
+        DequantizeRowQ4_0(row, k, vals);
+        break;
+      default:
+        break;
+    }
+  }
+  w.view = TensorView{dt, {rows, k}, w.bytes.data(), row_bytes * static_cast<size_t>(rows)};
+  return w;
+}
+
+std::vector<float> RandomActivations(int64_t n_tokens, int64_t k, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n_tokens * k));
+  for (float& v : x) v = dist(rng);
+  if (k >= 64) {  // an all-zero block and a loud one: the quantizer's edge cases
+    for (int64_t j = 0; j < 32; ++j) x[static_cast<size_t>(j)] = 0.0f;
+    x[static_cast<size_t>(40)] = 1000.0f;
+  }
+  return x;
+}
+
+// Element i of token t of quantized prepared activations: (quant, block scale), whatever the
+// layout (natural, or nibble-interleaved groups; see matmul_isa.h).
+std::pair<int, float> QuantAt(const PreparedActivations& p, int64_t t, int64_t i) {
+  const isa::QuantLayout lay = isa::QuantLayoutFor(p.k(), p.view().group);
+  const uint8_t* rec = p.view().data + t * p.view().token_bytes;
+  const auto* qx = reinterpret_cast<const int8_t*>(rec);
+  const auto* dx = reinterpret_cast<const float*>(rec + lay.dx_offset);
+  const int64_t b = i / 32, e = i % 32, G = lay.group;
+  int64_t at = i;
+  if (G > 1) {
+    const int64_t base = (b / G) * G * 32, j = b % G;
+    at = e < 16 ? base + 16 * j + e : base + 16 * (G + j) + (e - 16);
+  }
+  return {qx[at], dx[b * lay.lanes_per_block]};
+}
+
+// The activations as the kernel multiplies them: x itself, or dequantized q8 blocks.
+std::vector<double> EffectiveActivations(const PreparedActivations& p, const float* x) {
+  const int64_t T = p.n_tokens(), k = p.k();
+  std::vector<double> out(static_cast<size_t>(T * k));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < k; ++i) {
+      if (!IsBlockQuantized(p.w_dtype())) {
+        out[static_cast<size_t>(t * k + i)] = x[t * k + i];
+      } else {
+        const auto [q, d] = QuantAt(p, t, i);
+        out[static_cast<size_t>(t * k + i)] = static_cast<double>(d) * q;
+      }
+    }
+  return out;
+}
+
+std::vector<float> RunDot(CpuIsa cpu_isa, const Weights& w, const std::vector<float>& x,
+                          int64_t n_tokens, PreparedActivations* keep = nullptr) {
+  const int64_t rows = w.view.shape[0], k = w.view.shape[1];
+  PreparedActivations local;
+  PreparedActivations& p = keep ? *keep : local;
+  p.Prepare(x.data(), n_tokens, k, w.view.dtype, cpu_isa);
+  std::vector<float> y(static_cast<size_t>(n_tokens * rows), NAN);
+  DotRows(w.view, 0, rows, p, y.data(), rows);
+  return y;
+}
+
+struct Shape {
+  int64_t rows, k, tokens;
+};
+
+std::vector<Shape> ShapesFor(DType dt) {
+  if (IsBlockQuantized(dt))
+    return {{1, 32, 1},   {3, 64, 1},  {5, 96, 2},  {13, 160, 3},   {7, 2048, 1},
+            {67, 256, 5}, {9, 768, 4}, {6, 320, 9}, {17, 1024, 16}, {2, 32, 33}};
+  return {{1, 1, 1},    {3, 7, 1},    {5, 8, 2},    {13, 15, 3},  {7, 16, 1},
+          {2, 17, 5},   {11, 31, 4},  {6, 33, 9},   {67, 100, 1}, {5, 257, 6},
+          {9, 1024, 3}, {4, 2048, 1}, {3, 768, 16}, {17, 129, 33}};
+}
+
+// Which levels to test: every one this CPU runs.
+std::vector<CpuIsa> SupportedIsas() {
+  std::vector<CpuIsa> v;
+  for (CpuIsa isa : kAllCpuIsas)
+    if (CpuSupports(isa)) v.push_back(isa);
+  return v;
+}
+
+constexpr double kU = 0x1p-24;
+
+class FormatTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(FormatTest, ScalarMatchesDoubleDot) {
+  std::mt19937 rng(std::random_device{}());
+  const DType dt = GetParam();
+  for (const Shape& s : ShapesFor(dt)) {
+    const Weights w = MakeWeights(dt, s.rows, s.k, rng, Fill::kNormal);
+    const std::vector<float> x = RandomActivations(s.tokens, s.k, rng);
+    PreparedActivations p;
+    const std::vector<float> y = RunDot(CpuIsa::kScalar, w, x, s.tokens, &p);
+    const std::vector<double> xe = EffectiveActivations(p, x.data());
+    for (int64_t t = 0; t < s.tokens; ++t)
+      for (int64_t r = 0; r < s.rows; ++r) {
+        double ref = 0.0, mag = 0.0, qerr = 0.0, exact = 0.0;
+        for (int64_t i = 0; i < s.k; ++i) {
+          const double wv = w.values[static_cast<size_t>(r * s.k + i)];
+          const double p_i = wv * xe[static_cast<size_t>(t * s.k + i)];
+          ref += p_i;
+          mag += std::fabs(p_i);
+          exact += wv * x[static_cast<size_t>(t * s.k + i)];
+          if (IsBlockQuantized(dt)) {
+            const int64_t b = i / 32;
+            double amax = 0.0;
+            for (int64_t j = 0; j < 32; ++j)
+              amax = std::fmax(amax, std::fabs(x[static_cast<size_t>(t * s.k + b * 32 + j)]));
+            qerr += std::fabs(wv) * 0.501 * amax / 127.0;
+          }
+        }
+        const float got = y[static_cast<size_t>(t * s.rows + r)];
+        ASSERT_NEAR(got, ref, kU * std::fabs(ref) + s.k * 0x1p-52 * mag + 1e-30)
+            << DTypeName(dt) << " rows " << s.rows << " k " << s.k << " t " << t << " r " << r;
+        if (IsBlockQuantized(dt)) {  // and against the activations before quantization
+          ASSERT_NEAR(got, exact, qerr + 4 * kU * mag + 1e-30)
+              << DTypeName(dt) << " k " << s.k << " t " << t << " r " << r;
+        }
+      }
+  }
+}
+
+TEST_P(FormatTest, EveryIsaMatchesScalar) {
+  std::mt19937 rng(std::random_device{}());
+  const DType dt = GetParam();
+  for (CpuIsa cpu_isa : SupportedIsas()) {
+    if (cpu_isa == CpuIsa::kScalar) continue;
+    const bool bf16_acts = cpu_isa == CpuIsa::kAvx512Bf16 && dt == DType::kBF16;
+    for (Fill fill : {Fill::kNormal, Fill::kRandomBytes}) {
+      for (const Shape& s : ShapesFor(dt)) {
+        const Weights w = MakeWeights(dt, s.rows, s.k, rng, fill);
+        const std::vector<float> x = RandomActivations(s.tokens, s.k, rng);
+        PreparedActivations ps;
+        const std::vector<float> ref = RunDot(CpuIsa::kScalar, w, x, s.tokens, &ps);
+        const std::vector<float> got = RunDot(cpu_isa, w, x, s.tokens);
+        const std::vector<double> xe = EffectiveActivations(ps, x.data());
+        const double steps = IsBlockQuantized(dt) ? s.k / 32.0 : s.k / 8.0;
+        for (int64_t t = 0; t < s.tokens; ++t)
+          for (int64_t r = 0; r < s.rows; ++r) {
+            double mag = 0.0;
+            for (int64_t i = 0; i < s.k; ++i)
+              mag += std::fabs(w.values[static_cast<size_t>(r * s.k + i)] *
+                               xe[static_cast<size_t>(t * s.k + i)]);
+            const double tol = (bf16_acts ? 0x1p-8 * mag : 0.0) + (steps + 16) * kU * mag + 1e-30;
+            const size_t at = static_cast<size_t>(t * s.rows + r);
+            ASSERT_NEAR(got[at], ref[at], tol)
+                << CpuIsaName(cpu_isa) << " " << DTypeName(dt) << " rows " << s.rows << " k " << s.k
+                << " tokens " << s.tokens << " t " << t << " r " << r;
+          }
+      }
+    }
+  }
+}
+
+TEST_P(FormatTest, ResultsDoNotDependOnSplitsThreadsOrBatching) {
+  std::mt19937 rng(std::random_device{}());
+  const DType dt = GetParam();
+  const int64_t rows = 29, k = IsBlockQuantized(dt) ? 160 : 75, tokens = 11;
+  const Weights w = MakeWeights(dt, rows, k, rng, Fill::kNormal);
+  const std::vector<float> x = RandomActivations(tokens, k, rng);
+  for (CpuIsa cpu_isa : SupportedIsas()) {
+    PreparedActivations p;
+    const std::vector<float> whole = RunDot(cpu_isa, w, x, tokens, &p);
+    // Row ranges of every alignment.
+    std::vector<float> split(whole.size(), NAN);
+    for (int64_t a = 0; a < rows;) {
+      const int64_t b = std::min<int64_t>(rows, a + 1 + a % 6);
+      DotRows(w.view, a, b, p, split.data(), rows);
+      a = b;
+    }
+    ASSERT_EQ(0, std::memcmp(whole.data(), split.data(), whole.size() * sizeof(float)))
+        << CpuIsaName(cpu_isa) << " " << DTypeName(dt);
+    // One token at a time (decode) gives what the batch (prefill) gave.
+    for (int64_t t = 0; t < tokens; ++t) {
+      const std::vector<float> one(x.begin() + t * k, x.begin() + (t + 1) * k);
+      const std::vector<float> y1 = RunDot(cpu_isa, w, one, 1);
+      ASSERT_EQ(0, std::memcmp(y1.data(), whole.data() + t * rows, rows * sizeof(float)))
+          << CpuIsaName(cpu_isa) << " " << DTypeName(dt) << " token " << t;
+    }
+  }
+  // MatMul (the active ISA) with 1, 2 and 3 threads.
+  std::vector<float> first;
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    std::vector<float> y(static_cast<size_t>(tokens * rows), NAN);
+    MatMul(pool, x.data(), tokens, w.view, y.data());
+    if (first.empty()) {
+      first = y;
+      const std::vector<float> direct = RunDot(ActiveCpuIsa(), w, x, tokens);
+      ASSERT_EQ(0, std::memcmp(direct.data(), y.data(), y.size() * sizeof(float)));
+    } else {
+      ASSERT_EQ(0, std::memcmp(first.data(), y.data(), y.size() * sizeof(float))) << threads;
+    }
+  }
+  // MatMulRows over two halves matches MatMul.
+  std::vector<float> halves(first.size(), NAN);
+  MatMulRows(x.data(), tokens, w.view, 0, 13, halves.data(), rows, nullptr);
+  MatMulRows(x.data(), tokens, w.view, 13, rows, halves.data(), rows, nullptr);
+  ASSERT_EQ(0, std::memcmp(first.data(), halves.data(), first.size() * sizeof(float)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, FormatTest,
+                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16, DType::kQ8_0,
+                                           DType::kQ4_0),
+                         [](const auto& info) { return std::string(DTypeName(info.param)); });
+
+// Every level quantizes activations exactly as the scalar reference does (same quants and
+// scales, whatever its layout; the bias lanes are checked through the dot results above).
+TEST(PreparedActivationsTest, QuantizationIsBitIdenticalAcrossIsas) {
+  std::mt19937 rng(std::random_device{}());
+  for (int64_t k : {32, 96, 160, 2048}) {
+    const int64_t tokens = 3;
+    std::vector<float> x = RandomActivations(tokens, k, rng);
+    x[static_cast<size_t>(k + 1)] = 0.5f;  // a tie in the making
+    for (DType dt : {DType::kQ8_0, DType::kQ4_0}) {
+      PreparedActivations ref;
+      ref.Prepare(x.data(), tokens, k, dt, CpuIsa::kScalar);
+      for (CpuIsa cpu_isa : SupportedIsas()) {
+        PreparedActivations p;
+        p.Prepare(x.data(), tokens, k, dt, cpu_isa);
+        for (int64_t t = 0; t < tokens; ++t)
+          for (int64_t i = 0; i < k; ++i) {
+            const auto [q, d] = QuantAt(p, t, i);
+            const auto [q_ref, d_ref] = QuantAt(ref, t, i);
+            ASSERT_EQ(q, q_ref) << CpuIsaName(cpu_isa) << " k " << k << " t " << t << " i " << i;
+            ASSERT_EQ(std::memcmp(&d, &d_ref, sizeof d), 0) << CpuIsaName(cpu_isa) << " i " << i;
+          }
+      }
+    }
+  }
+}
+
+TEST(PreparedActivationsTest, StorageIsReusedWithoutReallocation) {
+  std::vector<float> x(4 * 256, 1.0f);
+  PreparedActivations p;
+  p.Prepare(x.data(), 4, 256, DType::kQ8_0);
+  const uint8_t* data = p.view().data;
+  p.Prepare(x.data(), 2, 256, DType::kQ4_0);
+  EXPECT_EQ(p.view().data, data);
+  p.Prepare(x.data(), 4, 256, DType::kBF16, CpuIsa::kScalar);  // fp32 math: x in place
+  EXPECT_EQ(p.view().x, x.data());
+}
+
+}  // namespace
+}  // namespace moetier::kernels
