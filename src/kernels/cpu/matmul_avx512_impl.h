@@ -57,8 +57,10 @@ constexpr int64_t kQ4Group = 4;  // Q4_0 blocks per 512-bit step (nibble-interle
 
 inline void Prefetch(const uint8_t* p) {
   // Through an integer: the address may lie past the end of the weights (prefetch never faults).
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kPrefetchBytes),
-               _MM_HINT_T0);
+  const char* a = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kPrefetchBytes);
+  // Inline asm, not _mm_prefetch: GCC treats a helper that only prefetches as free of side
+  // effects and deleted every call to it from the fp32 tiles (seen in GCC 12's output).
+  __asm__ volatile("prefetcht0 %0" : : "m"(*a));
 }
 
 inline float HSum(__m512 v) {
@@ -86,7 +88,7 @@ inline __mmask32 TailMask32(int64_t n) {
 // compile-time constant at every call (so accumulators stay in registers) and n is the
 // constant kWidth on full passes. Each full pass of kA steps first calls prefetch(i).
 template <int kA, int64_t kWidth, typename Step, typename Pf>
-inline void ForSteps(int64_t k, Step&& step, Pf&& prefetch) {
+__attribute__((always_inline)) inline void ForSteps(int64_t k, Step&& step, Pf&& prefetch) {
   static_assert(kA >= 1 && kA <= 4, "up to 4 accumulators");
   int64_t i = 0;
   for (; i + kA * kWidth <= k; i += kA * kWidth) {
@@ -169,8 +171,8 @@ void FloatTile(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, f
     }
   };
   auto prefetch = [&](int64_t i) __attribute__((always_inline)) {
-    MOETIER_UNROLL for (int r = 0; r < R; ++r) for (int64_t b = 0;
-                                                    b < kFloatAcc * 16 * ElemBytes<F>(); b += 64)
+    for (int r = 0; r < R; ++r)
+      for (int64_t b = 0; b < kFloatAcc * 16 * ElemBytes<F>(); b += 64)
         Prefetch(w + r * row_bytes + i * ElemBytes<F>() + b);
   };
   ForSteps<kFloatAcc, 16>(k, step, prefetch);
@@ -244,19 +246,62 @@ struct QuantStep {
   __m512 d;       // the weight scale of each lane's block
 };
 
+// Word indices for vpermw/vpermt2w gathers from the step's bytes (a = bytes 0..63, and for
+// Q4_0 b = bytes 8..71, indices 32.. selecting from b): word 9j is block j's fp16 scale in a
+// Q4_0 step (18-byte blocks), word 17j in a Q8_0 step (34-byte blocks).
+alignas(64) constexpr uint16_t kQ8ScaleIdx[32] = {0,  0,  0,  0,  0,  0, 0, 0, 17, 17, 17,
+                                                  17, 17, 17, 17, 17, 0, 0, 0, 0,  0,  0,
+                                                  0,  0,  0,  0,  0,  0, 0, 0, 0,  0};
+alignas(64) constexpr uint16_t kQ4ScaleIdx[32] = {0,  0,  0,  0,  9,  9, 9, 9, 18, 18, 18,
+                                                  18, 27, 27, 27, 27, 0, 0, 0, 0,  0,  0,
+                                                  0,  0,  0,  0,  0,  0, 0, 0, 0,  0};
+// The 4 blocks' 16 code bytes (words 1..8, 10..17, 19..26 of a; 24..31 of b = bytes 56..71).
+alignas(64) constexpr uint16_t kQ4CodeIdx[32] = {1,  2,  3,  4,  5,  6,  7,  8,  10, 11, 12,
+                                                 13, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24,
+                                                 25, 26, 56, 57, 58, 59, 60, 61, 62, 63};
+
+inline __m512i LoadIdx(const uint16_t* idx) {
+  return _mm512_load_si512(idx);
+}
+
+// One step of weights. A full step (n_blocks == StepBlocks) gathers its scales (and Q4_0 codes)
+// with word permutes from two or three wide loads that stay inside the step; a last, partial
+// step reads block by block and never past its last block.
 template <WFormat F>
 inline QuantStep LoadStep(const uint8_t* blk, int64_t n_blocks) {
   QuantStep st;
   st.neg = 0;
-  uint16_t h[4] = {0, 0, 0, 0};
-  for (int64_t j = 0; j < StepBlocks<F>(); ++j)
-    if (j < n_blocks) std::memcpy(&h[j], blk + j * QBlockBytes<F>(), 2);
-  const __m128 d4 =
-      _mm_cvtph_ps(_mm_setr_epi16(static_cast<short>(h[0]), static_cast<short>(h[1]),
-                                  static_cast<short>(h[2]), static_cast<short>(h[3]), 0, 0, 0, 0));
+  const bool full = n_blocks == StepBlocks<F>();
+  __m512i codes = _mm512_setzero_si512();  // Q4_0: 4 x 16 code bytes
+  if (full) {
+    const __m512i a = _mm512_loadu_si512(blk);
+    if constexpr (F == WFormat::kQ8_0) {
+      st.d = _mm512_cvtph_ps(
+          _mm512_castsi512_si256(_mm512_permutexvar_epi16(LoadIdx(kQ8ScaleIdx), a)));
+    } else {
+      st.d = _mm512_cvtph_ps(
+          _mm512_castsi512_si256(_mm512_permutexvar_epi16(LoadIdx(kQ4ScaleIdx), a)));
+      const __m512i b = _mm512_loadu_si512(blk + 8);
+      codes = _mm512_permutex2var_epi16(a, LoadIdx(kQ4CodeIdx), b);
+    }
+  } else {
+    uint16_t h[4] = {0, 0, 0, 0};
+    for (int64_t j = 0; j < n_blocks; ++j) std::memcpy(&h[j], blk + j * QBlockBytes<F>(), 2);
+    const __m128 d4 = _mm_cvtph_ps(
+        _mm_setr_epi16(static_cast<short>(h[0]), static_cast<short>(h[1]), static_cast<short>(h[2]),
+                       static_cast<short>(h[3]), 0, 0, 0, 0));
+    const __m512i spread = F == WFormat::kQ8_0
+                               ? _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+                               : _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    st.d = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d4));
+    if constexpr (F == WFormat::kQ4_0) {
+      alignas(64) uint8_t buf[64] = {};
+      for (int64_t j = 0; j < n_blocks; ++j)
+        std::memcpy(buf + 16 * j, blk + j * kQ4_0Bytes + 2, 16);
+      codes = _mm512_load_si512(buf);
+    }
+  }
   if constexpr (F == WFormat::kQ8_0) {
-    st.d = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                                 _mm512_castps128_ps512(d4));
     const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
     const __m256i q1 =
         n_blocks > 1 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kQ8_0Bytes + 2))
@@ -270,19 +315,9 @@ inline QuantStep LoadStep(const uint8_t* blk, int64_t n_blocks) {
       st.neg = _mm512_movepi8_mask(st.q);
     }
   } else {
-    st.d = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
-                                 _mm512_castps128_ps512(d4));
-    __m128i qs[4];
-    for (int64_t j = 0; j < kQ4Group; ++j)
-      qs[j] = j < n_blocks
-                  ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + j * kQ4_0Bytes + 2))
-                  : _mm_setzero_si128();
-    const __m256i v01 = _mm256_inserti128_si256(_mm256_castsi128_si256(qs[0]), qs[1], 1);
-    const __m256i v23 = _mm256_inserti128_si256(_mm256_castsi128_si256(qs[2]), qs[3], 1);
-    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(v01), v23, 1);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    st.q = _mm512_and_si512(v, m4);
-    st.q2 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    st.q = _mm512_and_si512(codes, m4);
+    st.q2 = _mm512_and_si512(_mm512_srli_epi16(codes, 4), m4);
   }
   return st;
 }
@@ -325,9 +360,9 @@ void QuantTile(const uint8_t* w, int64_t row_bytes, const uint8_t* xrec, int64_t
   __m512 acc[R][C][kQuantAcc];
   MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
       MOETIER_UNROLL for (int a = 0; a < kQuantAcc; ++a) acc[r][c][a] = _mm512_setzero_ps();
-  auto step = [&](int64_t s, int a) __attribute__((always_inline)) {
+  // One step into accumulator a; n_blocks < StepBlocks only for a last, partial step.
+  auto step = [&](int64_t s, int a, int64_t n_blocks) __attribute__((always_inline)) {
     QuantStep ws[R];
-    const int64_t n_blocks = Min(StepBlocks<F>(), nb - s * StepBlocks<F>());
     MOETIER_UNROLL for (int r = 0; r < R; ++r) ws[r] =
         LoadStep<F>(w + r * row_bytes + s * kStepBytes, n_blocks);
     MOETIER_UNROLL for (int c = 0; c < C; ++c) {
@@ -341,16 +376,26 @@ void QuantTile(const uint8_t* w, int64_t row_bytes, const uint8_t* xrec, int64_t
       }
     }
   };
-  const int64_t n_steps = (nb + StepBlocks<F>() - 1) / StepBlocks<F>();
+  const int64_t n_full = nb / StepBlocks<F>();  // steps with every block present
   int64_t s = 0;
-  for (; s + kQuantAcc <= n_steps; s += kQuantAcc) {
+  for (; s + kQuantAcc <= n_full; s += kQuantAcc) {
     MOETIER_UNROLL for (int r = 0; r < R; ++r) for (int64_t b = 0; b < kQuantAcc * kStepBytes;
                                                     b += 64)
         Prefetch(w + r * row_bytes + s * kStepBytes + b);
-    step(s, 0);
-    step(s + 1, 1);
+    step(s, 0, StepBlocks<F>());
+    step(s + 1, 1, StepBlocks<F>());
   }
-  if (s < n_steps) step(s, 0);
+  // At most one full step and one partial step remain; they continue the accumulator cycle.
+  int a = 0;
+  if (s < n_full) {
+    step(s++, 0, StepBlocks<F>());
+    a = 1;
+  }
+  const int64_t rest = nb - s * StepBlocks<F>();
+  if (rest > 0) {
+    if (a == 0) step(s, 0, rest);
+    if (a == 1) step(s, 1, rest);
+  }
   MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
       y[c * y_stride + r] = HSum(_mm512_add_ps(acc[r][c][0], acc[r][c][1]));
 }
