@@ -66,9 +66,8 @@ void SelfAttention(Workspace& ws, const AttentionWeights& w, const AttentionShap
   float* k = ws.Get(Scratch::kK, T * static_cast<size_t>(kv_width));
   float* v = ws.Get(Scratch::kV, T * static_cast<size_t>(kv_width));
   ThreadPool& pool = ws.pool();
-  kernels::MatMul(pool, x, n_tokens, w.q, q);
-  kernels::MatMul(pool, x, n_tokens, w.k, k);
-  kernels::MatMul(pool, x, n_tokens, w.v, v);
+  const kernels::MatMulTarget qkv[] = {{&w.q, q}, {&w.k, k}, {&w.v, v}};
+  kernels::MatMulBatch(pool, x, n_tokens, qkv, 3);
   AddBias(q, n_tokens, w.q_bias);
   AddBias(k, n_tokens, w.k_bias);
   AddBias(v, n_tokens, w.v_bias);

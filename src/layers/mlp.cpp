@@ -10,8 +10,8 @@ void SwiGlu(Workspace& ws, const ExpertWeights& w, const float* x, int64_t n_tok
   const size_t n = static_cast<size_t>(n_tokens * width);
   float* gate = ws.Get(Scratch::kGate, n);
   float* up = ws.Get(Scratch::kUp, n);
-  kernels::MatMul(ws.pool(), x, n_tokens, w.gate, gate);
-  kernels::MatMul(ws.pool(), x, n_tokens, w.up, up);
+  const kernels::MatMulTarget gate_up[] = {{&w.gate, gate}, {&w.up, up}};
+  kernels::MatMulBatch(ws.pool(), x, n_tokens, gate_up, 2);
   kernels::SiluMul(gate, up, n_tokens * width);
   kernels::MatMul(ws.pool(), gate, n_tokens, w.down, out);
 }

@@ -7,9 +7,14 @@
 
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/matmul.h"
-#include "layers/mlp.h"
 
 namespace moetier {
+
+namespace {
+// Up to this many assignments (tokens x top_k) the down projection's activations are prepared
+// on the calling thread: a decode step's 8 rows take ~2 µs, less than a pool job's hand-off.
+constexpr size_t kSerialPrepareRows = 64;
+}  // namespace
 
 void SelectTopK(const float* probs, int64_t n_tokens, const RouterOptions& opts, int32_t* ids,
                 float* weights) {
@@ -42,60 +47,138 @@ void SelectTopK(const float* probs, int64_t n_tokens, const RouterOptions& opts,
   }
 }
 
+// The executor for one MoE layer (DESIGN.md "CPU executor"). Three pool jobs whatever the
+// number of tokens and experts, each cut into tasks that read distinct weight bytes:
+//   A. gate and up rows of every chosen expert, (expert, row block) tasks, each finishing its
+//      rows with silu(gate) * up, so the hidden activations never take a separate pass;
+//   B. down rows, (output row block) tasks, each running every chosen expert's rows of that
+//      block and adding them into `out` with the routing weights, experts in ascending id
+//      order: no two tasks write the same element, so no locks and no reduction pass.
+// Tokens are grouped by expert, so with many tokens (prefill) every chosen expert's bytes are
+// read once per call. Activations are prepared (quantized for q8_0/q4_0 weights) once for all
+// tokens, then gathered per expert. Every element's arithmetic is fixed by its token, expert
+// and row, never by the task split or thread count: results are bit-identical across both.
 void MoeBlock(Workspace& ws, const TensorView& router, const RouterOptions& opts,
               const ExpertSource& experts, int64_t layer, const float* x, int64_t n_tokens,
               int64_t d_model, float* out, float* router_logits_out) {
   const int64_t E = opts.n_experts;
   const int64_t K = opts.top_k;
   const size_t T = static_cast<size_t>(n_tokens);
+  ThreadPool& pool = ws.pool();
   float* probs = ws.Get(Scratch::kRouter, T * static_cast<size_t>(E));
-  kernels::MatMul(ws.pool(), x, n_tokens, router, probs);
+  kernels::MatMul(pool, x, n_tokens, router, probs);
   if (router_logits_out != nullptr)
     std::memcpy(router_logits_out, probs, T * static_cast<size_t>(E) * sizeof(float));
   for (int64_t t = 0; t < n_tokens; ++t) kernels::SoftmaxRow(probs + t * E, E);
 
+  const size_t n_assign = T * static_cast<size_t>(K);
   std::vector<int32_t>& ids = ws.ints(0);
-  ids.resize(T * static_cast<size_t>(K));
-  std::vector<float> weights_storage;  // tiny: [T, K]
-  weights_storage.resize(T * static_cast<size_t>(K));
-  SelectTopK(probs, n_tokens, opts, ids.data(), weights_storage.data());
+  ids.resize(n_assign);
+  float* route_weight = ws.Get(Scratch::kRouteWeight, n_assign);
+  SelectTopK(probs, n_tokens, opts, ids.data(), route_weight);
 
-  // Group tokens by expert so each expert's bytes are read once for all its tokens.
-  std::vector<int32_t>& tokens_of = ws.ints(1);  // token index per (expert-sorted) assignment
-  std::vector<int32_t>& slot_of = ws.ints(2);    // index into ids/weights
-  std::vector<int32_t>& expert_start = ws.ints(3);
-  expert_start.assign(static_cast<size_t>(E + 1), 0);
-  for (int32_t e : ids) ++expert_start[static_cast<size_t>(e) + 1];
-  std::partial_sum(expert_start.begin(), expert_start.end(), expert_start.begin());
-  tokens_of.resize(ids.size());
-  slot_of.resize(ids.size());
-  {
-    std::vector<int32_t> fill(expert_start.begin(), expert_start.end() - 1);
-    for (size_t i = 0; i < ids.size(); ++i) {
-      const int32_t pos = fill[static_cast<size_t>(ids[i])]++;
-      tokens_of[static_cast<size_t>(pos)] = static_cast<int32_t>(i / static_cast<size_t>(K));
-      slot_of[static_cast<size_t>(pos)] = static_cast<int32_t>(i);
-    }
+  // Counting sort of the assignments by expert: assignment j (expert-sorted) is token
+  // tokens_of[j] with routing weight weight_of[j]; expert e owns [start[e], start[e+1]).
+  std::vector<int32_t>& tokens_of = ws.ints(1);
+  std::vector<int32_t>& start = ws.ints(2);
+  std::vector<int32_t>& fill = ws.ints(3);
+  std::vector<int32_t>& active = ws.ints(4);  // chosen experts, ascending
+  tokens_of.resize(n_assign);
+  start.assign(static_cast<size_t>(E + 1), 0);
+  for (int32_t e : ids) ++start[static_cast<size_t>(e) + 1];
+  std::partial_sum(start.begin(), start.end(), start.begin());
+  fill.assign(start.begin(), start.end() - 1);
+  float* weight_of = ws.Get(Scratch::kAssignWeight, n_assign);
+  for (size_t i = 0; i < n_assign; ++i) {
+    const int32_t pos = fill[static_cast<size_t>(ids[i])]++;
+    tokens_of[static_cast<size_t>(pos)] = static_cast<int32_t>(i / static_cast<size_t>(K));
+    weight_of[static_cast<size_t>(pos)] = route_weight[i];
+  }
+  active.clear();
+  for (int32_t e = 0; e < E; ++e)
+    if (start[static_cast<size_t>(e) + 1] > start[static_cast<size_t>(e)]) active.push_back(e);
+  const size_t n_active = active.size();
+  auto expert_of = [&](size_t a) -> const ExpertWeights& {
+    return experts.Expert(layer, active[a]);
+  };
+  auto first_of = [&](size_t a) {
+    return static_cast<int64_t>(start[static_cast<size_t>(active[a])]);
+  };
+  auto count_of = [&](size_t a) {
+    return static_cast<int64_t>(start[static_cast<size_t>(active[a]) + 1]) - first_of(a);
+  };
+
+  const ExpertWeights& e0 = expert_of(0);
+  const int64_t W = e0.gate.shape.front();
+  const DType up_dtype = e0.gate.dtype;
+  const DType down_dtype = e0.down.dtype;
+
+  // Activations for gate/up: prepared once for every token, then gathered per expert.
+  std::vector<kernels::PreparedActivations>& x_prep = ws.prepared(0);
+  std::vector<kernels::PreparedActivations>& h_prep = ws.prepared(1);
+  if (x_prep.size() < n_active + 1) x_prep.resize(static_cast<size_t>(E) + 1);
+  if (h_prep.size() < n_active) h_prep.resize(static_cast<size_t>(E));
+  kernels::PreparedActivations& x_all = x_prep[0];
+  x_all.Prepare(x, n_tokens, d_model, up_dtype);
+  if (n_tokens > 1) {
+    pool.ParallelTasks(n_active, [&](size_t a, int) {
+      x_prep[a + 1].Gather(x_all, tokens_of.data() + first_of(a), count_of(a));
+    });
+  }
+  auto x_for = [&](size_t a) -> const kernels::PreparedActivations& {
+    return n_tokens > 1 ? x_prep[a + 1] : x_all;
+  };
+
+  // A: hidden[j, :] = silu(gate · x_j) * (up · x_j) for every assignment j.
+  float* hidden = ws.Get(Scratch::kGate, n_assign * static_cast<size_t>(W));
+  float* up = ws.Get(Scratch::kUp, n_assign * static_cast<size_t>(W));
+  const int64_t tokens_per_expert = static_cast<int64_t>(n_assign / n_active);
+  const int64_t rows_a = kernels::RowsPerTask(
+      W * static_cast<int64_t>(n_active),
+      2 * static_cast<int64_t>(DTypeRowBytes(up_dtype, d_model)), tokens_per_expert, pool.size());
+  const int64_t blocks_a = (W + rows_a - 1) / rows_a;
+  pool.ParallelTasks(n_active * static_cast<size_t>(blocks_a), [&](size_t task, int) {
+    const size_t a = task / static_cast<size_t>(blocks_a);
+    const int64_t r0 = static_cast<int64_t>(task % static_cast<size_t>(blocks_a)) * rows_a;
+    const int64_t r1 = std::min(W, r0 + rows_a);
+    const ExpertWeights& w = expert_of(a);
+    const int64_t j0 = first_of(a), m = count_of(a);
+    kernels::DotRows(w.gate, r0, r1, x_for(a), hidden + j0 * W, W);
+    kernels::DotRows(w.up, r0, r1, x_for(a), up + j0 * W, W);
+    for (int64_t j = j0; j < j0 + m; ++j)
+      kernels::SiluMul(hidden + j * W + r0, up + j * W + r0, r1 - r0);
+  });
+
+  // The down projection's activations: one expert's hidden rows each (in place for float
+  // formats; quantized for q8_0/q4_0, on the pool when there are many).
+  auto prepare_down = [&](size_t a, int) {
+    h_prep[a].Prepare(hidden + first_of(a) * W, count_of(a), W, down_dtype);
+  };
+  if (n_assign > kSerialPrepareRows) {
+    pool.ParallelTasks(n_active, prepare_down);
+  } else {
+    for (size_t a = 0; a < n_active; ++a) prepare_down(a, 0);
   }
 
-  std::memset(out, 0, T * static_cast<size_t>(d_model) * sizeof(float));
-  for (int64_t e = 0; e < E; ++e) {
-    const int32_t begin = expert_start[static_cast<size_t>(e)];
-    const int32_t end = expert_start[static_cast<size_t>(e) + 1];
-    if (begin == end) continue;
-    const int64_t m = end - begin;
-    float* gathered = ws.Get(Scratch::kGathered, static_cast<size_t>(m * d_model));
-    for (int64_t i = 0; i < m; ++i)
-      std::memcpy(gathered + i * d_model, x + tokens_of[static_cast<size_t>(begin + i)] * d_model,
-                  static_cast<size_t>(d_model) * sizeof(float));
-    float* y = ws.Get(Scratch::kExpertOut, static_cast<size_t>(m * d_model));
-    SwiGlu(ws, experts.Expert(layer, e), gathered, m, y);
-    for (int64_t i = 0; i < m; ++i) {
-      const size_t a = static_cast<size_t>(begin + i);
-      kernels::Axpy(weights_storage[static_cast<size_t>(slot_of[a])], y + i * d_model, d_model,
-                    out + tokens_of[a] * d_model);
+  // B: out[t, r] = Σ over t's experts, ascending: weight · (down_e · hidden_j)[r].
+  float* y = ws.Get(Scratch::kExpertOut, n_assign * static_cast<size_t>(d_model));
+  const int64_t rows_b =
+      kernels::RowsPerTask(d_model, static_cast<int64_t>(n_active * DTypeRowBytes(down_dtype, W)),
+                           tokens_per_expert, pool.size());
+  const int64_t blocks_b = (d_model + rows_b - 1) / rows_b;
+  pool.ParallelTasks(static_cast<size_t>(blocks_b), [&](size_t task, int) {
+    const int64_t r0 = static_cast<int64_t>(task) * rows_b;
+    const int64_t r1 = std::min(d_model, r0 + rows_b);
+    for (int64_t t = 0; t < n_tokens; ++t)
+      std::memset(out + t * d_model + r0, 0, static_cast<size_t>(r1 - r0) * sizeof(float));
+    for (size_t a = 0; a < n_active; ++a) {
+      const int64_t j0 = first_of(a), m = count_of(a);
+      kernels::DotRows(expert_of(a).down, r0, r1, h_prep[a], y + j0 * d_model, d_model);
+      for (int64_t j = j0; j < j0 + m; ++j)
+        kernels::Axpy(weight_of[j], y + j * d_model + r0, r1 - r0,
+                      out + tokens_of[static_cast<size_t>(j)] * d_model + r0);
     }
-  }
+  });
 }
 
 }  // namespace moetier

@@ -7,19 +7,21 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "kernels/cpu/matmul.h"
 
 namespace moetier {
 
 enum class Scratch : size_t {
-  kQ,          // [T, n_heads * head_dim]
-  kK,          // [T, n_kv_heads * head_dim]
-  kV,          // [T, n_kv_heads * head_dim]
-  kAttnOut,    // [T, n_heads * head_dim]
-  kRouter,     // [T, n_experts]
-  kGathered,   // [T, d_model] tokens routed to one expert
-  kGate,       // [T, width]
-  kUp,         // [T, width]
-  kExpertOut,  // [T, d_model]
+  kQ,             // [T, n_heads * head_dim]
+  kK,             // [T, n_kv_heads * head_dim]
+  kV,             // [T, n_kv_heads * head_dim]
+  kAttnOut,       // [T, n_heads * head_dim]
+  kRouter,        // [T, n_experts]
+  kAssignWeight,  // [T * top_k] routing weight per expert-sorted assignment
+  kGate,          // [T, width]
+  kUp,            // [T, width]
+  kExpertOut,     // [T * top_k, d_model] each assignment's expert output
+  kRouteWeight,   // [T, top_k]
   kCount
 };
 
@@ -34,11 +36,15 @@ class Workspace {
     return b.data();
   }
   std::vector<int32_t>& ints(size_t i) { return ints_[i]; }
+  // Activations prepared for the kernels, by use: storage grows to the largest request and is
+  // kept, so steady-state steps do not allocate.
+  std::vector<kernels::PreparedActivations>& prepared(size_t i) { return prepared_[i]; }
 
  private:
   ThreadPool& pool_;
   std::array<std::vector<float>, static_cast<size_t>(Scratch::kCount)> buffers_;
-  std::array<std::vector<int32_t>, 4> ints_;
+  std::array<std::vector<int32_t>, 8> ints_;
+  std::array<std::vector<kernels::PreparedActivations>, 2> prepared_;
 };
 
 }  // namespace moetier

@@ -151,6 +151,31 @@ void PreparedActivations::Prepare(const float* x, int64_t n_tokens, int64_t k, D
   view_.data = storage_.get();
 }
 
+void PreparedActivations::Gather(const PreparedActivations& src, const int32_t* tokens, int64_t n) {
+  w_dtype_ = src.w_dtype_;
+  isa_ = src.isa_;
+  view_ = src.view_;
+  view_.n_tokens = n;
+  // In-place formats read float rows: copy those; the others copy whole prepared records.
+  const bool floats = src.view_.token_bytes == 0;
+  const size_t record = floats ? static_cast<size_t>(src.view_.k) * sizeof(float)
+                               : static_cast<size_t>(src.view_.token_bytes);
+  const size_t need = record * static_cast<size_t>(n);
+  if (need > capacity_) {
+    capacity_ = static_cast<size_t>(isa::RoundUp(static_cast<int64_t>(need), isa::kAlign));
+    storage_.reset(static_cast<uint8_t*>(std::aligned_alloc(isa::kAlign, capacity_)));
+  }
+  const uint8_t* from = floats ? reinterpret_cast<const uint8_t*>(src.view_.x) : src.view_.data;
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(storage_.get() + static_cast<size_t>(i) * record,
+                from + static_cast<size_t>(tokens[i]) * record, record);
+  if (floats) {
+    view_.x = reinterpret_cast<const float*>(storage_.get());
+  } else {
+    view_.data = storage_.get();
+  }
+}
+
 void DotRows(const TensorView& w, int64_t row_begin, int64_t row_end, const PreparedActivations& x,
              float* y, int64_t y_stride) {
   const int64_t k = w.shape.back();
@@ -174,17 +199,73 @@ void MatMulRows(const float* x, int64_t n_tokens, const TensorView& w, int64_t r
   DotRows(w, row_begin, row_end, prepared, y, y_stride);
 }
 
-void MatMul(ThreadPool& pool, const float* x, int64_t n_tokens, const TensorView& w, float* y) {
-  const int64_t n_rows = w.shape.front();
-  // The calling thread's storage, read by every worker until ParallelFor returns. (Named
-  // through a reference: inside the lambda a thread_local name would mean the worker's own.)
-  thread_local PreparedActivations tls_prepared;
-  PreparedActivations& prepared = tls_prepared;
-  prepared.Prepare(x, n_tokens, w.shape.back(), w.dtype);
-  // Rows are handed out in contiguous blocks so each thread streams its own weight bytes.
-  pool.ParallelFor(static_cast<size_t>(n_rows), [&](size_t begin, size_t end, int) {
-    DotRows(w, static_cast<int64_t>(begin), static_cast<int64_t>(end), prepared, y, n_rows);
+int64_t RowsPerTask(int64_t n_rows, int64_t row_bytes, int64_t n_tokens, int n_threads) {
+  static const int64_t forced = [] {
+    const char* v = std::getenv("MOETIER_TASK_ROWS");
+    return v != nullptr ? std::max<int64_t>(0, std::atoll(v)) : 0;
+  }();
+  if (forced > 0) return std::min(forced, std::max<int64_t>(1, n_rows));
+  const int64_t row_cost = std::max<int64_t>(1, row_bytes * std::max<int64_t>(1, n_tokens));
+  const int64_t for_bytes = (kMinTaskBytes + row_cost - 1) / row_cost;
+  const int64_t for_balance =
+      n_rows / std::max<int64_t>(1, static_cast<int64_t>(n_threads) * kTasksPerThread);
+  int64_t rows = std::max(for_bytes, for_balance);
+  rows = (rows + kTaskRowQuantum - 1) / kTaskRowQuantum * kTaskRowQuantum;
+  return std::max<int64_t>(1, std::min(rows, n_rows));
+}
+
+void MatMulBatch(ThreadPool& pool, const float* x, int64_t n_tokens, const MatMulTarget* targets,
+                 size_t n_targets) {
+  // The calling thread's storage, read by every worker until the job returns. (Named through a
+  // reference: inside the lambda a thread_local name would mean the worker's own.) Two slots:
+  // the targets' dtypes are at most two in practice (e.g. q8_0 projections, bf16 router).
+  thread_local PreparedActivations tls_prepared[2];
+  PreparedActivations* prepared = tls_prepared;
+  constexpr size_t kMaxTargets = 8;
+  assert(n_targets <= kMaxTargets);
+  int slot_of[kMaxTargets];
+  int n_slots = 0;
+  int64_t total_rows = 0, max_row_bytes = 0;
+  for (size_t i = 0; i < n_targets; ++i) {
+    const TensorView& w = *targets[i].w;
+    int s = 0;
+    while (s < n_slots && prepared[s].w_dtype() != w.dtype) ++s;
+    if (s == n_slots) {
+      if (n_slots == 2) {  // a third dtype: run on its own after this job
+        slot_of[i] = -1;
+        continue;
+      }
+      prepared[n_slots++].Prepare(x, n_tokens, w.shape.back(), w.dtype);
+    }
+    slot_of[i] = s;
+    total_rows += w.shape.front();
+    max_row_bytes = std::max<int64_t>(max_row_bytes,
+                                      static_cast<int64_t>(DTypeRowBytes(w.dtype, w.shape.back())));
+  }
+  const int64_t rows_per_task = RowsPerTask(total_rows, max_row_bytes, n_tokens, pool.size());
+  // Task t covers rows [first_row + j * rows_per_task, ...) of one target.
+  int64_t first_task[kMaxTargets + 1];
+  first_task[0] = 0;
+  for (size_t i = 0; i < n_targets; ++i) {
+    const int64_t rows = slot_of[i] < 0 ? 0 : targets[i].w->shape.front();
+    first_task[i + 1] = first_task[i] + (rows + rows_per_task - 1) / rows_per_task;
+  }
+  pool.ParallelTasks(static_cast<size_t>(first_task[n_targets]), [&](size_t task, int) {
+    size_t i = 0;
+    while (static_cast<int64_t>(task) >= first_task[i + 1]) ++i;
+    const TensorView& w = *targets[i].w;
+    const int64_t n_rows = w.shape.front();
+    const int64_t begin = (static_cast<int64_t>(task) - first_task[i]) * rows_per_task;
+    DotRows(w, begin, std::min(n_rows, begin + rows_per_task), prepared[slot_of[i]], targets[i].y,
+            n_rows);
   });
+  for (size_t i = 0; i < n_targets; ++i)
+    if (slot_of[i] < 0) MatMulBatch(pool, x, n_tokens, targets + i, 1);
+}
+
+void MatMul(ThreadPool& pool, const float* x, int64_t n_tokens, const TensorView& w, float* y) {
+  const MatMulTarget target{&w, y};
+  MatMulBatch(pool, x, n_tokens, &target, 1);
 }
 
 }  // namespace moetier::kernels

@@ -45,6 +45,12 @@ class PreparedActivations {
   void Prepare(const float* x, int64_t n_tokens, int64_t k, DType w_dtype,
                CpuIsa isa = ActiveCpuIsa());
 
+  // Rows `tokens[0..n)` of an already prepared `src`, copied into this object's own storage
+  // (also for formats used in place), in that order: the MoE executor quantizes a chunk's
+  // tokens once and hands each expert the rows routed to it. Bit-identical to preparing the
+  // gathered float rows. `src` must outlive nothing: the copy is independent.
+  void Gather(const PreparedActivations& src, const int32_t* tokens, int64_t n);
+
   int64_t n_tokens() const { return view_.n_tokens; }
   int64_t k() const { return view_.k; }
   DType w_dtype() const { return w_dtype_; }
@@ -77,6 +83,25 @@ void DotRows(const TensorView& w, int64_t row_begin, int64_t row_end, const Prep
 // longer used (kept for callers; may be null).
 void MatMulRows(const float* x, int64_t n_tokens, const TensorView& w, int64_t row_begin,
                 int64_t row_end, float* y, int64_t y_stride, float* row_buf);
+
+// Several products of the same activations, y_i[n_tokens, n_rows_i] = x · w_iᵀ (e.g. the
+// q, k and v projections): x is prepared once per weight dtype and the rows of all w_i are cut
+// into tasks of RowsPerTask rows, run by the pool in one job.
+struct MatMulTarget {
+  const TensorView* w;
+  float* y;
+};
+void MatMulBatch(ThreadPool& pool, const float* x, int64_t n_tokens, const MatMulTarget* targets,
+                 size_t n_targets);
+
+// Rows per task when `n_rows` rows of `row_bytes` bytes (times `n_tokens` tokens) are split over
+// `n_threads` threads: at least kMinTaskBytes of weights per task (so a task's cost dwarfs
+// taking it) and about kTasksPerThread tasks per thread (so uneven progress evens out); a
+// multiple of kTaskRowQuantum (whole kernel tiles). MOETIER_TASK_ROWS=N overrides.
+inline constexpr int64_t kMinTaskBytes = 64 << 10;
+inline constexpr int64_t kTasksPerThread = 4;
+inline constexpr int64_t kTaskRowQuantum = 4;
+int64_t RowsPerTask(int64_t n_rows, int64_t row_bytes, int64_t n_tokens, int n_threads);
 
 // y[n_tokens, n_rows] = x[n_tokens, k] · w[n_rows, k]ᵀ: prepares x once on the calling thread,
 // then splits rows over the pool. Every output element is computed by one thread in a fixed

@@ -1,0 +1,110 @@
+// ThreadPool: every index/task runs exactly once, under both hand-off paths (spinning and
+// sleeping), and pinned workers each sit on one CPU.
+#include "core/thread_pool.h"
+
+#include <gtest/gtest.h>
+#include <sched.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <set>
+#include <thread>
+#include <vector>
+
+namespace moetier {
+namespace {
+
+// Sets an environment variable for the lifetime of the object (pools read it at construction).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+void ExpectEveryIndexOnce(ThreadPool& pool, size_t n) {
+  std::vector<std::atomic<int>> hits(n);
+  pool.ParallelFor(n, [&](size_t b, size_t e, int t) {
+    ASSERT_GE(t, 0);
+    ASSERT_LT(t, pool.size());
+    for (size_t i = b; i < e; ++i) hits[i].fetch_add(1);
+  });
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "index " << i << " of " << n;
+  std::vector<std::atomic<int>> task_hits(n);
+  pool.ParallelTasks(n, [&](size_t task, int t) {
+    ASSERT_LT(t, pool.size());
+    task_hits[task].fetch_add(1);
+  });
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(task_hits[i].load(), 1) << "task " << i << " of " << n;
+}
+
+TEST(ThreadPool, EveryIndexAndTaskRunsOnceWhileSpinning) {
+  for (int threads : {1, 2, 3, 5}) {
+    ThreadPool pool(threads, /*pin=*/false);
+    ASSERT_EQ(pool.size(), threads);
+    for (size_t n : {1, 2, 3, 7, 64, 1000})
+      for (int rep = 0; rep < 50; ++rep) ExpectEveryIndexOnce(pool, n);
+  }
+}
+
+TEST(ThreadPool, EveryIndexAndTaskRunsOnceWhenThreadsSleepBetweenJobs) {
+  ScopedEnv spin("MOETIER_SPIN_US", "0");  // every wait goes to the futex at once
+  ThreadPool pool(3, /*pin=*/false);
+  for (int rep = 0; rep < 300; ++rep) {
+    ExpectEveryIndexOnce(pool, 1 + static_cast<size_t>(rep % 17));
+    if (rep % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+TEST(ThreadPool, SlowPiecesAreWaitedFor) {
+  ScopedEnv spin("MOETIER_SPIN_US", "10");  // the caller goes to sleep while a piece runs
+  ThreadPool pool(2, /*pin=*/false);
+  std::atomic<int> done{0};
+  pool.ParallelTasks(4, [&](size_t, int) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    done.fetch_add(1);
+  });
+  EXPECT_EQ(done.load(), 4);
+}
+
+TEST(ThreadPool, DefaultIsThePhysicalCores) {
+  EXPECT_GE(ThreadPool::DefaultThreads(), 1);
+  EXPECT_LE(ThreadPool::DefaultThreads(), ThreadPool::AvailableThreads());
+  ThreadPool pool;
+  EXPECT_EQ(pool.size(), ThreadPool::DefaultThreads());
+}
+
+TEST(ThreadPool, PinnedWorkersEachRunOnTheirOwnCpu) {
+  const int n = ThreadPool::DefaultThreads();
+  if (n < 2) GTEST_SKIP() << "one physical core: nothing to pin";
+  ThreadPool pool(n, /*pin=*/true);
+  ASSERT_TRUE(pool.pinned());
+  std::vector<int> cpu_of(static_cast<size_t>(n), -1);
+  pool.ParallelFor(static_cast<size_t>(n), [&](size_t, size_t, int t) {
+    if (t == 0) return;  // the caller is not pinned
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+    ASSERT_EQ(CPU_COUNT(&set), 1) << "worker " << t;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpu_of[static_cast<size_t>(t)] = c;
+  });
+  std::set<int> distinct(cpu_of.begin() + 1, cpu_of.end());
+  EXPECT_EQ(distinct.size(), static_cast<size_t>(n - 1));
+  EXPECT_EQ(distinct.count(-1), 0u);
+  // A pinned pool must not shrink what later pools see.
+  EXPECT_EQ(ThreadPool::DefaultThreads(), n);
+}
+
+TEST(ThreadPool, PinningCanBeTurnedOff) {
+  ScopedEnv off("MOETIER_PIN_THREADS", "0");
+  EXPECT_FALSE(ThreadPool::PinThreads());
+  ThreadPool pool(2);
+  EXPECT_FALSE(pool.pinned());
+}
+
+}  // namespace
+}  // namespace moetier
