@@ -1,6 +1,8 @@
 // moetier convert: a Hugging Face checkpoint → the bank format.
 #include <cstdio>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "model/convert.h"
@@ -12,30 +14,59 @@ Command AddConvertCommand(CLI::App& root) {
     std::string model, out;
     double shard_gib = 8;
     bool overwrite = false;
+    std::string dtype = "bf16";
+    std::string dense_dtype = "same";
+    int n_threads = 0;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = root.add_subcommand(
       "convert",
       "Convert a Hugging Face checkpoint into moetier's bank format: each MoE layer's experts in "
       "one contiguous 4096-aligned bank, dense weights beside, an index with byte lengths and "
-      "xxh64 checksums; config and tokenizer files are copied. Every command's --model accepts "
-      "the result.");
+      "xxh64 checksums; config and tokenizer files are copied. Experts can be quantized to "
+      "GGUF's q8_0 or q4_0 blocks (--dtype), dense matrices too (--dense-dtype). Every "
+      "command's --model accepts the result.");
   cmd->add_option("-m,--model", o->model, "Hugging Face model directory to convert")->required();
   cmd->add_option("-o,--out", o->out, "Output directory (must be empty or new)")->required();
+  const std::vector<std::string> dtypes(kConvertDTypeFlags.begin(), kConvertDTypeFlags.end());
+  cmd->add_option("--dtype", o->dtype,
+                  "Expert weights: bf16 (copied from a bf16 checkpoint, rounded from f16/f32), "
+                  "q8_0 (8.5 bits a weight, near-lossless) or q4_0 (4.5 bits, lossy); q8_0/q4_0 "
+                  "need hidden_size and the expert width to be multiples of 32")
+      ->check(CLI::IsMember(dtypes))
+      ->capture_default_str();
+  std::vector<std::string> dense_dtypes = {"same"};
+  dense_dtypes.insert(dense_dtypes.end(), dtypes.begin(), dtypes.end());
+  cmd->add_option("--dense-dtype", o->dense_dtype,
+                  "Dense matrices (attention, dense MLPs, embeddings, lm_head): same (as in the "
+                  "checkpoint), bf16, q8_0 or q4_0. Routers, norms and biases always keep the "
+                  "checkpoint's dtype, as do matrices whose rows are not multiples of 32 when "
+                  "quantizing")
+      ->check(CLI::IsMember(dense_dtypes))
+      ->capture_default_str();
   cmd->add_option("--shard-gib", o->shard_gib, "Start a new data file past this many GiB")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("-t,--threads", o->n_threads,
+                  "Threads converting and quantizing (default: every core this process may use)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--overwrite", o->overwrite, "Replace the files of an earlier conversion in --out");
   return {cmd, [o]() -> int {
             ConvertOptions opts;
             opts.shard_bytes =
                 static_cast<uint64_t>(o->shard_gib * static_cast<double>(1ull << 30));
             opts.overwrite = o->overwrite;
+            opts.n_threads = o->n_threads;
+            // IsMember has already refused anything else.
+            opts.expert_dtype = ConvertDTypeFromFlag(o->dtype).value_or(DType::kBF16);
+            if (o->dense_dtype != "same") opts.dense_dtype = ConvertDTypeFromFlag(o->dense_dtype);
             auto r = ConvertCheckpoint(o->model, o->out, opts);
             if (!r.ok()) return ReportError(r.message());
             std::fprintf(stderr,
-                         "wrote %s: %d data file(s), %.2f GB, %d expert banks, %d dense tensors\n",
+                         "wrote %s: %d data file(s), %.2f GB, %d expert banks (%s), %d dense "
+                         "tensors (%d converted)\n",
                          o->out.c_str(), r->n_files, static_cast<double>(r->bytes_written) / 1e9,
-                         r->n_banks, r->n_tensors);
+                         r->n_banks, std::string(DTypeName(r->expert_dtype)).c_str(), r->n_tensors,
+                         r->n_dense_converted);
             return 0;
           }};
 }

@@ -41,12 +41,26 @@ Expected<uint64_t> Checksum(const Ctx& c, const json& j, const std::string& wher
   return v;
 }
 
-Expected<DType> Dtype(const Ctx& c, const json& j, const std::string& where) {
-  if (!j.contains("dtype") || !j["dtype"].is_string()) return c.Error(where + ": missing 'dtype'");
-  auto d = DTypeFromSafetensorsName(j["dtype"].get<std::string>());
+// A weight dtype under `key`: BF16, F16, F32, or (our own format may hold them, safetensors
+// cannot) Q8_0 / Q4_0.
+Expected<DType> Dtype(const Ctx& c, const json& j, const std::string& where,
+                      const char* key = "dtype") {
+  if (!j.contains(key) || !j[key].is_string())
+    return c.Error(where + ": missing string '" + key + "'");
+  auto d = DTypeFromName(j[key].get<std::string>());
   if (!d || !IsWeightDType(*d))
-    return c.Error(where + ": dtype " + j["dtype"].dump() + " is not BF16, F16 or F32");
+    return c.Error(where + ": " + key + " " + j[key].dump() +
+                   " is not BF16, F16, F32, Q8_0 or Q4_0");
   return *d;
+}
+
+// Rows of a quantized dtype are whole 32-blocks: an index claiming otherwise cannot be read.
+Status CheckRowLength(const Ctx& c, DType dtype, uint64_t row, const std::string& where,
+                      const std::string& what) {
+  if (IsValidRowLength(dtype, static_cast<int64_t>(row))) return OkStatus();
+  return c.Error(where + ": " + what + " " + std::to_string(row) + " is not a multiple of " +
+                 std::to_string(DTypeBlockElements(dtype)) + ", so it cannot be " +
+                 std::string(DTypeName(dtype)) + "; re-run moetier convert");
 }
 
 struct Range {
@@ -99,6 +113,16 @@ Expected<BankIndex> ParseBankIndex(const std::string& text, const std::string& s
   for (const char* key : {"files", "tensors", "banks"})
     if (!j.contains(key) || !j[key].is_array())
       return c.Error(std::string("missing array '") + key + "'");
+  // Optional (indexes written before quantized conversion lack them): what convert was asked to
+  // store the experts / dense matrices as.
+  if (j.contains("expert_dtype")) {
+    MT_ASSIGN_OR_RETURN(DType d, Dtype(c, j, "index", "expert_dtype"));
+    idx.expert_dtype = d;
+  }
+  if (j.contains("dense_dtype")) {
+    MT_ASSIGN_OR_RETURN(DType d, Dtype(c, j, "index", "dense_dtype"));
+    idx.dense_dtype = d;
+  }
 
   for (const auto& f : j["files"]) {
     if (!f.is_object() || !f.contains("name") || !f["name"].is_string())
@@ -136,10 +160,18 @@ Expected<BankIndex> ParseBankIndex(const std::string& text, const std::string& s
     MT_ASSIGN_OR_RETURN(e.xxh64, Checksum(c, t, where));
     if (file > std::numeric_limits<uint32_t>::max()) return c.Error(where + ": bad 'file'");
     e.file = static_cast<uint32_t>(file);
-    if (n * DTypeSize(e.dtype) != e.bytes)
-      return c.Error(where + ": shape " + t["shape"].dump() + " needs " +
-                     std::to_string(n * DTypeSize(e.dtype)) + " bytes, index says " +
-                     std::to_string(e.bytes));
+    // rows × bytes per row: the only size rule that holds for block-quantized rows too.
+    const uint64_t row = e.shape.empty() ? 1 : static_cast<uint64_t>(e.shape.back());
+    if (IsBlockQuantized(e.dtype) && e.shape.empty())
+      return c.Error(where + ": a " + std::string(DTypeName(e.dtype)) +
+                     " tensor needs a shape with rows; re-run moetier convert");
+    MT_RETURN_IF_ERROR(CheckRowLength(c, e.dtype, row, where, "row length"));
+    const uint64_t n_rows = row == 0 ? 0 : n / row;
+    const uint64_t want = n_rows * DTypeRowBytes(e.dtype, static_cast<int64_t>(row));
+    if (want != e.bytes)
+      return c.Error(where + ": shape " + t["shape"].dump() + " of " +
+                     std::string(DTypeName(e.dtype)) + " needs " + std::to_string(want) +
+                     " bytes, index says " + std::to_string(e.bytes));
     MT_RETURN_IF_ERROR(CheckPlacement(c, idx, e.file, e.offset, e.bytes, where, ranges));
     idx.tensors.push_back(std::move(e));
   }
@@ -169,7 +201,12 @@ Expected<BankIndex> ParseBankIndex(const std::string& text, const std::string& s
     e.n_experts = static_cast<int64_t>(n_experts);
     e.width = static_cast<int64_t>(width);
     e.d_model = static_cast<int64_t>(d_model);
-    const uint64_t expert_bytes = 3 * width * d_model * DTypeSize(e.dtype);
+    MT_RETURN_IF_ERROR(CheckRowLength(c, e.dtype, d_model, where, "d_model"));
+    MT_RETURN_IF_ERROR(CheckRowLength(c, e.dtype, width, where, "width"));
+    // gate and up: width rows of d_model; down: d_model rows of width (ExpertLayout's packing).
+    const uint64_t expert_bytes =
+        2 * width * DTypeRowBytes(e.dtype, static_cast<int64_t>(d_model)) +
+        d_model * DTypeRowBytes(e.dtype, static_cast<int64_t>(width));
     if (e.expert_stride_bytes < expert_bytes || e.expert_stride_bytes % kAlign != 0)
       return c.Error(where + ": expert_stride_bytes " + std::to_string(e.expert_stride_bytes) +
                      " must be a multiple of 4096 holding " + std::to_string(expert_bytes) +
@@ -180,6 +217,9 @@ Expected<BankIndex> ParseBankIndex(const std::string& text, const std::string& s
     MT_RETURN_IF_ERROR(CheckPlacement(c, idx, e.file, e.offset, e.bytes, where, ranges));
     if (!idx.banks.empty() && idx.banks.back().layer >= e.layer)
       return c.Error("banks are not in ascending layer order at layer " + std::to_string(e.layer));
+    if (idx.expert_dtype && e.dtype != *idx.expert_dtype)
+      return c.Error(where + ": dtype " + std::string(DTypeName(e.dtype)) +
+                     " contradicts 'expert_dtype' " + std::string(DTypeName(*idx.expert_dtype)));
     idx.banks.push_back(e);
   }
 
@@ -198,6 +238,8 @@ std::string SerializeBankIndex(const BankIndex& idx) {
   j["format"] = "moetier-bank";
   j["version"] = kBankFormatVersion;
   j["architecture"] = idx.architecture;
+  if (idx.expert_dtype) j["expert_dtype"] = std::string(DTypeName(*idx.expert_dtype));
+  if (idx.dense_dtype) j["dense_dtype"] = std::string(DTypeName(*idx.dense_dtype));
   j["files"] = nlohmann::ordered_json::array();
   for (const auto& f : idx.files) j["files"].push_back({{"name", f.name}, {"bytes", f.bytes}});
   j["tensors"] = nlohmann::ordered_json::array();

@@ -5,9 +5,14 @@
 // A bank holds n_experts experts, expert after expert, each `expert_stride_bytes` apart (a
 // multiple of 4096): gate [width, d_model], then up [width, d_model], then down [d_model,
 // width], all of `dtype`, packed. So one expert is one byte range and one layer one region.
+//
+// dtypes are BF16, F16, F32, or GGUF's block-quantized Q8_0 / Q4_0 (`moetier convert --dtype`,
+// `--dense-dtype`); every byte length is rows × DTypeRowBytes(dtype, row length), never
+// elements × DTypeSize (0 for the quantized dtypes).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +54,11 @@ struct BankIndexBank {
 
 struct BankIndex {
   std::string architecture;
+  // What convert stored the experts as (every bank has this dtype) and, when it converted them,
+  // the dense matrices (absent: kept as in the checkpoint; routers and 1-D tensors always are).
+  // They let the loader accept weights that differ from config.json's torch_dtype on purpose.
+  std::optional<DType> expert_dtype;
+  std::optional<DType> dense_dtype;
   std::vector<BankIndexFile> files;
   std::vector<BankIndexTensor> tensors;
   std::vector<BankIndexBank> banks;  // ascending layer

@@ -42,9 +42,9 @@ Status FillFromCheckpoint(const ModelSource& s, int64_t layer, HostBank& bank, T
   pool.ParallelFor(static_cast<size_t>(E), [&](size_t begin, size_t end, int) {
     for (size_t e = begin; e < end; ++e) {
       uint8_t* dst = bank.data() + e * lay.stride_bytes();
-      std::memcpy(dst + lay.gate_offset(), src[e].gate.data, lay.matrix_bytes());
-      std::memcpy(dst + lay.up_offset(), src[e].up.data, lay.matrix_bytes());
-      std::memcpy(dst + lay.down_offset(), src[e].down.data, lay.matrix_bytes());
+      std::memcpy(dst + lay.gate_offset(), src[e].gate.data, lay.gate_up_bytes());
+      std::memcpy(dst + lay.up_offset(), src[e].up.data, lay.gate_up_bytes());
+      std::memcpy(dst + lay.down_offset(), src[e].down.data, lay.down_bytes());
     }
   });
   return OkStatus();

@@ -38,6 +38,10 @@ struct ModelConfig {
   int64_t sliding_window = 0;  // 0: attend to every earlier position
   int64_t max_position_embeddings = 0;
   std::optional<DType> declared_dtype;  // torch_dtype / dtype, when given
+  // Set for a converted model whose index says `moetier convert --dense-dtype` stored dense
+  // matrices as this dtype (config.json is copied unchanged, so it still declares the
+  // checkpoint's): WeightBinder accepts it beside declared_dtype.
+  std::optional<DType> converted_dense_dtype;
   std::vector<int32_t> eos_token_ids;
   std::optional<int32_t> bos_token_id;
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -12,7 +13,10 @@
 #include <vector>
 
 #include "core/progress.h"
+#include "core/thread_pool.h"
 #include "io/bank_index.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/quant.h"
 #include "model/model_source.h"
 #include "model/weight_binder.h"
 
@@ -99,6 +103,72 @@ class DataWriter {
   std::vector<BankIndexFile> files_;
 };
 
+// Output bytes assembled per parallel step before one write: a whole expert of the largest
+// models (DeepSeek-V3: ~44 MB in bf16) fits, so every step has thousands of rows to share among
+// the threads and every write is large; small next to the page cache the checkpoint streams
+// through.
+constexpr uint64_t kChunkBytes = 64ull << 20;
+
+// An xxh64 stream (seed 0), owned so every early return frees it.
+class Hasher {
+ public:
+  Hasher() : state_(XXH64_createState(), &XXH64_freeState) { XXH64_reset(state_.get(), 0); }
+  void Update(const void* data, size_t n) { XXH64_update(state_.get(), data, n); }
+  uint64_t Digest() const { return XXH64_digest(state_.get()); }
+
+ private:
+  std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> state_;
+};
+
+// Writes rows [r0, r0 + n_rows) of `src` (f32/f16/bf16, rows of k elements) to `dst` as `to`
+// (kBF16, kQ8_0 or kQ4_0), DTypeRowBytes(to, k) bytes a row. Same dtype: a copy. Otherwise each
+// row goes through float32 (exact for every source dtype), so bf16 is one round-to-nearest-even
+// and the quantizers see the exact source values. `scratch` holds k floats.
+void ConvertRows(const TensorView& src, int64_t k, int64_t r0, int64_t n_rows, DType to,
+                 uint8_t* dst, float* scratch) {
+  if (src.dtype == to) {
+    const size_t row = DTypeRowBytes(to, k);
+    std::memcpy(dst, src.bytes() + static_cast<size_t>(r0) * row,
+                static_cast<size_t>(n_rows) * row);
+    return;
+  }
+  const size_t out_row = DTypeRowBytes(to, k);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    uint8_t* out = dst + static_cast<size_t>(r) * out_row;
+    kernels::RowToF32(src, (r0 + r) * k, k, scratch);
+    switch (to) {
+      case DType::kQ8_0:
+        kernels::QuantizeRowQ8_0(scratch, k, out);
+        break;
+      case DType::kQ4_0:
+        kernels::QuantizeRowQ4_0(scratch, k, out);
+        break;
+      default:  // kBF16 (ConvertCheckpoint admits no other target)
+        for (int64_t j = 0; j < k; ++j) {
+          const uint16_t h = F32ToBf16(scratch[j]);
+          std::memcpy(out + 2 * j, &h, 2);
+        }
+        break;
+    }
+  }
+}
+
+bool IsFloatDType(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+}
+
+// The dtype --dense-dtype stores dense tensor `v` as. Converted: every 2-D float matrix but the
+// routers. Routers stay as they are because their logits choose the experts: a small error there
+// changes which experts run, and they are a few KB a layer. 1-D tensors (norms, biases) are tiny
+// and feed every element. A quantized target also needs rows of whole 32-blocks; other matrices
+// stay as they are rather than failing the conversion (llama.cpp's quantizer does the same).
+DType DenseTarget(const std::string& name, const TensorView& v, std::optional<DType> to,
+                  const std::set<std::string>& routers) {
+  if (!to || v.shape.size() != 2 || !IsFloatDType(v.dtype) || routers.count(name)) return v.dtype;
+  if (!IsValidRowLength(*to, v.shape[1])) return v.dtype;
+  return *to;
+}
+
 // Files beside the weights that the converted directory keeps (tokenizer, templates, configs).
 bool IsSideFile(const fs::path& p) {
   const std::string name = p.filename().string();
@@ -110,12 +180,41 @@ bool IsSideFile(const fs::path& p) {
 
 }  // namespace
 
+std::optional<DType> ConvertDTypeFromFlag(std::string_view flag) {
+  constexpr DType kDTypes[] = {DType::kBF16, DType::kQ8_0, DType::kQ4_0};
+  for (size_t i = 0; i < kConvertDTypeFlags.size(); ++i)
+    if (kConvertDTypeFlags[i] == flag) return kDTypes[i];
+  return std::nullopt;
+}
+
 Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::path& out_dir,
                                            const ConvertOptions& options) {
+  for (const std::optional<DType> d :
+       {std::optional<DType>(options.expert_dtype), options.dense_dtype})
+    if (d && *d != DType::kBF16 && !IsBlockQuantized(*d))
+      return Status::Error("convert: cannot store weights as " + std::string(DTypeName(*d)) +
+                           "; choose bf16, q8_0 or q4_0");
   if (fs::exists(hf_dir / kBankIndexFileName))
     return Status::Error(hf_dir.string() +
                          ": already a converted model; convert takes a Hugging Face directory");
   MT_ASSIGN_OR_RETURN(ModelSource s, OpenModelSource(hf_dir));
+  // `in` is the checkpoint's expert layout, `lay` the one written.
+  const ExpertLayout& in = s.layout;
+  const ExpertLayout lay{in.d_model, in.width, options.expert_dtype};
+  if (!s.banks.empty() && !lay.valid()) {
+    // Named by the first matrix whose rows do not fit, before anything is written.
+    const bool gate = !IsValidRowLength(lay.dtype, lay.d_model);
+    const std::string name = s.spec->expert_tensor_name(
+        s.banks[0].layer, 0, gate ? ExpertMatrix::kGate : ExpertMatrix::kDown);
+    return Status::Error(s.hf->FileOf(name) + ": expert tensor '" + name + "' has rows of " +
+                         std::to_string(gate ? lay.d_model : lay.width) + " elements (" +
+                         (gate ? "hidden_size" : "the expert width") +
+                         "), not a multiple of 32, so it cannot be stored as " +
+                         std::string(DTypeName(lay.dtype)) + "; use --dtype bf16");
+  }
+  if (!s.banks.empty() && !IsFloatDType(in.dtype))
+    return Status::Error(s.hf->description() + ": experts are " + std::string(DTypeName(in.dtype)) +
+                         "; convert reads BF16, F16 or F32");
   if (fs::exists(out_dir) && !fs::is_directory(out_dir))
     return Status::Error(out_dir.string() + ": exists and is not a directory");
   if (fs::exists(out_dir) && !fs::is_empty(out_dir) && !options.overwrite)
@@ -128,16 +227,18 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
   if (ec) return Status::Error(out_dir.string() + ": cannot create: " + ec.message());
   fs::remove(out_dir / kBankIndexFileName, ec);  // an old index must not describe new files
 
-  // Every expert tensor goes into a bank; every other tensor is dense and is copied as is.
-  std::set<std::string> expert_names;
-  for (const auto& b : s.banks)
+  // Every expert tensor goes into a bank; every other tensor is dense.
+  std::set<std::string> expert_names, routers;
+  for (const auto& b : s.banks) {
+    routers.insert(s.spec->router_tensor_name(b.layer));
     for (int64_t e = 0; e < s.config.n_experts; ++e)
       for (ExpertMatrix m : {ExpertMatrix::kGate, ExpertMatrix::kUp, ExpertMatrix::kDown})
         expert_names.insert(s.spec->expert_tensor_name(b.layer, e, m));
+  }
   // Dense tensors grouped by the layer they belong to (-1: not in a layer), so the output
   // streams layer by layer: each layer's dense weights, then its bank.
   std::vector<std::vector<std::string>> dense_by_layer(static_cast<size_t>(s.config.n_layers + 1));
-  uint64_t total = 0;
+  uint64_t total = 0;  // progress counts the checkpoint's bytes read
   for (const auto& name : s.hf->Names()) {
     if (expert_names.count(name)) continue;
     int64_t layer = -1;
@@ -150,69 +251,133 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
 
   BankIndex index;
   index.architecture = s.config.architecture;
+  index.expert_dtype = lay.dtype;
+  index.dense_dtype = options.dense_dtype;
   DataWriter out(out_dir, options.shard_bytes);
   Progress progress("converting", total);
   uint64_t done = 0;
   size_t next_bank = 0;
-  const ExpertLayout& lay = s.layout;
   WeightBinder binder(*s.hf, s.config);
+  ThreadPool pool(options.n_threads);
+  // Per thread: one source row in float32 (rows are at most max(d_model, width) long for
+  // experts; dense tensors resize it before their parallel step).
+  std::vector<std::vector<float>> scratch(static_cast<size_t>(pool.size()));
+  std::vector<uint8_t> chunk;  // reused: one parallel step's output
+  int n_dense_converted = 0;
 
   for (int64_t group = -1; group < s.config.n_layers; ++group) {
     for (const auto& name : dense_by_layer[static_cast<size_t>(group + 1)]) {
       const TensorView* v = s.hf->Find(name);
-      BankIndexTensor t{name, v->dtype, v->shape, 0, 0, v->n_bytes, XXH64(v->data, v->n_bytes, 0)};
       if (!IsWeightDType(v->dtype))
         return Status::Error(s.hf->FileOf(name) + ": tensor '" + name + "' has dtype " +
                              std::string(DTypeName(v->dtype)) +
                              "; weights must be BF16, F16 or F32");
-      MT_RETURN_IF_ERROR(out.Begin(v->n_bytes, &t.file, &t.offset));
-      MT_RETURN_IF_ERROR(out.Write(v->data, v->n_bytes));
+      const DType to = DenseTarget(name, *v, options.dense_dtype, routers);
+      if (to == v->dtype) {  // as in the checkpoint: straight from its map
+        BankIndexTensor t{
+            name, v->dtype, v->shape, 0, 0, v->n_bytes, XXH64(v->data, v->n_bytes, 0)};
+        MT_RETURN_IF_ERROR(out.Begin(v->n_bytes, &t.file, &t.offset));
+        MT_RETURN_IF_ERROR(out.Write(v->data, v->n_bytes));
+        index.tensors.push_back(std::move(t));
+        done += v->n_bytes;
+        continue;
+      }
+      // [rows, k] converted in chunks of rows, each chunk's rows shared among the threads.
+      const int64_t rows = v->shape[0], k = v->shape[1];
+      const size_t out_row = DTypeRowBytes(to, k);
+      const size_t in_row = v->n_bytes / static_cast<size_t>(std::max<int64_t>(rows, 1));
+      BankIndexTensor t{name, to, v->shape, 0, 0, static_cast<uint64_t>(rows) * out_row, 0};
+      MT_RETURN_IF_ERROR(out.Begin(t.bytes, &t.file, &t.offset));
+      const int64_t rows_per_chunk =
+          std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / std::max<size_t>(out_row, 1)));
+      for (auto& sc : scratch) sc.resize(static_cast<size_t>(k));
+      Hasher hash;
+      for (int64_t r0 = 0; r0 < rows; r0 += rows_per_chunk) {
+        const int64_t n = std::min(rows_per_chunk, rows - r0);
+        chunk.resize(static_cast<size_t>(n) * out_row);
+        pool.ParallelFor(static_cast<size_t>(n), [&](size_t b, size_t e, int thread) {
+          ConvertRows(*v, k, r0 + static_cast<int64_t>(b), static_cast<int64_t>(e - b), to,
+                      chunk.data() + b * out_row, scratch[static_cast<size_t>(thread)].data());
+        });
+        hash.Update(chunk.data(), chunk.size());
+        MT_RETURN_IF_ERROR(out.Write(chunk.data(), chunk.size()));
+        done += static_cast<uint64_t>(n) * in_row;
+        progress.Update(done, name);
+      }
+      t.xxh64 = hash.Digest();
       index.tensors.push_back(std::move(t));
-      done += v->n_bytes;
+      ++n_dense_converted;
     }
     if (next_bank < s.banks.size() && s.banks[next_bank].layer == group) {
       const LayerBank& lb = s.banks[next_bank++];
       BankIndexBank b;
       b.layer = lb.layer;
-      b.bytes = lb.bytes;
       b.n_experts = s.config.n_experts;
+      b.bytes = lay.bank_bytes(b.n_experts);
       b.width = lay.width;
       b.d_model = lay.d_model;
       b.dtype = lay.dtype;
       b.expert_stride_bytes = lay.stride_bytes();
       MT_RETURN_IF_ERROR(out.Begin(b.bytes, &b.file, &b.offset));
-      // Owned so every early return frees it.
-      std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> owned(XXH64_createState(),
-                                                                              &XXH64_freeState);
-      XXH64_state_t* state = owned.get();
-      XXH64_reset(state, 0);
-      static const std::vector<uint8_t> zeros(4096, 0);
-      for (int64_t e = 0; e < b.n_experts; ++e) {
-        for (ExpertMatrix m : {ExpertMatrix::kGate, ExpertMatrix::kUp, ExpertMatrix::kDown}) {
-          const std::vector<int64_t> shape = m == ExpertMatrix::kDown
-                                                 ? std::vector<int64_t>{lay.d_model, lay.width}
-                                                 : std::vector<int64_t>{lay.width, lay.d_model};
-          const TensorView v = binder.Matrix(s.spec->expert_tensor_name(b.layer, e, m), shape);
-          MT_RETURN_IF_ERROR(binder.status());
-          if (v.dtype != lay.dtype)
-            return Status::Error(s.hf->FileOf(s.spec->expert_tensor_name(b.layer, e, m)) +
-                                 ": expert tensors of mixed dtypes (" +
-                                 std::string(DTypeName(v.dtype)) + " and " +
-                                 std::string(DTypeName(lay.dtype)) + ")");
-          XXH64_update(state, v.data, v.n_bytes);
-          MT_RETURN_IF_ERROR(out.Write(v.data, v.n_bytes));
+      for (auto& sc : scratch) sc.resize(static_cast<size_t>(std::max(lay.d_model, lay.width)));
+      Hasher hash;
+      // Experts are converted a chunk at a time: the chunk's rows (gate, up, down of each
+      // expert) are shared among the threads, then the chunk is hashed and written in order.
+      const int64_t per_chunk = std::max<int64_t>(
+          1, static_cast<int64_t>(kChunkBytes / std::max<uint64_t>(lay.stride_bytes(), 1)));
+      const int64_t rows_per_expert = 2 * lay.width + lay.d_model;
+      std::vector<ExpertWeights> src;
+      for (int64_t e0 = 0; e0 < b.n_experts; e0 += per_chunk) {
+        const int64_t n = std::min(per_chunk, b.n_experts - e0);
+        src.assign(static_cast<size_t>(n), ExpertWeights{});
+        for (int64_t i = 0; i < n; ++i) {
+          ExpertWeights& w = src[static_cast<size_t>(i)];
+          for (ExpertMatrix m : {ExpertMatrix::kGate, ExpertMatrix::kUp, ExpertMatrix::kDown}) {
+            const std::string name = s.spec->expert_tensor_name(b.layer, e0 + i, m);
+            const std::vector<int64_t> shape = m == ExpertMatrix::kDown
+                                                   ? std::vector<int64_t>{in.d_model, in.width}
+                                                   : std::vector<int64_t>{in.width, in.d_model};
+            const TensorView v = binder.Matrix(name, shape);
+            MT_RETURN_IF_ERROR(binder.status());
+            if (v.dtype != in.dtype)
+              return Status::Error(s.hf->FileOf(name) + ": expert tensors of mixed dtypes (" +
+                                   std::string(DTypeName(v.dtype)) + " and " +
+                                   std::string(DTypeName(in.dtype)) + ")");
+            (m == ExpertMatrix::kGate ? w.gate : m == ExpertMatrix::kUp ? w.up : w.down) = v;
+          }
         }
-        const uint64_t pad = lay.stride_bytes() - 3 * lay.matrix_bytes();
-        for (uint64_t left = pad; left > 0;) {
-          const size_t k = static_cast<size_t>(std::min<uint64_t>(left, zeros.size()));
-          XXH64_update(state, zeros.data(), k);
-          left -= k;
-        }
-        MT_RETURN_IF_ERROR(out.Zeros(pad));
-        done += lay.stride_bytes();
+        chunk.resize(static_cast<size_t>(n) * lay.stride_bytes());
+        pool.ParallelFor(static_cast<size_t>(n * rows_per_expert), [&](size_t b0, size_t b1,
+                                                                       int thread) {
+          float* sc = scratch[static_cast<size_t>(thread)].data();
+          for (size_t i = b0; i < b1; ++i) {
+            const int64_t e = static_cast<int64_t>(i) / rows_per_expert;
+            int64_t r = static_cast<int64_t>(i) % rows_per_expert;
+            const ExpertWeights& w = src[static_cast<size_t>(e)];
+            uint8_t* base = chunk.data() + static_cast<size_t>(e) * lay.stride_bytes();
+            if (r < lay.width) {
+              ConvertRows(w.gate, lay.d_model, r, 1, lay.dtype,
+                          base + lay.gate_offset() + r * DTypeRowBytes(lay.dtype, lay.d_model), sc);
+            } else if ((r -= lay.width) < lay.width) {
+              ConvertRows(w.up, lay.d_model, r, 1, lay.dtype,
+                          base + lay.up_offset() + r * DTypeRowBytes(lay.dtype, lay.d_model), sc);
+            } else {
+              r -= lay.width;
+              ConvertRows(w.down, lay.width, r, 1, lay.dtype,
+                          base + lay.down_offset() + r * DTypeRowBytes(lay.dtype, lay.width), sc);
+            }
+          }
+        });
+        for (int64_t i = 0; i < n; ++i)  // zero each expert's padding up to the stride
+          std::memset(
+              chunk.data() + static_cast<size_t>(i) * lay.stride_bytes() + lay.expert_bytes(), 0,
+              lay.stride_bytes() - lay.expert_bytes());
+        hash.Update(chunk.data(), chunk.size());
+        MT_RETURN_IF_ERROR(out.Write(chunk.data(), chunk.size()));
+        done += static_cast<uint64_t>(n) * in.stride_bytes();
         progress.Update(done, "layer " + std::to_string(b.layer));
       }
-      b.xxh64 = XXH64_digest(state);
+      b.xxh64 = hash.Digest();
       index.banks.push_back(b);
     }
     progress.Update(done);
@@ -252,6 +417,8 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
   sum.n_files = static_cast<int>(index.files.size());
   sum.n_banks = static_cast<int>(index.banks.size());
   sum.n_tensors = static_cast<int>(index.tensors.size());
+  sum.n_dense_converted = n_dense_converted;
+  sum.expert_dtype = lay.dtype;
   return sum;
 }
 

@@ -1,11 +1,21 @@
 // moetier convert: a Hugging Face checkpoint → the bank format (DESIGN.md "Bank format"). Streams
 // layer by layer from the checkpoint's memory maps to the output files, so peak memory is a
-// few layers of page cache, not the model.
+// few layers of page cache plus one conversion chunk, not the model.
+//
+// The experts (`--dtype`) and, optionally, the dense matrices (`--dense-dtype`) may be stored
+// in another dtype than the checkpoint's: bf16 (rounded to nearest even from f16/f32, copied
+// from bf16) or GGUF's block-quantized Q8_0 / Q4_0 (kernels/cpu/quant.h), which halve or
+// quarter the bytes each decode step streams. The index records the choice (expert_dtype,
+// dense_dtype), which is what lets the loader accept weights that differ from config.json.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
+#include <string_view>
 
+#include "core/dtype.h"
 #include "core/status.h"
 
 namespace moetier {
@@ -13,6 +23,15 @@ namespace moetier {
 struct ConvertOptions {
   uint64_t shard_bytes = 8ull << 30;  // start a new data file past this size (--shard-gib)
   bool overwrite = false;             // replace a previous conversion in the output directory
+  // --dtype: the experts' dtype, kBF16, kQ8_0 or kQ4_0. Quantized dtypes need row lengths
+  // (d_model for gate/up, the expert width for down) that are multiples of 32.
+  DType expert_dtype = DType::kBF16;
+  // --dense-dtype: nullopt ("same") keeps every dense tensor as in the checkpoint. Otherwise
+  // kBF16, kQ8_0 or kQ4_0 for every 2-D matrix (attention, dense MLPs, embeddings, lm_head)
+  // except the MoE routers; 1-D tensors (norms, biases) and routers keep their dtype, as do
+  // matrices whose rows are not whole 32-blocks when the target is quantized.
+  std::optional<DType> dense_dtype;
+  int n_threads = 0;  // converting threads (--threads); <= 0: every core this process may use
 };
 
 struct ConvertSummary {
@@ -20,7 +39,14 @@ struct ConvertSummary {
   int n_files = 0;
   int n_banks = 0;
   int n_tensors = 0;
+  int n_dense_converted = 0;  // dense tensors stored in another dtype than the checkpoint's
+  DType expert_dtype = DType::kBF16;
 };
+
+// The spellings of --dtype (and, with "same", --dense-dtype), lowercase as users type them.
+inline constexpr std::array<std::string_view, 3> kConvertDTypeFlags = {"bf16", "q8_0", "q4_0"};
+// "bf16" → kBF16, "q8_0" → kQ8_0, "q4_0" → kQ4_0; nullopt for anything else.
+std::optional<DType> ConvertDTypeFromFlag(std::string_view flag);
 
 Expected<ConvertSummary> ConvertCheckpoint(const std::filesystem::path& hf_dir,
                                            const std::filesystem::path& out_dir,

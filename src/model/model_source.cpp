@@ -60,7 +60,10 @@ Status CheckIndexAgainstConfig(const ModelSource& s) {
     if (b.dtype != idx.banks[0].dtype)
       return Status::Error(where + ": " + bank + " has dtype " + std::string(DTypeName(b.dtype)) +
                            " unlike the first bank");
-    if (c.declared_dtype && b.dtype != *c.declared_dtype)
+    // config.json is copied unchanged by convert, so it declares the checkpoint's dtype; a
+    // bank may differ from it only as the index's expert_dtype says convert chose.
+    if (c.declared_dtype && b.dtype != *c.declared_dtype &&
+        !(idx.expert_dtype && b.dtype == *idx.expert_dtype))
       return Status::Error(where + ": " + bank + " is " + std::string(DTypeName(b.dtype)) +
                            " but " + c.source + " declares " +
                            std::string(DTypeName(*c.declared_dtype)));
@@ -100,6 +103,7 @@ Expected<ModelSource> OpenModelSource(const std::filesystem::path& dir) {
     MT_ASSIGN_OR_RETURN(ConvertedModel m, ConvertedModel::Open(dir));
     s.converted = std::make_unique<ConvertedModel>(std::move(m));
     MT_RETURN_IF_ERROR(CheckIndexAgainstConfig(s));
+    s.config.converted_dense_dtype = s.converted->index().dense_dtype;
     expert_dtype =
         s.converted->index().banks.empty() ? DType::kBF16 : s.converted->index().banks[0].dtype;
   } else {

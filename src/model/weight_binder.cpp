@@ -12,12 +12,16 @@ const TensorView* WeightBinder::Lookup(const std::string& name, const std::vecto
   }
   const std::string file = checkpoint_.FileOf(name);
   if (!IsWeightDType(v->dtype)) {
-    status_ =
-        Status::Error(file + ": tensor '" + name + "' has dtype " +
-                      std::string(DTypeName(v->dtype)) + "; weights must be BF16, F16 or F32");
+    status_ = Status::Error(file + ": tensor '" + name + "' has dtype " +
+                            std::string(DTypeName(v->dtype)) +
+                            "; weights must be BF16, F16, F32, Q8_0 or Q4_0");
     return nullptr;
   }
-  if (config_.declared_dtype && v->dtype != *config_.declared_dtype) {
+  // A converted model's matrices may be in the dtype its index says convert chose; anything
+  // else must match config.json (a Hugging Face checkpoint always must).
+  const bool converted =
+      config_.converted_dense_dtype && v->dtype == *config_.converted_dense_dtype;
+  if (config_.declared_dtype && v->dtype != *config_.declared_dtype && !converted) {
     status_ = Status::Error(file + ": tensor '" + name + "' is " +
                             std::string(DTypeName(v->dtype)) + " but " + config_.source +
                             " declares " + std::string(DTypeName(*config_.declared_dtype)));
@@ -38,6 +42,13 @@ TensorView WeightBinder::Matrix(const std::string& name, std::vector<int64_t> sh
 
 std::vector<float> WeightBinder::Vector(const std::string& name, int64_t n) {
   const TensorView* v = Lookup(name, {n});
+  if (v != nullptr && IsBlockQuantized(v->dtype)) {
+    // convert never quantizes 1-D tensors, and ToF32 reads only float dtypes.
+    status_ = Status::Error(checkpoint_.FileOf(name) + ": tensor '" + name + "' is " +
+                            std::string(DTypeName(v->dtype)) +
+                            "; norms and biases must be BF16, F16 or F32: re-run moetier convert");
+    return {};
+  }
   return v ? ToF32(*v) : std::vector<float>{};
 }
 

@@ -21,6 +21,9 @@ struct ArchSpec {
   // The Hugging Face name of one routed expert's matrix, e.g.
   // "model.layers.3.mlp.experts.5.gate_proj.weight". Banks are built from these names.
   std::string (*expert_tensor_name)(int64_t layer, int64_t expert, ExpertMatrix which);
+  // The Hugging Face name of a MoE layer's router matrix [n_experts, d_model], e.g.
+  // "model.layers.3.mlp.gate.weight". convert keeps routers in their source dtype.
+  std::string (*router_tensor_name)(int64_t layer);
   // Binds and validates the dense weights of `dense` and takes the routed experts from
   // `experts`; the model keeps both alive.
   Expected<std::unique_ptr<CausalLM>> (*create)(ModelConfig config,

@@ -27,6 +27,10 @@ ConfigDefaults MixtralDefaults() {
   return d;
 }
 
+std::string MixtralRouterName(int64_t layer) {
+  return "model.layers." + std::to_string(layer) + ".block_sparse_moe.gate.weight";
+}
+
 Expected<std::unique_ptr<CausalLM>> CreateMixtral(ModelConfig c, std::unique_ptr<TensorStore> dense,
                                                   std::unique_ptr<ExpertSource> experts,
                                                   int n_threads) {
@@ -48,7 +52,7 @@ Expected<std::unique_ptr<CausalLM>> CreateMixtral(ModelConfig c, std::unique_ptr
     lw.attn.o = b.Matrix(p + "self_attn.o_proj.weight", {H, q_width});
     lw.mlp_norm = b.Vector(p + "post_attention_layernorm.weight", H);
     lw.is_moe = true;
-    lw.router = b.Matrix(p + "block_sparse_moe.gate.weight", {c.n_experts, H});
+    lw.router = b.Matrix(MixtralRouterName(l), {c.n_experts, H});
     w.layers.push_back(std::move(lw));
   }
   w.final_norm = b.Vector("model.norm.weight", H);
@@ -72,7 +76,7 @@ std::string MixtralExpertName(int64_t layer, int64_t expert, ExpertMatrix which)
 
 const ArchSpec& MixtralSpec() {
   static const ArchSpec spec{"MixtralForCausalLM", &MixtralDefaults, &MixtralExpertName,
-                             &CreateMixtral};
+                             &MixtralRouterName, &CreateMixtral};
   return spec;
 }
 

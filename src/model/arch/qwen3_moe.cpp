@@ -28,6 +28,10 @@ ConfigDefaults Qwen3MoeDefaults() {
   return d;
 }
 
+std::string Qwen3MoeRouterName(int64_t layer) {
+  return "model.layers." + std::to_string(layer) + ".mlp.gate.weight";
+}
+
 Expected<std::unique_ptr<CausalLM>> CreateQwen3Moe(ModelConfig c,
                                                    std::unique_ptr<TensorStore> dense,
                                                    std::unique_ptr<ExpertSource> experts,
@@ -56,7 +60,7 @@ Expected<std::unique_ptr<CausalLM>> CreateQwen3Moe(ModelConfig c,
     lw.mlp_norm = b.Vector(p + "post_attention_layernorm.weight", H);
     lw.is_moe = c.layer_is_moe[static_cast<size_t>(l)];
     if (lw.is_moe) {
-      lw.router = b.Matrix(p + "mlp.gate.weight", {c.n_experts, H});
+      lw.router = b.Matrix(Qwen3MoeRouterName(l), {c.n_experts, H});
     } else {
       const int64_t D = c.dense_intermediate_size;
       lw.dense.gate = b.Matrix(p + "mlp.gate_proj.weight", {D, H});
@@ -86,7 +90,7 @@ std::string Qwen3MoeExpertName(int64_t layer, int64_t expert, ExpertMatrix which
 
 const ArchSpec& Qwen3MoeSpec() {
   static const ArchSpec spec{"Qwen3MoeForCausalLM", &Qwen3MoeDefaults, &Qwen3MoeExpertName,
-                             &CreateQwen3Moe};
+                             &Qwen3MoeRouterName, &CreateQwen3Moe};
   return spec;
 }
 

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# moetier bench against llama-bench in one run: the same synthetic weights (Qwen3-30B-A3B shapes,
+# ../shared/peers/synth_model.py), the same threads, the same machine, one dtype after the other.
+# Writes each tool's JSON and a summary table (summary.md, summary.json) to OUT.
+#
+#   bench/peers/compare_llama.sh --moetier build/bin/moetier --llama-bin DIR --work DIR --out DIR \
+#       [--threads N] [--dtypes "bf16 q8_0 q4_0"] [--prompt-tokens 128] [--gen-tokens 32] [--repeats 3] \
+#       [--hf DIR | --synth TEMPLATE.gguf --tokenizer-dir DIR [--synth-script PATH]]
+#
+# WORK holds the models: q3moe-8L.gguf (bf16) and q3moe-8L-hf/ (made with --synth when missing),
+# q3moe-8L-<dtype>.gguf (llama-quantize --pure: every matrix in that dtype, as moetier converts
+# with --dtype D --dense-dtype D, so both engines read the same bytes) and bank-<dtype>/.
+set -euo pipefail
+
+MOETIER= LLAMA_BIN= WORK= OUT= HF= SYNTH= TOKDIR= SYNTH_SCRIPT=
+THREADS=$(nproc) DTYPES="bf16 q8_0 q4_0" PP=128 TG=32 REPEATS=3
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --moetier) MOETIER=$2; shift 2 ;;
+    --llama-bin) LLAMA_BIN=$2; shift 2 ;;
+    --work) WORK=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --threads) THREADS=$2; shift 2 ;;
+    --dtypes) DTYPES=$2; shift 2 ;;
+    --prompt-tokens) PP=$2; shift 2 ;;
+    --gen-tokens) TG=$2; shift 2 ;;
+    --repeats) REPEATS=$2; shift 2 ;;
+    --hf) HF=$2; shift 2 ;;
+    --synth) SYNTH=$2; shift 2 ;;
+    --tokenizer-dir) TOKDIR=$2; shift 2 ;;
+    --synth-script) SYNTH_SCRIPT=$2; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "compare_llama.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+for v in MOETIER LLAMA_BIN WORK OUT; do
+  if [ -z "${!v}" ]; then echo "compare_llama.sh: --$(echo $v | tr A-Z a-z | tr _ -) is required" >&2; exit 2; fi
+done
+mkdir -p "$WORK" "$OUT"
+HF=${HF:-$WORK/q3moe-8L-hf}
+GGUF=$WORK/q3moe-8L.gguf
+log() { echo "[$(date +%T)] $*" >&2; }
+
+if [ ! -f "$GGUF" ] || [ ! -f "$HF/config.json" ]; then
+  [ -n "$SYNTH" ] || { echo "compare_llama.sh: $GGUF or $HF missing; pass --synth TEMPLATE.gguf" >&2; exit 2; }
+  SYNTH_SCRIPT=${SYNTH_SCRIPT:-$(dirname "$0")/../../../shared/peers/synth_model.py}
+  log "writing the synthetic model (gguf + hf) to $WORK"
+  python3 "$SYNTH_SCRIPT" "$SYNTH" "$WORK/q3moe-8L" --layers 8 --hf-dir "$HF" ${TOKDIR:+--tokenizer-dir "$TOKDIR"} >&2
+fi
+
+for dt in $DTYPES; do
+  if [ "$dt" = bf16 ]; then G=$GGUF; else G=$WORK/q3moe-8L-$dt.gguf; fi
+  if [ ! -f "$G" ]; then
+    log "llama-quantize --pure $dt"
+    "$LLAMA_BIN/llama-quantize" --pure "$GGUF" "$G" "$(echo $dt | tr a-z A-Z)" "$THREADS" > "$OUT/quantize-$dt.log" 2>&1
+  fi
+  B=$WORK/bank-$dt
+  if [ ! -f "$B/moetier-index.json" ]; then
+    log "moetier convert --dtype $dt"
+    if [ "$dt" = bf16 ]; then
+      "$MOETIER" convert -m "$HF" -o "$B" --overwrite >&2
+    else
+      "$MOETIER" convert -m "$HF" -o "$B" --dtype "$dt" --dense-dtype "$dt" --overwrite >&2
+    fi
+  fi
+done
+
+for dt in $DTYPES; do
+  if [ "$dt" = bf16 ]; then G=$GGUF; else G=$WORK/q3moe-8L-$dt.gguf; fi
+  log "llama-bench $dt"
+  "$LLAMA_BIN/llama-bench" -m "$G" -p "$PP" -n "$TG" -t "$THREADS" -r "$REPEATS" -o json > "$OUT/llama-$dt.json" 2> "$OUT/llama-$dt.log"
+  log "moetier bench $dt"
+  "$MOETIER" bench --model "$WORK/bank-$dt" --prompt-tokens "$PP" --gen-tokens "$TG" \
+    --threads "$THREADS" --repeats "$REPEATS" --json > "$OUT/moetier-$dt.json" 2> "$OUT/moetier-$dt.log"
+done
+
+python3 - "$OUT" "$DTYPES" <<'PY'
+import json, os, sys
+out, dtypes = sys.argv[1], sys.argv[2].split()
+rows, summary = [], {}
+for dt in dtypes:
+    m = json.load(open(os.path.join(out, f"moetier-{dt}.json")))
+    ll = json.load(open(os.path.join(out, f"llama-{dt}.json")))
+    pp = next(r["avg_ts"] for r in ll if r["n_prompt"] > 0)
+    tg = next(r["avg_ts"] for r in ll if r["n_gen"] > 0)
+    s = dict(llama_prefill=pp, llama_decode=tg, moetier_prefill=m["prefill_tokens_per_s"],
+             moetier_decode=m["decode_tokens_per_s"], decode_ratio=m["decode_tokens_per_s"] / tg,
+             prefill_ratio=m["prefill_tokens_per_s"] / pp, decode_gb_per_s=m["decode_gb_per_s"],
+             read_bandwidth_gb_per_s=m["read_bandwidth_gb_per_s"],
+             decode_bytes_per_token=m["decode_bytes_per_token"],
+             llama_decode_gb_per_s=tg * m["decode_bytes_per_token"] / 1e9, threads=m["threads"])
+    summary[dt] = s
+    rows.append(f"| {dt} | {s['moetier_decode']:.1f} | {tg:.1f} | {s['decode_ratio']:.2f}x | "
+                f"{s['decode_gb_per_s']:.1f} ({100*s['decode_gb_per_s']/s['read_bandwidth_gb_per_s']:.0f}%) | "
+                f"{s['llama_decode_gb_per_s']:.1f} ({100*s['llama_decode_gb_per_s']/s['read_bandwidth_gb_per_s']:.0f}%) | "
+                f"{s['moetier_prefill']:.1f} | {pp:.1f} | {s['prefill_ratio']:.2f}x | {s['read_bandwidth_gb_per_s']:.1f} |")
+head = ("| dtype | moetier decode tok/s | llama.cpp decode tok/s | ratio | moetier GB/s (% of read BW) | "
+        "llama.cpp GB/s (%) | moetier prefill tok/s | llama.cpp prefill tok/s | ratio | read BW GB/s |\n"
+        "|---|---|---|---|---|---|---|---|---|---|")
+text = head + "\n" + "\n".join(rows) + "\n"
+open(os.path.join(out, "summary.md"), "w").write(text)
+json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
+print(text)
+PY
