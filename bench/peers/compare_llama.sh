@@ -10,6 +10,7 @@
 # WORK holds the models: q3moe-8L.gguf (bf16) and q3moe-8L-hf/ (made with --synth when missing),
 # q3moe-8L-<dtype>.gguf (llama-quantize --pure: every matrix in that dtype, as moetier converts
 # with --dtype D --dense-dtype D, so both engines read the same bytes) and bank-<dtype>/.
+# PREPARE_ONLY=1 stops once the models exist (to split the work over two calls).
 set -euo pipefail
 
 MOETIER= LLAMA_BIN= WORK= OUT= HF= SYNTH= TOKDIR= SYNTH_SCRIPT=
@@ -52,7 +53,9 @@ for dt in $DTYPES; do
   if [ "$dt" = bf16 ]; then G=$GGUF; else G=$WORK/q3moe-8L-$dt.gguf; fi
   if [ ! -f "$G" ]; then
     log "llama-quantize --pure $dt"
-    "$LLAMA_BIN/llama-quantize" --pure "$GGUF" "$G" "$(echo $dt | tr a-z A-Z)" "$THREADS" > "$OUT/quantize-$dt.log" 2>&1
+    # Written under another name first: an interrupted run must not leave a half file behind.
+    "$LLAMA_BIN/llama-quantize" --pure "$GGUF" "$G.part" "$(echo $dt | tr a-z A-Z)" "$THREADS" > "$OUT/quantize-$dt.log" 2>&1
+    mv "$G.part" "$G"
   fi
   B=$WORK/bank-$dt
   if [ ! -f "$B/moetier-index.json" ]; then
@@ -64,6 +67,8 @@ for dt in $DTYPES; do
     fi
   fi
 done
+
+[ "${PREPARE_ONLY:-0}" = 1 ] && { log "models ready (PREPARE_ONLY=1)"; exit 0; }
 
 for dt in $DTYPES; do
   if [ "$dt" = bf16 ]; then G=$GGUF; else G=$WORK/q3moe-8L-$dt.gguf; fi

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# On the GPU machine (no package registry): builds llama.cpp from a carried source tarball,
+# writes the synthetic model, converts and quantizes it, then runs bench/peers/compare_llama.sh.
+# Expects in .devcarry/: moetier (built here, Release), libs/ (its shared libraries),
+# llama-src.tar.xz, template-meta.gguf.xz (the fixture GGUF's metadata, no tensors), synth_model.py.
+#   bench/peers/device_run.sh prep    # build + models (call 1)
+#   bench/peers/device_run.sh bench   # measurements (call 2, same machine)
+set -euo pipefail
+PHASE=${1:-all}
+REPO=$PWD
+W=${DEVICE_WORK:-/tmp/moetier-peers}
+OUT=${OUT:-/tmp/out}
+export LD_LIBRARY_PATH=$REPO/.devcarry/libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+MT=$REPO/.devcarry/moetier
+T=${THREADS:-$(nproc)}
+mkdir -p "$W" "$OUT"
+LB=$W/llama/b/bin
+if [ "$PHASE" != bench ]; then
+  { nproc; lscpu || cat /proc/cpuinfo | head -30; free -g; df -h "$W"; } > "$OUT/machine.txt" 2>&1 || true
+  "$MT" --help > /dev/null
+  if [ ! -x "$LB/llama-bench" ]; then
+    # Python's tarfile/lzma, in case the image has no xz.
+    python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+      .devcarry/llama-src.tar.xz "$W/llama"
+    (cd "$W/llama" && cmake -S . -B b -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON > "$OUT/llama-cmake.log" 2>&1 &&
+     cmake --build b -j"$(nproc)" --target llama-bench llama-quantize > "$OUT/llama-build.log" 2>&1) &
+    BUILD_PID=$!
+  fi
+  if [ ! -f "$W/q3moe-8L-hf/model.safetensors.done" ]; then
+    python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" \
+      .devcarry/template-meta.gguf.xz "$W/template.gguf"
+    GGUF_PY=$W/llama/gguf-py python3 .devcarry/synth_model.py "$W/template.gguf" "$W/q3moe-8L" --layers 8 \
+      --hf-dir "$W/q3moe-8L-hf" --tokenizer-dir tests/fixtures/hf/realvocab/qwen3_moe_tiny
+    touch "$W/q3moe-8L-hf/model.safetensors.done"
+  fi
+  [ -n "${BUILD_PID:-}" ] && wait "$BUILD_PID"
+  PREPARE_ONLY=1 bench/peers/compare_llama.sh --moetier "$MT" --llama-bin "$LB" --work "$W" --out "$OUT" --threads "$T"
+  df -h "$W" >> "$OUT/machine.txt"
+fi
+if [ "$PHASE" != prep ]; then
+  bench/peers/compare_llama.sh --moetier "$MT" --llama-bin "$LB" --work "$W" --out "$OUT" --threads "$T"
+fi
