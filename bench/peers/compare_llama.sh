@@ -42,7 +42,9 @@ HF=${HF:-$WORK/q3moe-8L-hf}
 GGUF=$WORK/q3moe-8L.gguf
 log() { echo "[$(date +%T)] $*" >&2; }
 
-if [ ! -f "$GGUF" ] || [ ! -f "$HF/config.json" ]; then
+NEED_HF=0  # the checkpoint is only read to convert banks that are not there yet
+for dt in $DTYPES; do [ -f "$WORK/bank-$dt/moetier-index.json" ] || NEED_HF=1; done
+if [ ! -f "$GGUF" ] || { [ "$NEED_HF" = 1 ] && [ ! -f "$HF/config.json" ]; }; then
   [ -n "$SYNTH" ] || { echo "compare_llama.sh: $GGUF or $HF missing; pass --synth TEMPLATE.gguf" >&2; exit 2; }
   SYNTH_SCRIPT=${SYNTH_SCRIPT:-$(dirname "$0")/../../../shared/peers/synth_model.py}
   log "writing the synthetic model (gguf + hf) to $WORK"

@@ -207,8 +207,13 @@ int64_t RowsPerTask(int64_t n_rows, int64_t row_bytes, int64_t n_tokens, int n_t
   if (forced > 0) return std::min(forced, std::max<int64_t>(1, n_rows));
   const int64_t row_cost = std::max<int64_t>(1, row_bytes * std::max<int64_t>(1, n_tokens));
   const int64_t for_bytes = (kMinTaskBytes + row_cost - 1) / row_cost;
+  static const int64_t tasks_per_thread = [] {
+    const char* v = std::getenv("MOETIER_TASKS_PER_THREAD");
+    const int64_t n = v != nullptr ? std::atoll(v) : 0;
+    return n > 0 ? n : kTasksPerThread;
+  }();
   const int64_t for_balance =
-      n_rows / std::max<int64_t>(1, static_cast<int64_t>(n_threads) * kTasksPerThread);
+      n_rows / std::max<int64_t>(1, static_cast<int64_t>(n_threads) * tasks_per_thread);
   int64_t rows = std::max(for_bytes, for_balance);
   rows = (rows + kTaskRowQuantum - 1) / kTaskRowQuantum * kTaskRowQuantum;
   return std::max<int64_t>(1, std::min(rows, n_rows));

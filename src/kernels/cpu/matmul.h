@@ -97,9 +97,10 @@ void MatMulBatch(ThreadPool& pool, const float* x, int64_t n_tokens, const MatMu
 // Rows per task when `n_rows` rows of `row_bytes` bytes (times `n_tokens` tokens) are split over
 // `n_threads` threads: at least kMinTaskBytes of weights per task (so a task's cost dwarfs
 // taking it) and about kTasksPerThread tasks per thread (so uneven progress evens out); a
-// multiple of kTaskRowQuantum (whole kernel tiles). MOETIER_TASK_ROWS=N overrides.
+// multiple of kTaskRowQuantum (whole kernel tiles). MOETIER_TASK_ROWS=N overrides the result,
+// MOETIER_TASKS_PER_THREAD=N the constant.
 inline constexpr int64_t kMinTaskBytes = 64 << 10;
-inline constexpr int64_t kTasksPerThread = 4;
+inline constexpr int64_t kTasksPerThread = 8;
 inline constexpr int64_t kTaskRowQuantum = 4;
 int64_t RowsPerTask(int64_t n_rows, int64_t row_bytes, int64_t n_tokens, int n_threads);
 
