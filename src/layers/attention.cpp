@@ -66,8 +66,10 @@ void SelfAttention(Workspace& ws, const AttentionWeights& w, const AttentionShap
   float* k = ws.Get(Scratch::kK, T * static_cast<size_t>(kv_width));
   float* v = ws.Get(Scratch::kV, T * static_cast<size_t>(kv_width));
   ThreadPool& pool = ws.pool();
+  ScopedPhase phase(ws.times(), Phase::kAttnQkv);
   const kernels::MatMulTarget qkv[] = {{&w.q, q}, {&w.k, k}, {&w.v, v}};
   kernels::MatMulBatch(pool, x, n_tokens, qkv, 3);
+  phase.Switch(Phase::kAttention);
   AddBias(q, n_tokens, w.q_bias);
   AddBias(k, n_tokens, w.k_bias);
   AddBias(v, n_tokens, w.v_bias);
@@ -83,6 +85,7 @@ void SelfAttention(Workspace& ws, const AttentionWeights& w, const AttentionShap
 
   float* attn = ws.Get(Scratch::kAttnOut, T * static_cast<size_t>(q_width));
   CausalAttention(pool, q, n_tokens, pos0, cache.keys(layer), cache.values(layer), s, attn);
+  phase.Switch(Phase::kAttnOut);
   kernels::MatMul(pool, attn, n_tokens, w.o, out);
 }
 

@@ -66,7 +66,9 @@ void MoeBlock(Workspace& ws, const TensorView& router, const RouterOptions& opts
   const size_t T = static_cast<size_t>(n_tokens);
   ThreadPool& pool = ws.pool();
   float* probs = ws.Get(Scratch::kRouter, T * static_cast<size_t>(E));
+  ScopedPhase phase(ws.times(), Phase::kRouter);
   kernels::MatMul(pool, x, n_tokens, router, probs);
+  phase.Switch(Phase::kRouting);
   if (router_logits_out != nullptr)
     std::memcpy(router_logits_out, probs, T * static_cast<size_t>(E) * sizeof(float));
   for (int64_t t = 0; t < n_tokens; ++t) kernels::SoftmaxRow(probs + t * E, E);
@@ -130,6 +132,7 @@ void MoeBlock(Workspace& ws, const TensorView& router, const RouterOptions& opts
   };
 
   // A: hidden[j, :] = silu(gate · x_j) * (up · x_j) for every assignment j.
+  phase.Switch(Phase::kExpertsGateUp);
   float* hidden = ws.Get(Scratch::kGate, n_assign * static_cast<size_t>(W));
   float* up = ws.Get(Scratch::kUp, n_assign * static_cast<size_t>(W));
   const int64_t tokens_per_expert = static_cast<int64_t>(n_assign / n_active);
@@ -149,6 +152,7 @@ void MoeBlock(Workspace& ws, const TensorView& router, const RouterOptions& opts
       kernels::SiluMul(hidden + j * W + r0, up + j * W + r0, r1 - r0);
   });
 
+  phase.Switch(Phase::kRouting);
   // The down projection's activations: one expert's hidden rows each (in place for float
   // formats; quantized for q8_0/q4_0, on the pool when there are many).
   auto prepare_down = [&](size_t a, int) {
@@ -161,6 +165,7 @@ void MoeBlock(Workspace& ws, const TensorView& router, const RouterOptions& opts
   }
 
   // B: out[t, r] = Σ over t's experts, ascending: weight · (down_e · hidden_j)[r].
+  phase.Switch(Phase::kExpertsDown);
   float* y = ws.Get(Scratch::kExpertOut, n_assign * static_cast<size_t>(d_model));
   const int64_t rows_b =
       kernels::RowsPerTask(d_model, static_cast<int64_t>(n_active * DTypeRowBytes(down_dtype, W)),

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "core/phase_times.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/matmul.h"
 
@@ -36,12 +37,16 @@ class Workspace {
     return b.data();
   }
   std::vector<int32_t>& ints(size_t i) { return ints_[i]; }
+  // Per-phase timing, or null (off).
+  PhaseTimes* times() const { return times_; }
+  void set_times(PhaseTimes* t) { times_ = t; }
   // Activations prepared for the kernels, by use: storage grows to the largest request and is
   // kept, so steady-state steps do not allocate.
   std::vector<kernels::PreparedActivations>& prepared(size_t i) { return prepared_[i]; }
 
  private:
   ThreadPool& pool_;
+  PhaseTimes* times_ = nullptr;
   std::array<std::vector<float>, static_cast<size_t>(Scratch::kCount)> buffers_;
   std::array<std::vector<int32_t>, 8> ints_;
   std::array<std::vector<kernels::PreparedActivations>, 2> prepared_;

@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "core/phase_times.h"
 #include "core/status.h"
 #include "experts/residency_plan.h"
 #include "experts/residency_report.h"
@@ -37,6 +38,10 @@ class CausalLM {
   // When set, MoE layers store their raw router logits [n_tokens, n_experts] in (*sink)[layer]
   // on each Forward (for checks against reference router logits). nullptr turns it off.
   virtual void SetRouterLogitsSink(std::vector<std::vector<float>>* sink) = 0;
+
+  // When set, each Forward adds its wall time per phase into *times (moetier bench --profile).
+  // nullptr (the default) turns it off.
+  virtual void SetPhaseTimes(PhaseTimes* times) = 0;
 
   // Where the expert banks were planned to live and where they settled (set by the loader).
   const ResidencyReport& residency() const { return residency_; }

@@ -37,6 +37,7 @@ Status DecoderLM::Forward(std::span<const int32_t> tokens, KvCache& cache, Logit
       return Status::Error("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
                            std::to_string(V) + ")");
   MT_RETURN_IF_ERROR(cache.Reserve(T));
+  ScopedPhase forward_phase(ws_.times(), Phase::kForward);
 
   const size_t n_act = static_cast<size_t>(T * H);
   h_.resize(n_act);
@@ -72,6 +73,7 @@ Status DecoderLM::Forward(std::span<const int32_t> tokens, KvCache& cache, Logit
   }
   cache.Advance(T);
 
+  ScopedPhase lm_head_phase(ws_.times(), Phase::kLmHead);
   const int64_t first = which == LogitsFor::kLastToken ? T - 1 : 0;
   const int64_t n_out = T - first;
   for (int64_t t = first; t < T; ++t)

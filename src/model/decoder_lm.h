@@ -47,6 +47,7 @@ class DecoderLM final : public CausalLM {
   uint64_t DecodeBytesPerToken() const override;
   DType expert_dtype() const override;
   void SetRouterLogitsSink(std::vector<std::vector<float>>* sink) override { router_sink_ = sink; }
+  void SetPhaseTimes(PhaseTimes* times) override { ws_.set_times(times); }
 
  private:
   ModelConfig config_;

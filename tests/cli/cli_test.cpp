@@ -186,3 +186,40 @@ TEST(Cli, HelpExplainsEachCommand) {
 
 }  // namespace
 }  // namespace moetier
+
+namespace moetier {
+namespace {
+
+// `moetier bench --json`: the keys external checks read, consistent with each other, and the
+// per-phase decode times of --profile adding up to no more than the whole forward.
+TEST(Cli, BenchJsonHasTheKeysAndConsistentFigures) {
+  const auto r = testing::RunCli("bench " + Model() +
+                                 " --prompt-tokens 5 --gen-tokens 4 --repeats 1 --threads 2"
+                                 " --json --profile");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(LastLine(r.out));
+  for (const char* key : {"prefill_tokens_per_s", "decode_tokens_per_s", "decode_bytes_per_token",
+                          "decode_gb_per_s", "read_bandwidth_gb_per_s", "threads", "dtype"})
+    ASSERT_TRUE(j.contains(key)) << key;
+  EXPECT_EQ(j["threads"].get<int>(), 2);
+  EXPECT_EQ(j["dtype"].get<std::string>(), "BF16");
+  EXPECT_GT(j["prefill_tokens_per_s"].get<double>(), 0.0);
+  EXPECT_GT(j["decode_tokens_per_s"].get<double>(), 0.0);
+  EXPECT_GT(j["read_bandwidth_gb_per_s"].get<double>(), 0.0);
+  const double gbps =
+      j["decode_tokens_per_s"].get<double>() * j["decode_bytes_per_token"].get<double>() / 1e9;
+  EXPECT_NEAR(j["decode_gb_per_s"].get<double>(), gbps, 1e-9 * gbps + 1e-12);
+  const auto& p = j["decode_phase_ms_per_token"];
+  double parts = 0;
+  for (const char* phase : {"attn_qkv", "attention", "attn_out", "router", "routing",
+                            "experts_gate_up", "experts_down", "lm_head"}) {
+    ASSERT_TRUE(p.contains(phase)) << phase;
+    EXPECT_GE(p[phase].get<double>(), 0.0) << phase;
+    parts += p[phase].get<double>();
+  }
+  EXPECT_GT(p["experts_gate_up"].get<double>(), 0.0);
+  EXPECT_LE(parts, p["forward"].get<double>() * (1 + 1e-9));
+}
+
+}  // namespace
+}  // namespace moetier

@@ -1,0 +1,59 @@
+// Wall time per phase of the forward pass, collected only when asked (`moetier bench --profile`):
+// where a decode step's time goes, to set against the bytes it reads. Off, it costs one null
+// check per phase.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+
+namespace moetier {
+
+enum class Phase : size_t {
+  kAttnQkv,        // q/k/v projections (one pool job)
+  kAttention,      // RoPE, cache append, causal attention
+  kAttnOut,        // o_proj
+  kRouter,         // router logits
+  kRouting,        // softmax, top-k, grouping by expert, activation preparation (caller)
+  kExpertsGateUp,  // job A: gate, up, silu
+  kExpertsDown,    // job B: down, weighted sum
+  kLmHead,         // final norm and lm_head
+  kForward,        // the whole Forward call
+  kCount
+};
+
+inline constexpr std::array<const char*, static_cast<size_t>(Phase::kCount)> kPhaseNames = {
+    "attn_qkv",        "attention",    "attn_out", "router", "routing",
+    "experts_gate_up", "experts_down", "lm_head",  "forward"};
+
+struct PhaseTimes {
+  std::array<double, static_cast<size_t>(Phase::kCount)> seconds{};
+  double& operator[](Phase p) { return seconds[static_cast<size_t>(p)]; }
+  double operator[](Phase p) const { return seconds[static_cast<size_t>(p)]; }
+};
+
+// Adds the time between construction and destruction to (*times)[phase]; nothing when null.
+class ScopedPhase {
+ public:
+  ScopedPhase(PhaseTimes* times, Phase phase) : times_(times), phase_(phase) {
+    if (times_ != nullptr) t0_ = std::chrono::steady_clock::now();
+  }
+  ~ScopedPhase() { Switch(phase_); }
+  // Charges the time so far to the current phase and times `next` from now.
+  void Switch(Phase next) {
+    if (times_ == nullptr) return;
+    const auto now = std::chrono::steady_clock::now();
+    (*times_)[phase_] += std::chrono::duration<double>(now - t0_).count();
+    phase_ = next;
+    t0_ = now;
+  }
+  ScopedPhase(const ScopedPhase&) = delete;
+  ScopedPhase& operator=(const ScopedPhase&) = delete;
+
+ private:
+  PhaseTimes* times_;
+  Phase phase_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+}  // namespace moetier
