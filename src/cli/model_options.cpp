@@ -37,7 +37,9 @@ void AddModelOptions(CLI::App& cmd, ModelOptions& opts) {
                  "Write the expert residency report (plan, settled tiers, bytes, budgets, VmLck) "
                  "as JSON to this file");
   cmd.add_option("-t,--threads", opts.n_threads,
-                 "CPU threads for the forward (default: every core this process may use)")
+                 "CPU threads for the forward (default: one per physical core this process may "
+                 "use; workers "
+                 "are pinned to cores, MOETIER_PIN_THREADS=0 leaves them to the scheduler)")
       ->check(CLI::NonNegativeNumber);
   cmd.add_option("-c,--ctx-size", opts.ctx_size,
                  "Context length in tokens (default: the model's maximum, at most 8192)")
