@@ -25,6 +25,7 @@ struct Opts {
   int repeats = 3;
   bool json = false;
   bool profile = false;
+  double bandwidth_mib = static_cast<double>(kBandwidthBufferBytes >> 20);
 };
 
 double Seconds(std::chrono::steady_clock::time_point t0) {
@@ -75,7 +76,8 @@ int Run(const Opts& o) {
   }
   std::fprintf(stderr, "bench: measuring read bandwidth with %d threads\n", threads);
   ThreadPool pool(threads);
-  const double bw = MeasureReadBandwidthGbps(pool);
+  const double bw =
+      MeasureReadBandwidthGbps(pool, static_cast<size_t>(o.bandwidth_mib * double(1 << 20)));
 
   const double prefill = Median(prefill_tps), decode = Median(decode_tps);
   const uint64_t bytes = lm.DecodeBytesPerToken();
@@ -139,6 +141,10 @@ Command AddBenchCommand(CLI::App& root) {
   cmd->add_option("--repeats", o->repeats, "Runs; the median is reported")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", o->json, "Print one JSON object on stdout");
+  cmd->add_option("--bandwidth-mib", o->bandwidth_mib,
+                  "Buffer for the read-bandwidth measurement, MiB (default 2048: far past any "
+                  "cache, so the figure is DRAM's)")
+      ->check(CLI::Range(1.0, 1048576.0));
   cmd->add_flag("--profile", o->profile,
                 "Also time each phase of the decode step (attention, router, experts, lm_head, "
                 "...) and report milliseconds per token (stderr; JSON key "

@@ -195,7 +195,7 @@ namespace {
 TEST(Cli, BenchJsonHasTheKeysAndConsistentFigures) {
   const auto r = testing::RunCli("bench " + Model() +
                                  " --prompt-tokens 5 --gen-tokens 4 --repeats 1 --threads 2"
-                                 " --json --profile");
+                                 " --json --profile --bandwidth-mib 64");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(LastLine(r.out));
   for (const char* key : {"prefill_tokens_per_s", "decode_tokens_per_s", "decode_bytes_per_token",
