@@ -79,12 +79,13 @@ int EnvInt(const char* name, int fallback) {
   return static_cast<int>(n);
 }
 
-void PinCurrentThread(int cpu) {
+// True when the thread now runs on `cpu` only. Failure (a container that forbids it, a cgroup
+// that changed the mask) only costs placement, never correctness.
+bool PinThread(pthread_t thread, int cpu) {
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
-  // Failure (a cgroup changed the mask since) only costs placement, never correctness.
-  (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+  return pthread_setaffinity_np(thread, sizeof set, &set) == 0;
 }
 
 }  // namespace
@@ -114,10 +115,14 @@ ThreadPool::ThreadPool(int n_threads, bool pin)
   // nothing is pinned (two pinned threads on one core would be worse than the scheduler).
   pinned_ = pin && n_threads_ > 1 && n_threads_ <= static_cast<int>(cores.size());
   workers_.reserve(static_cast<size_t>(n_threads_ - 1));
+  bool all_pinned = pinned_;
   for (int i = 1; i < n_threads_; ++i) {
-    const int cpu = pinned_ ? cores[static_cast<size_t>(i)] : -1;
-    workers_.emplace_back([this, i, cpu] { WorkerLoop(i, cpu); });
+    workers_.emplace_back([this, i] { WorkerLoop(i); });
+    // Pinned from here, before the worker takes any job, so pinned() is known on return.
+    if (pinned_)
+      all_pinned &= PinThread(workers_.back().native_handle(), cores[static_cast<size_t>(i)]);
   }
+  pinned_ = all_pinned;
 }
 
 ThreadPool::~ThreadPool() {
@@ -153,8 +158,7 @@ void ThreadPool::Run(JobFn job) {
   job_ = nullptr;
 }
 
-void ThreadPool::WorkerLoop(int index, int cpu) {
-  if (cpu >= 0) PinCurrentThread(cpu);
+void ThreadPool::WorkerLoop(int index) {
   // The generation at construction, not now: a job may already have been issued before this
   // thread got here, and it must run it.
   uint32_t seen = 0;

@@ -41,6 +41,7 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return n_threads_; }
+  // Whether every worker runs on its own physical core (false if pinning was off or refused).
   bool pinned() const { return pinned_; }
 
   // Calls fn(begin, end, thread_index) over a partition of [0, n) into at most size() contiguous
@@ -71,7 +72,7 @@ class ThreadPool {
  private:
   using JobFn = void (*)(ThreadPool& pool, int thread_index);
   void Run(JobFn job);  // runs job on every thread (the caller is thread 0) and waits
-  void WorkerLoop(int index, int cpu);
+  void WorkerLoop(int index);
   static void RangeJob(ThreadPool& pool, int thread_index);
   static void TaskJob(ThreadPool& pool, int thread_index);
 
