@@ -1,8 +1,11 @@
 #include "layers/attention.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/matmul.h"
 
@@ -26,32 +29,48 @@ void HeadNorm(float* x, int64_t n_rows, const std::vector<float>& weight, int64_
 
 }  // namespace
 
+int64_t AttentionHeadsPerTask(int64_t n_tokens, int64_t n_kv_heads, int64_t group, int threads) {
+  static const int64_t forced = [] {
+    const char* v = std::getenv("MOETIER_ATTN_HEADS_PER_TASK");
+    return v != nullptr ? std::max<int64_t>(0, std::atoll(v)) : 0;
+  }();
+  if (forced > 0) return std::min(forced, group);
+  int64_t h = group;
+  const auto tasks = [&](int64_t per) { return n_tokens * n_kv_heads * ((group + per - 1) / per); };
+  while (h > kMinAttnHeadsPerTask && tasks(h) < kAttnTasksPerThread * threads)
+    h = std::max(kMinAttnHeadsPerTask, (h + 1) / 2);
+  return h;
+}
+
 void CausalAttention(ThreadPool& pool, const float* q, int64_t n_tokens, int64_t pos0,
-                     const float* keys, const float* values, const AttentionShape& s, float* out) {
+                     const float* keys, const float* values, const AttentionShape& s,
+                     int64_t key_capacity, float* out) {
   const int64_t group = s.n_heads / s.n_kv_heads;
   const int64_t kv_row = s.n_kv_heads * s.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-  pool.ParallelFor(static_cast<size_t>(n_tokens * s.n_heads), [&](size_t begin, size_t end, int) {
+  const int64_t per_task =
+      AttentionHeadsPerTask(n_tokens, s.n_kv_heads, group, static_cast<int>(pool.size()));
+  const int64_t chunks = (group + per_task - 1) / per_task;  // tasks per (token, kv head)
+  pool.ParallelFor(static_cast<size_t>(n_tokens * s.n_kv_heads * chunks), [&](size_t begin,
+                                                                              size_t end, int) {
     thread_local std::vector<float> scores;
     for (size_t item = begin; item < end; ++item) {
-      const int64_t t = static_cast<int64_t>(item) / s.n_heads;
-      const int64_t h = static_cast<int64_t>(item) % s.n_heads;
-      const int64_t kvh = h / group;
+      const int64_t i = static_cast<int64_t>(item);
+      const int64_t t = i / (s.n_kv_heads * chunks);
+      const int64_t kvh = i / chunks % s.n_kv_heads;
+      const int64_t h0 = kvh * group + i % chunks * per_task;
+      const int64_t n_q = std::min(per_task, (kvh + 1) * group - h0);
       const int64_t pos = pos0 + t;
       const int64_t first =
           s.sliding_window > 0 && pos >= s.sliding_window ? pos - s.sliding_window + 1 : 0;
       const int64_t n_keys = pos - first + 1;
-      if (scores.size() < static_cast<size_t>(n_keys)) scores.resize(static_cast<size_t>(n_keys));
-      const float* qh = q + (t * s.n_heads + h) * s.head_dim;
-      for (int64_t j = 0; j < n_keys; ++j)
-        scores[static_cast<size_t>(j)] =
-            kernels::DotF32(qh, keys + (first + j) * kv_row + kvh * s.head_dim, s.head_dim) * scale;
-      kernels::SoftmaxRow(scores.data(), n_keys);
-      float* o = out + (t * s.n_heads + h) * s.head_dim;
-      std::memset(o, 0, static_cast<size_t>(s.head_dim) * sizeof(float));
-      for (int64_t j = 0; j < n_keys; ++j)
-        kernels::Axpy(scores[static_cast<size_t>(j)],
-                      values + (first + j) * kv_row + kvh * s.head_dim, s.head_dim, o);
+      const size_t need = static_cast<size_t>(per_task * std::max(key_capacity, pos0 + n_tokens));
+      if (scores.size() < need) scores.resize(need);
+      const int64_t head_offset = first * kv_row + kvh * s.head_dim;
+      kernels::AttendSharedKv(q + (t * s.n_heads + h0) * s.head_dim, n_q, s.head_dim,
+                              keys + head_offset, values + head_offset, kv_row, n_keys, s.head_dim,
+                              scale, scores.data(), out + (t * s.n_heads + h0) * s.head_dim,
+                              s.head_dim);
     }
   });
 }
@@ -84,7 +103,8 @@ void SelfAttention(Workspace& ws, const AttentionWeights& w, const AttentionShap
   std::memcpy(cache.values(layer) + pos0 * kv_width, v, T * static_cast<size_t>(kv_width) * 4);
 
   float* attn = ws.Get(Scratch::kAttnOut, T * static_cast<size_t>(q_width));
-  CausalAttention(pool, q, n_tokens, pos0, cache.keys(layer), cache.values(layer), s, attn);
+  CausalAttention(pool, q, n_tokens, pos0, cache.keys(layer), cache.values(layer), s,
+                  cache.capacity(), attn);
   phase.Switch(Phase::kAttnOut);
   kernels::MatMul(pool, attn, n_tokens, w.o, out);
 }

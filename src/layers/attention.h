@@ -37,9 +37,20 @@ void SelfAttention(Workspace& ws, const AttentionWeights& w, const AttentionShap
 
 // Causal attention of q: [n_tokens, n_heads, head_dim] at positions pos0 + t against keys and
 // values [0, pos0 + n_tokens) of [position, n_kv_heads, head_dim]; out: [n_tokens, n_heads *
-// head_dim]. Parallel over (token, head).
+// head_dim]. Parallel over (token, key/value head, slice of its query heads): a task reads each
+// key/value row once for all the query heads it holds. `key_capacity` (>= pos0 + n_tokens): the
+// positions the caller's cache has room for; each thread's score scratch is sized for it, so it
+// grows only when the cache does (no allocation in steady-state decode).
 void CausalAttention(ThreadPool& pool, const float* q, int64_t n_tokens, int64_t pos0,
                      const float* keys, const float* values, const AttentionShape& shape,
-                     float* out);
+                     int64_t key_capacity, float* out);
+
+// Query heads per attention task. A whole group (the query heads sharing one key/value head)
+// reads the cache once; it is halved, down to kMinAttnHeadsPerTask (the kernel's tile height),
+// while that leaves fewer than kAttnTasksPerThread tasks per thread (decode: one token, a few
+// key/value heads). MOETIER_ATTN_HEADS_PER_TASK=N overrides. Results do not depend on it.
+inline constexpr int64_t kMinAttnHeadsPerTask = 2;
+inline constexpr int64_t kAttnTasksPerThread = 2;
+int64_t AttentionHeadsPerTask(int64_t n_tokens, int64_t n_kv_heads, int64_t group, int threads);
 
 }  // namespace moetier

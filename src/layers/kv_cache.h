@@ -18,6 +18,7 @@ class KvCache {
   int64_t n_past() const { return n_past_; }
   int64_t max_positions() const { return max_positions_; }
   int64_t row_size() const { return n_kv_heads_ * head_dim_; }  // floats per position
+  int64_t capacity() const { return capacity_; }  // positions allocated (grows by doubling)
 
   // Makes room for n_past() + n_new positions; fails (naming the limit) past max_positions.
   Status Reserve(int64_t n_new);

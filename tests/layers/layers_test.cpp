@@ -78,7 +78,7 @@ TEST(Attention, MatchesNaiveReference) {
     for (auto* vec : {&q, &k, &v})
       for (float& e : *vec) e = dist(rng);
     std::vector<float> out(q.size(), NAN);
-    CausalAttention(pool, q.data(), T, pos0, k.data(), v.data(), s, out.data());
+    CausalAttention(pool, q.data(), T, pos0, k.data(), v.data(), s, pos0 + T, out.data());
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t h = 0; h < s.n_heads; ++h) {
         const int64_t kvh = h / (s.n_heads / s.n_kv_heads);

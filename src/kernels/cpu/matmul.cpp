@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/quant.h"
 
 namespace moetier::kernels {
@@ -27,13 +28,6 @@ const isa::Kernels* KernelsFor(CpuIsa cpu_isa) {
       return isa::Avx512Bf16Kernels();
   }
   return nullptr;
-}
-
-// The kernels to run for `cpu_isa`: the scalar ones if that ISA cannot run here, so that a
-// caller's mistake can cost speed but never an illegal instruction.
-const isa::Kernels& SafeKernels(CpuIsa cpu_isa) {
-  const isa::Kernels* k = CpuSupports(cpu_isa) ? KernelsFor(cpu_isa) : nullptr;
-  return k != nullptr ? *k : *isa::ScalarKernels();
 }
 
 isa::WFormat FormatOf(DType t) {
@@ -71,6 +65,11 @@ class ThreadScratch {
 };
 
 }  // namespace
+
+const isa::Kernels& SafeKernels(CpuIsa cpu_isa) {
+  const isa::Kernels* k = CpuSupports(cpu_isa) ? KernelsFor(cpu_isa) : nullptr;
+  return k != nullptr ? *k : *isa::ScalarKernels();
+}
 
 float DotF32(const float* a, const float* b, int64_t n) {
   float acc = 0.0f;

@@ -12,7 +12,8 @@
 //
 // Memory: decode (one token) walks one row at a time, a single sequential stream, and
 // prefetches kPrefetchBytes ahead of it; interleaving several rows' streams measured far slower
-// on DRAM. Prefill tiles take 1-2 rows and 2-3 tokens to reuse loads.
+// on DRAM. Prefill tiles take 1-2 rows x 1-3 tokens (float) or up to 3 x 3 (quantized) to reuse
+// loads.
 #include <immintrin.h>
 
 #include <cstddef>
@@ -31,7 +32,10 @@ constexpr bool kVnni = false;
 #endif
 
 constexpr int kFloatAcc = 4;  // FMA latency 4 x 1 chain per step: 4 chains keep one row busy
-constexpr int kQuantAcc = 2;  // a quantized step is long enough that 2 chains suffice
+// One chain per output element for quantized formats: a step (34-36 weight bytes) costs ~8
+// cycles of unpacking and integer dots, twice the FMA latency, so a second chain bought nothing
+// in decode, and one leaves registers for 3x3 prefill tiles (9 accumulators + one row's step).
+constexpr int kQuantAcc = 1;
 // How far ahead of the row being read to prefetch: ~2 KB measured best for one stream (1 KB
 // left Q4_0 at ~55% of the read bandwidth, 2 KB ~70-90%, 4-8 KB no better).
 constexpr int64_t kPrefetchBytes = 2048;
@@ -198,11 +202,14 @@ inline QuantStep LoadStep(const uint8_t* blk, int64_t n_blocks) {
   } else {
     const uint8_t* blk1 = blk + kQ4_0Bytes;
     const bool two = n_blocks > 1;
+    // Both fp16 scales into one vector, spread to [d0 x4 | d1 x4] and converted in one go.
     uint16_t h0, h1 = 0;
     std::memcpy(&h0, blk, 2);
     if (two) std::memcpy(&h1, blk1, 2);
-    // [d0 d0 d0 d0 d1 d1 d1 d1]
-    st.d = _mm256_setr_m128(_mm_set1_ps(_cvtsh_ss(h0)), _mm_set1_ps(_cvtsh_ss(h1)));
+    const __m128i h =
+        _mm_shuffle_epi8(_mm_cvtsi32_si128(h0 | (static_cast<int>(h1) << 16)),
+                         _mm_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3));
+    st.d = _mm256_cvtph_ps(h);
     const __m128i qs0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
     const __m128i qs1 =
         two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk1 + 2)) : _mm_setzero_si128();
@@ -252,51 +259,42 @@ void QuantTile(const uint8_t* w, int64_t row_bytes, const uint8_t* xrec, int64_t
   const int64_t nb = k / kBlock;
   constexpr int64_t kStepBytes = Group<F>() * QBlockBytes<F>();  // weight bytes per step
   constexpr int64_t kStepQx = Group<F>() * kBlock;               // activation quants per step
-  static_assert(kQuantAcc == 2, "the loop tail and final sum below assume 2 accumulators");
-  __m256 acc[R][C][kQuantAcc];
-  MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
-      MOETIER_UNROLL for (int a = 0; a < kQuantAcc; ++a) acc[r][c][a] = _mm256_setzero_ps();
-  // One step into accumulator a; n_blocks < Group<F>() only for a last, partial group.
-  auto step = [&](int64_t g, int a, int64_t n_blocks) __attribute__((always_inline)) {
-    QuantStep ws[R];
-    MOETIER_UNROLL for (int r = 0; r < R; ++r) ws[r] =
-        LoadStep<F>(w + r * row_bytes + g * kStepBytes, n_blocks);
-    MOETIER_UNROLL for (int c = 0; c < C; ++c) {
-      const uint8_t* rec = xrec + c * token_bytes;
-      const __m256 dx = _mm256_load_ps(reinterpret_cast<const float*>(rec + lay.dx_offset) + 8 * g);
-      const __m256i bias =
-          _mm256_load_si256(reinterpret_cast<const __m256i*>(rec + lay.bias_offset) + g);
-      MOETIER_UNROLL for (int r = 0; r < R; ++r) {
-        const __m256 s = _mm256_cvtepi32_ps(StepDot<F>(ws[r], rec + g * kStepQx, bias));
-        acc[r][c][a] = _mm256_fmadd_ps(s, _mm256_mul_ps(ws[r].d, dx), acc[r][c][a]);
+  static_assert(kQuantAcc == 1, "one accumulator per output element (see kQuantAcc)");
+  __m256 acc[R][C];
+  MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c) acc[r][c] =
+      _mm256_setzero_ps();
+  // One step; n_blocks < Group<F>() only for a last, partial group. Row by row, so that only
+  // one row's unpacked step is live beside the accumulators (16 ymm registers).
+  auto step = [&](int64_t g, int64_t n_blocks) __attribute__((always_inline)) {
+    MOETIER_UNROLL for (int r = 0; r < R; ++r) {
+      const QuantStep ws = LoadStep<F>(w + r * row_bytes + g * kStepBytes, n_blocks);
+      MOETIER_UNROLL for (int c = 0; c < C; ++c) {
+        const uint8_t* rec = xrec + c * token_bytes;
+        const __m256 dx =
+            _mm256_load_ps(reinterpret_cast<const float*>(rec + lay.dx_offset) + 8 * g);
+        const __m256i bias =
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(rec + lay.bias_offset) + g);
+        const __m256 s = _mm256_cvtepi32_ps(StepDot<F>(ws, rec + g * kStepQx, bias));
+        acc[r][c] = _mm256_fmadd_ps(s, _mm256_mul_ps(ws.d, dx), acc[r][c]);
       }
     }
   };
   const int64_t n_full = nb / Group<F>();  // steps with every block present
   int64_t g = 0;
-  for (; g + kQuantAcc <= n_full; g += kQuantAcc) {
+  for (; g + 2 <= n_full; g += 2) {  // two steps per prefetch: 68-72 bytes, about a cache line
     MOETIER_UNROLL for (int r = 0; r < R; ++r) Prefetch(w + r * row_bytes + g * kStepBytes);
-    step(g, 0, Group<F>());
-    step(g + 1, 1, Group<F>());
+    step(g, Group<F>());
+    step(g + 1, Group<F>());
   }
-  // At most one full step and one partial group remain; they continue the accumulator cycle.
-  int a = 0;
-  if (g < n_full) {
-    step(g++, 0, Group<F>());
-    a = 1;
-  }
-  const int64_t rest = nb - g * Group<F>();
-  if (rest > 0) {
-    if (a == 0) step(g, 0, rest);
-    if (a == 1) step(g, 1, rest);
-  }
+  if (g < n_full) step(g++, Group<F>());
+  if (nb > g * Group<F>()) step(g, nb - g * Group<F>());
   MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
-      y[c * y_stride + r] = HSum(_mm256_add_ps(acc[r][c][0], acc[r][c][1]));
+      y[c * y_stride + r] = HSum(acc[r][c]);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Row/token blocking: (1 row x 1 token) for decode; up to kPrefillRows x kPrefillTokens tiles
-// otherwise; remainders use smaller instantiations (same per-element arithmetic).
+// Row/token blocking: (1 row x 1 token) for decode; up to 1 x 3 (float) or 3 x 3 (quantized)
+// tiles otherwise; remainders use smaller instantiations (same per-element arithmetic).
 
 #define MOETIER_TILE_CASES_R(FN, R, ...) \
   case R * 8 + 1:                        \
@@ -308,12 +306,20 @@ void QuantTile(const uint8_t* w, int64_t row_bytes, const uint8_t* xrec, int64_t
   case R * 8 + 3:                        \
     FN<R, 3>(__VA_ARGS__);               \
     break;
-#define MOETIER_TILE_SWITCH(FN, NR, NT, ...) \
-  switch ((NR)*8 + (NT)) {                   \
-    MOETIER_TILE_CASES_R(FN, 1, __VA_ARGS__) \
-    MOETIER_TILE_CASES_R(FN, 2, __VA_ARGS__) \
-    default:                                 \
-      break;                                 \
+// Float tiles are one row high; quantized ones up to three.
+#define MOETIER_FLOAT_TILE_SWITCH(FN, NR, NT, ...) \
+  switch ((NR)*8 + (NT)) {                         \
+    MOETIER_TILE_CASES_R(FN, 1, __VA_ARGS__)       \
+    default:                                       \
+      break;                                       \
+  }
+#define MOETIER_QUANT_TILE_SWITCH(FN, NR, NT, ...) \
+  switch ((NR)*8 + (NT)) {                         \
+    MOETIER_TILE_CASES_R(FN, 1, __VA_ARGS__)       \
+    MOETIER_TILE_CASES_R(FN, 2, __VA_ARGS__)       \
+    MOETIER_TILE_CASES_R(FN, 3, __VA_ARGS__)       \
+    default:                                       \
+      break;                                       \
   }
 
 template <WFormat F>
@@ -344,11 +350,11 @@ void FloatRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t r
       const float* xt = x.x + t0 * k;
       if (convert) {
         const auto* cw = reinterpret_cast<const uint8_t*>(scratch);
-        MOETIER_TILE_SWITCH(FloatTiles<WFormat::kF32>::template Run, nr, nt, cw, stride * 4, xt, k,
-                            yt, y_stride)
+        MOETIER_FLOAT_TILE_SWITCH(FloatTiles<WFormat::kF32>::template Run, nr, nt, cw, stride * 4,
+                                  xt, k, yt, y_stride)
       } else {
-        MOETIER_TILE_SWITCH(FloatTiles<F>::template Run, nr, nt, w + r0 * row_bytes, row_bytes, xt,
-                            k, yt, y_stride)
+        MOETIER_FLOAT_TILE_SWITCH(FloatTiles<F>::template Run, nr, nt, w + r0 * row_bytes,
+                                  row_bytes, xt, k, yt, y_stride)
       }
     }
   }
@@ -366,20 +372,22 @@ struct QuantTiles {
 template <WFormat F>
 void QuantRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t row_end,
                const Prepared& x, float* y, int64_t y_stride) {
-  // Decode: one row at a time (one stream); prefill: 2 rows x 2 tokens share their loads.
-  const int64_t kRows = x.n_tokens == 1 ? 1 : 2, kTokens = x.n_tokens == 1 ? 1 : 2;
+  // Decode: one row at a time (one stream); prefill: 3 rows x 3 tokens share their loads (each
+  // row's unpacked step serves 3 tokens, each token's quants 3 rows).
+  const int64_t kRows = x.n_tokens == 1 ? 1 : 3, kTokens = x.n_tokens == 1 ? 1 : 3;
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
     const int64_t nr = Min(kRows, row_end - r0);
     for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kTokens) {
       const int64_t nt = Min(kTokens, x.n_tokens - t0);
-      MOETIER_TILE_SWITCH(QuantTiles<F>::template Run, nr, nt, w + r0 * row_bytes, row_bytes,
-                          x.data + t0 * x.token_bytes, x.token_bytes, x.k, y + t0 * y_stride + r0,
-                          y_stride)
+      MOETIER_QUANT_TILE_SWITCH(QuantTiles<F>::template Run, nr, nt, w + r0 * row_bytes, row_bytes,
+                                x.data + t0 * x.token_bytes, x.token_bytes, x.k,
+                                y + t0 * y_stride + r0, y_stride)
     }
   }
 }
 
-#undef MOETIER_TILE_SWITCH
+#undef MOETIER_FLOAT_TILE_SWITCH
+#undef MOETIER_QUANT_TILE_SWITCH
 #undef MOETIER_TILE_CASES_R
 #undef MOETIER_UNROLL
 
@@ -484,7 +492,20 @@ void DotRows(WFormat f, const uint8_t* w, int64_t row_bytes, int64_t row_begin, 
   }
 }
 
-const Kernels kKernels = {kQ4Group, TokenBytes, Prepare, DotRows};
+struct Vec {
+  using T = __m256;
+  static constexpr int64_t kLanes = 8;
+  static T Zero() { return _mm256_setzero_ps(); }
+  static T Load(const float* p) { return _mm256_loadu_ps(p); }
+  static void Store(float* p, T v) { _mm256_storeu_ps(p, v); }
+  static T Set1(float v) { return _mm256_set1_ps(v); }
+  static T Fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static float Sum(T v) { return HSum(v); }
+};
+
+#include "kernels/cpu/attention_isa_impl.h"
+
+const Kernels kKernels = {kQ4Group, TokenBytes, Prepare, DotRows, attn::Scores, attn::Values};
 
 }  // namespace
 }  // namespace moetier::kernels::isa

@@ -649,7 +649,20 @@ void DotRows(WFormat f, const uint8_t* w, int64_t row_bytes, int64_t row_begin, 
   }
 }
 
-const Kernels kKernels = {kQ4Group, TokenBytes, Prepare, DotRows};
+struct Vec {
+  using T = __m512;
+  static constexpr int64_t kLanes = 16;
+  static T Zero() { return _mm512_setzero_ps(); }
+  static T Load(const float* p) { return _mm512_loadu_ps(p); }
+  static void Store(float* p, T v) { _mm512_storeu_ps(p, v); }
+  static T Set1(float v) { return _mm512_set1_ps(v); }
+  static T Fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  static float Sum(T v) { return HSum(v); }
+};
+
+#include "kernels/cpu/attention_isa_impl.h"
+
+const Kernels kKernels = {kQ4Group, TokenBytes, Prepare, DotRows, attn::Scores, attn::Values};
 
 }  // namespace
 }  // namespace moetier::kernels::isa

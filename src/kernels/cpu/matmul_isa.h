@@ -85,6 +85,14 @@ struct Kernels {
   // count, so results never depend on how rows are split across threads.
   void (*dot_rows)(WFormat f, const uint8_t* w, int64_t row_bytes, int64_t row_begin,
                    int64_t row_end, const Prepared& x, float* y, int64_t y_stride, float* scratch);
+  // Attention over n_q query heads (rows q_stride apart) that share one key/value head, n_keys
+  // positions (rows key_stride / value_stride apart), head size d (any), float32 throughout:
+  // scores[g * n_keys + j] = scale * dot(q[g], key[j]); and, given softmaxed p in that layout,
+  // out[g * out_stride + i] = sum over j of p[g * n_keys + j] * value[j][i].
+  void (*attn_scores)(const float* q, int64_t n_q, int64_t q_stride, const float* keys,
+                      int64_t key_stride, int64_t n_keys, int64_t d, float scale, float* scores);
+  void (*attn_values)(const float* p, int64_t n_q, int64_t n_keys, const float* values,
+                      int64_t value_stride, int64_t d, float* out, int64_t out_stride);
 };
 
 static constexpr int64_t ScratchFloats(int64_t k) {
