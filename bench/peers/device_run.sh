@@ -5,6 +5,7 @@
 # llama-src.tar.xz, template-meta.gguf.xz (the fixture GGUF's metadata, no tensors), synth_model.py.
 #   bench/peers/device_run.sh prep    # build + models (call 1)
 #   bench/peers/device_run.sh bench   # measurements (call 2, same machine)
+# DTYPES="q4_0" (default "bf16 q8_0 q4_0") limits both phases to those dtypes.
 set -euo pipefail
 PHASE=${1:-all}
 REPO=$PWD
@@ -13,6 +14,7 @@ OUT=${OUT:-/tmp/out}
 export LD_LIBRARY_PATH=$REPO/.devcarry/libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 MT=$REPO/.devcarry/moetier
 T=${THREADS:-$(nproc)}
+DTYPES=${DTYPES:-bf16 q8_0 q4_0}
 mkdir -p "$W" "$OUT"
 LB=$W/llama/b/bin
 if [ "$PHASE" != bench ]; then
@@ -35,9 +37,11 @@ if [ "$PHASE" != bench ]; then
     touch "$W/q3moe-8L-hf/model.safetensors.done"
   fi
   [ -n "${BUILD_PID:-}" ] && wait "$BUILD_PID"
-  PREPARE_ONLY=1 bench/peers/compare_llama.sh --moetier "$MT" --llama-bin "$LB" --work "$W" --out "$OUT" --threads "$T"
+  PREPARE_ONLY=1 bench/peers/compare_llama.sh --moetier "$MT" --llama-bin "$LB" --work "$W" --out "$OUT" --threads "$T" \
+    --dtypes "$DTYPES"
   df -h "$W" >> "$OUT/machine.txt"
 fi
 if [ "$PHASE" != prep ]; then
-  bench/peers/compare_llama.sh --moetier "$MT" --llama-bin "$LB" --work "$W" --out "$OUT" --threads "$T"
+  bench/peers/compare_llama.sh --moetier "$MT" --llama-bin "$LB" --work "$W" --out "$OUT" --threads "$T" \
+    --dtypes "$DTYPES"
 fi

@@ -99,50 +99,53 @@ inline __m256 LoadTailX(const float* x, int64_t n) {
   return _mm256_load_ps(buf);
 }
 
+// `n_tiles` tiles of R rows one after the other (decode runs a whole row range in one call).
 template <WFormat F, int R, int C>
 void FloatTile(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
-               int64_t y_stride) {
+               int64_t y_stride, int64_t n_tiles = 1) {
   static_assert(kFloatAcc == 4, "the final sum below adds 4 accumulators");
-  __m256 acc[R][C][kFloatAcc];
-  MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
-      MOETIER_UNROLL for (int a = 0; a < kFloatAcc; ++a) acc[r][c][a] = _mm256_setzero_ps();
-  // One step of 8 elements into accumulator a (a compile-time constant after unrolling);
-  // `tail` > 0: only that many elements remain, read through zero-padded copies.
-  auto step = [&](int64_t i, int a, int64_t tail) __attribute__((always_inline)) {
-    __m256 wv[R];
-    MOETIER_UNROLL for (int r = 0; r < R; ++r) wv[r] =
-        tail ? LoadTail<F>(w + r * row_bytes, i, tail) : Load8<F>(w + r * row_bytes, i);
-    MOETIER_UNROLL for (int c = 0; c < C; ++c) {
-      const __m256 xv = tail ? LoadTailX(x + c * k + i, tail) : _mm256_loadu_ps(x + c * k + i);
-      MOETIER_UNROLL for (int r = 0; r < R; ++r) acc[r][c][a] =
-          _mm256_fmadd_ps(wv[r], xv, acc[r][c][a]);
+  for (int64_t tile = 0; tile < n_tiles; ++tile, w += R * row_bytes, y += R) {
+    __m256 acc[R][C][kFloatAcc];
+    MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
+        MOETIER_UNROLL for (int a = 0; a < kFloatAcc; ++a) acc[r][c][a] = _mm256_setzero_ps();
+    // One step of 8 elements into accumulator a (a compile-time constant after unrolling);
+    // `tail` > 0: only that many elements remain, read through zero-padded copies.
+    auto step = [&](int64_t i, int a, int64_t tail) __attribute__((always_inline)) {
+      __m256 wv[R];
+      MOETIER_UNROLL for (int r = 0; r < R; ++r) wv[r] =
+          tail ? LoadTail<F>(w + r * row_bytes, i, tail) : Load8<F>(w + r * row_bytes, i);
+      MOETIER_UNROLL for (int c = 0; c < C; ++c) {
+        const __m256 xv = tail ? LoadTailX(x + c * k + i, tail) : _mm256_loadu_ps(x + c * k + i);
+        MOETIER_UNROLL for (int r = 0; r < R; ++r) acc[r][c][a] =
+            _mm256_fmadd_ps(wv[r], xv, acc[r][c][a]);
+      }
+    };
+    constexpr int64_t kIter = 8 * kFloatAcc;  // elements per pass over the accumulators
+    int64_t i = 0;
+    for (; i + kIter <= k; i += kIter) {
+      MOETIER_UNROLL for (int r = 0; r < R; ++r) for (int64_t b = 0; b < kIter * ElemBytes<F>();
+                                                      b += 64)
+          Prefetch(w + r * row_bytes + i * ElemBytes<F>() + b);
+      MOETIER_UNROLL for (int a = 0; a < kFloatAcc; ++a) step(i + 8 * a, a, 0);
     }
-  };
-  constexpr int64_t kIter = 8 * kFloatAcc;  // elements per pass over the accumulators
-  int64_t i = 0;
-  for (; i + kIter <= k; i += kIter) {
-    MOETIER_UNROLL for (int r = 0; r < R; ++r) for (int64_t b = 0; b < kIter * ElemBytes<F>();
-                                                    b += 64)
-        Prefetch(w + r * row_bytes + i * ElemBytes<F>() + b);
-    MOETIER_UNROLL for (int a = 0; a < kFloatAcc; ++a) step(i + 8 * a, a, 0);
-  }
-  // Fewer than kIter elements left: whole steps continue the cycle at accumulator 0, then the
-  // partial step (if any) goes to the next one.
-  const int64_t full = (k - i) / 8, tail = (k - i) % 8;
-  if (full > 0) step(i, 0, 0);
-  if (full > 1) step(i + 8, 1, 0);
-  if (full > 2) step(i + 16, 2, 0);
-  if (tail > 0) {
-    const int64_t at = i + 8 * full;
-    if (full == 0) step(at, 0, tail);
-    if (full == 1) step(at, 1, tail);
-    if (full == 2) step(at, 2, tail);
-    if (full == 3) step(at, 3, tail);
-  }
-  MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c) {
-    const __m256 s = _mm256_add_ps(_mm256_add_ps(acc[r][c][0], acc[r][c][1]),
-                                   _mm256_add_ps(acc[r][c][2], acc[r][c][3]));
-    y[c * y_stride + r] = HSum(s);
+    // Fewer than kIter elements left: whole steps continue the cycle at accumulator 0, then the
+    // partial step (if any) goes to the next one.
+    const int64_t full = (k - i) / 8, tail = (k - i) % 8;
+    if (full > 0) step(i, 0, 0);
+    if (full > 1) step(i + 8, 1, 0);
+    if (full > 2) step(i + 16, 2, 0);
+    if (tail > 0) {
+      const int64_t at = i + 8 * full;
+      if (full == 0) step(at, 0, tail);
+      if (full == 1) step(at, 1, tail);
+      if (full == 2) step(at, 2, tail);
+      if (full == 3) step(at, 3, tail);
+    }
+    MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c) {
+      const __m256 s = _mm256_add_ps(_mm256_add_ps(acc[r][c][0], acc[r][c][1]),
+                                     _mm256_add_ps(acc[r][c][2], acc[r][c][3]));
+      y[c * y_stride + r] = HSum(s);
+    }
   }
 }
 
@@ -252,44 +255,48 @@ inline __m256i StepDot(const QuantStep& w, const uint8_t* xq, __m256i bias) {
   }
 }
 
+// `n_tiles` tiles of R rows one after the other (decode runs a whole row range in one call: a
+// down-projection row of 768 weights is only ~12 steps, so a call per row cost ~10 %).
 template <WFormat F, int R, int C>
 void QuantTile(const uint8_t* w, int64_t row_bytes, const uint8_t* xrec, int64_t token_bytes,
-               int64_t k, float* y, int64_t y_stride) {
+               int64_t k, float* y, int64_t y_stride, int64_t n_tiles = 1) {
   const QuantLayout lay = QuantLayoutFor(k, Group<F>());
   const int64_t nb = k / kBlock;
   constexpr int64_t kStepBytes = Group<F>() * QBlockBytes<F>();  // weight bytes per step
   constexpr int64_t kStepQx = Group<F>() * kBlock;               // activation quants per step
   static_assert(kQuantAcc == 1, "one accumulator per output element (see kQuantAcc)");
-  __m256 acc[R][C];
-  MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c) acc[r][c] =
-      _mm256_setzero_ps();
-  // One step; n_blocks < Group<F>() only for a last, partial group. Row by row, so that only
-  // one row's unpacked step is live beside the accumulators (16 ymm registers).
-  auto step = [&](int64_t g, int64_t n_blocks) __attribute__((always_inline)) {
-    MOETIER_UNROLL for (int r = 0; r < R; ++r) {
-      const QuantStep ws = LoadStep<F>(w + r * row_bytes + g * kStepBytes, n_blocks);
-      MOETIER_UNROLL for (int c = 0; c < C; ++c) {
-        const uint8_t* rec = xrec + c * token_bytes;
-        const __m256 dx =
-            _mm256_load_ps(reinterpret_cast<const float*>(rec + lay.dx_offset) + 8 * g);
-        const __m256i bias =
-            _mm256_load_si256(reinterpret_cast<const __m256i*>(rec + lay.bias_offset) + g);
-        const __m256 s = _mm256_cvtepi32_ps(StepDot<F>(ws, rec + g * kStepQx, bias));
-        acc[r][c] = _mm256_fmadd_ps(s, _mm256_mul_ps(ws.d, dx), acc[r][c]);
+  for (int64_t tile = 0; tile < n_tiles; ++tile, w += R * row_bytes, y += R) {
+    __m256 acc[R][C];
+    MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
+        acc[r][c] = _mm256_setzero_ps();
+    // One step; n_blocks < Group<F>() only for a last, partial group. Row by row, so that only
+    // one row's unpacked step is live beside the accumulators (16 ymm registers).
+    auto step = [&](int64_t g, int64_t n_blocks) __attribute__((always_inline)) {
+      MOETIER_UNROLL for (int r = 0; r < R; ++r) {
+        const QuantStep ws = LoadStep<F>(w + r * row_bytes + g * kStepBytes, n_blocks);
+        MOETIER_UNROLL for (int c = 0; c < C; ++c) {
+          const uint8_t* rec = xrec + c * token_bytes;
+          const __m256 dx =
+              _mm256_load_ps(reinterpret_cast<const float*>(rec + lay.dx_offset) + 8 * g);
+          const __m256i bias =
+              _mm256_load_si256(reinterpret_cast<const __m256i*>(rec + lay.bias_offset) + g);
+          const __m256 s = _mm256_cvtepi32_ps(StepDot<F>(ws, rec + g * kStepQx, bias));
+          acc[r][c] = _mm256_fmadd_ps(s, _mm256_mul_ps(ws.d, dx), acc[r][c]);
+        }
       }
+    };
+    const int64_t n_full = nb / Group<F>();  // steps with every block present
+    int64_t g = 0;
+    for (; g + 2 <= n_full; g += 2) {  // two steps per prefetch: 68-72 bytes, about a cache line
+      MOETIER_UNROLL for (int r = 0; r < R; ++r) Prefetch(w + r * row_bytes + g * kStepBytes);
+      step(g, Group<F>());
+      step(g + 1, Group<F>());
     }
-  };
-  const int64_t n_full = nb / Group<F>();  // steps with every block present
-  int64_t g = 0;
-  for (; g + 2 <= n_full; g += 2) {  // two steps per prefetch: 68-72 bytes, about a cache line
-    MOETIER_UNROLL for (int r = 0; r < R; ++r) Prefetch(w + r * row_bytes + g * kStepBytes);
-    step(g, Group<F>());
-    step(g + 1, Group<F>());
+    if (g < n_full) step(g++, Group<F>());
+    if (nb > g * Group<F>()) step(g, nb - g * Group<F>());
+    MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
+        y[c * y_stride + r] = HSum(acc[r][c]);
   }
-  if (g < n_full) step(g++, Group<F>());
-  if (nb > g * Group<F>()) step(g, nb - g * Group<F>());
-  MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
-      y[c * y_stride + r] = HSum(acc[r][c]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -337,6 +344,12 @@ void FloatRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t r
   // 16 ymm registers: 1 row x 3 tokens x 4 accumulators = 12.
   constexpr int64_t kRows = 1, kTokens = 3;
   const int64_t k = x.k;
+  if (x.n_tokens == 1) {  // decode: the whole row range in one call
+    if (row_end > row_begin)
+      FloatTile<F, 1, 1>(w + row_begin * row_bytes, row_bytes, x.x, k, y + row_begin, y_stride,
+                         row_end - row_begin);
+    return;
+  }
   // With more tokens than one tile holds, convert each row once (exactly) and reuse it for
   // every token tile; with fewer, convert in registers.
   const bool convert = F != WFormat::kF32 && x.n_tokens > kTokens;
@@ -372,9 +385,15 @@ struct QuantTiles {
 template <WFormat F>
 void QuantRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t row_end,
                const Prepared& x, float* y, int64_t y_stride) {
-  // Decode: one row at a time (one stream); prefill: 3 rows x 3 tokens share their loads (each
-  // row's unpacked step serves 3 tokens, each token's quants 3 rows).
-  const int64_t kRows = x.n_tokens == 1 ? 1 : 3, kTokens = x.n_tokens == 1 ? 1 : 3;
+  // Decode: one row after the other (one stream), in one call; prefill: 3 rows x 3 tokens share
+  // their loads (each row's unpacked step serves 3 tokens, each token's quants 3 rows).
+  if (x.n_tokens == 1) {
+    if (row_end > row_begin)
+      QuantTile<F, 1, 1>(w + row_begin * row_bytes, row_bytes, x.data, x.token_bytes, x.k,
+                         y + row_begin, y_stride, row_end - row_begin);
+    return;
+  }
+  constexpr int64_t kRows = 3, kTokens = 3;
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
     const int64_t nr = Min(kRows, row_end - r0);
     for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kTokens) {
