@@ -42,9 +42,9 @@ int64_t AttentionHeadsPerTask(int64_t n_tokens, int64_t n_kv_heads, int64_t grou
   return h;
 }
 
-void CausalAttention(ThreadPool& pool, const float* q, int64_t n_tokens, int64_t pos0,
-                     const float* keys, const float* values, const AttentionShape& s,
-                     int64_t key_capacity, float* out) {
+void CausalAttention(ThreadPool& pool, float* q, int64_t n_tokens, int64_t pos0, const float* keys,
+                     const float* values, const AttentionShape& s, int64_t key_capacity, float* out,
+                     const QueryPrologue* prologue) {
   const int64_t group = s.n_heads / s.n_kv_heads;
   const int64_t kv_row = s.n_kv_heads * s.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
@@ -66,11 +66,16 @@ void CausalAttention(ThreadPool& pool, const float* q, int64_t n_tokens, int64_t
       const int64_t n_keys = pos - first + 1;
       const size_t need = static_cast<size_t>(per_task * std::max(key_capacity, pos0 + n_tokens));
       if (scores.size() < need) scores.resize(need);
+      float* qt = q + (t * s.n_heads + h0) * s.head_dim;
+      if (prologue != nullptr) {
+        if (prologue->norm != nullptr)
+          HeadNorm(qt, n_q, *prologue->norm, s.head_dim, prologue->eps);
+        prologue->rope->Rotate(qt, n_q, prologue->angles + t * s.head_dim);
+      }
       const int64_t head_offset = first * kv_row + kvh * s.head_dim;
-      kernels::AttendSharedKv(q + (t * s.n_heads + h0) * s.head_dim, n_q, s.head_dim,
-                              keys + head_offset, values + head_offset, kv_row, n_keys, s.head_dim,
-                              scale, scores.data(), out + (t * s.n_heads + h0) * s.head_dim,
-                              s.head_dim);
+      kernels::AttendSharedKv(qt, n_q, s.head_dim, keys + head_offset, values + head_offset, kv_row,
+                              n_keys, s.head_dim, scale, scores.data(),
+                              out + (t * s.n_heads + h0) * s.head_dim, s.head_dim);
     }
   });
 }
@@ -92,19 +97,23 @@ void SelfAttention(Workspace& ws, const AttentionWeights& w, const AttentionShap
   AddBias(q, n_tokens, w.q_bias);
   AddBias(k, n_tokens, w.k_bias);
   AddBias(v, n_tokens, w.v_bias);
-  HeadNorm(q, n_tokens * s.n_heads, w.q_norm, s.head_dim, s.norm_eps);
+  // Keys are normed and rotated here (attention tasks of several query-head slices read them);
+  // each query head by the task that uses it (QueryPrologue).
   HeadNorm(k, n_tokens * s.n_kv_heads, w.k_norm, s.head_dim, s.norm_eps);
   const int64_t pos0 = cache.n_past();
-  rope.Apply(q, n_tokens, s.n_heads, pos0);
-  rope.Apply(k, n_tokens, s.n_kv_heads, pos0);
+  float* angles = ws.Get(Scratch::kRope, T * static_cast<size_t>(s.head_dim));
+  rope.Angles(pos0, n_tokens, angles);
+  for (int64_t t = 0; t < n_tokens; ++t)
+    rope.Rotate(k + t * kv_width, s.n_kv_heads, angles + t * s.head_dim);
 
   // The cache holds exactly the rows attention reads: this step's rows go in first.
   std::memcpy(cache.keys(layer) + pos0 * kv_width, k, T * static_cast<size_t>(kv_width) * 4);
   std::memcpy(cache.values(layer) + pos0 * kv_width, v, T * static_cast<size_t>(kv_width) * 4);
 
   float* attn = ws.Get(Scratch::kAttnOut, T * static_cast<size_t>(q_width));
+  const QueryPrologue prologue{&w.q_norm, s.norm_eps, &rope, angles};
   CausalAttention(pool, q, n_tokens, pos0, cache.keys(layer), cache.values(layer), s,
-                  cache.capacity(), attn);
+                  cache.capacity(), attn, &prologue);
   phase.Switch(Phase::kAttnOut);
   kernels::MatMul(pool, attn, n_tokens, w.o, out);
 }

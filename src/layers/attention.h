@@ -35,15 +35,26 @@ void SelfAttention(Workspace& ws, const AttentionWeights& w, const AttentionShap
                    const Rope& rope, int64_t layer, KvCache& cache, const float* x,
                    int64_t n_tokens, float* out);
 
+// What CausalAttention does to its tasks' own query heads before attending (so that the work is
+// spread over the pool rather than left to the caller): the per-head RMS norm (when `norm` is
+// non-empty), then RoPE with the rows of `angles` ([n_tokens, head_dim], Rope::Angles).
+struct QueryPrologue {
+  const std::vector<float>* norm = nullptr;
+  float eps = 1e-6f;
+  const Rope* rope = nullptr;
+  const float* angles = nullptr;
+};
+
 // Causal attention of q: [n_tokens, n_heads, head_dim] at positions pos0 + t against keys and
 // values [0, pos0 + n_tokens) of [position, n_kv_heads, head_dim]; out: [n_tokens, n_heads *
 // head_dim]. Parallel over (token, key/value head, slice of its query heads): a task reads each
 // key/value row once for all the query heads it holds. `key_capacity` (>= pos0 + n_tokens): the
 // positions the caller's cache has room for; each thread's score scratch is sized for it, so it
-// grows only when the cache does (no allocation in steady-state decode).
-void CausalAttention(ThreadPool& pool, const float* q, int64_t n_tokens, int64_t pos0,
-                     const float* keys, const float* values, const AttentionShape& shape,
-                     int64_t key_capacity, float* out);
+// grows only when the cache does (no allocation in steady-state decode). With a `prologue`, q is
+// first normed and rotated in place, head by head, by the task that attends with it.
+void CausalAttention(ThreadPool& pool, float* q, int64_t n_tokens, int64_t pos0, const float* keys,
+                     const float* values, const AttentionShape& shape, int64_t key_capacity,
+                     float* out, const QueryPrologue* prologue = nullptr);
 
 // Query heads per attention task. A whole group (the query heads sharing one key/value head)
 // reads the cache once; it is halved, down to kMinAttnHeadsPerTask (the kernel's tile height),

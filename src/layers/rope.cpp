@@ -17,22 +17,39 @@ Rope::Rope(int64_t head_dim, double theta) : head_dim_(head_dim) {
   }
 }
 
-void Rope::Apply(float* x, int64_t n_tokens, int64_t n_heads, int64_t pos0) const {
+void Rope::Angles(int64_t pos0, int64_t n_tokens, float* table) const {
   const int64_t half = head_dim_ / 2;
   for (int64_t t = 0; t < n_tokens; ++t) {
     const double pos = static_cast<double>(pos0 + t);
+    float* row = table + t * head_dim_;
     for (int64_t i = 0; i < half; ++i) {
       const double angle = pos * inv_freq_[static_cast<size_t>(i)];
-      const float c = static_cast<float>(std::cos(angle));
-      const float s = static_cast<float>(std::sin(angle));
-      for (int64_t h = 0; h < n_heads; ++h) {
-        float* v = x + (t * n_heads + h) * head_dim_;
-        const float a = v[i];
-        const float b = v[i + half];
-        v[i] = a * c - b * s;
-        v[i + half] = b * c + a * s;
-      }
+      row[i] = static_cast<float>(std::cos(angle));
+      row[half + i] = static_cast<float>(std::sin(angle));
     }
+  }
+}
+
+void Rope::Rotate(float* x, int64_t n_heads, const float* row) const {
+  const int64_t half = head_dim_ / 2;
+  const float* cs = row;
+  const float* sn = row + half;
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* v = x + h * head_dim_;
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = v[i];
+      const float b = v[i + half];
+      v[i] = a * cs[i] - b * sn[i];
+      v[i + half] = b * cs[i] + a * sn[i];
+    }
+  }
+}
+
+void Rope::Apply(float* x, int64_t n_tokens, int64_t n_heads, int64_t pos0) const {
+  std::vector<float> row(static_cast<size_t>(head_dim_));
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    Angles(pos0 + t, 1, row.data());
+    Rotate(x + t * n_heads * head_dim_, n_heads, row.data());
   }
 }
 

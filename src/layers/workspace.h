@@ -23,6 +23,7 @@ enum class Scratch : size_t {
   kUp,            // [T, width]
   kExpertOut,     // [T * top_k, d_model] each assignment's expert output
   kRouteWeight,   // [T, top_k]
+  kRope,          // [T, head_dim] RoPE cos/sin rows (Rope::Angles)
   kCount
 };
 
