@@ -22,9 +22,17 @@ int32_t ArgMax(std::span<const float> logits) {
   const size_t n = logits.size();
   if (n == 0) return 0;
   const float* l = logits.data();
+  // Eight running maxima, lane by lane: compilers vectorize that without reassociating anything
+  // (a max reduction pragma is refused by clang, which keeps NaN semantics, and -Werror stops it).
+  constexpr size_t kLanes = 8;
+  float lane[kLanes];
+  for (float& v : lane) v = l[0];
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (size_t j = 0; j < kLanes; ++j) lane[j] = l[i + j] > lane[j] ? l[i + j] : lane[j];
   float m = l[0];
-#pragma omp simd reduction(max : m)
-  for (size_t i = 1; i < n; ++i) m = l[i] > m ? l[i] : m;
+  for (; i < n; ++i) m = l[i] > m ? l[i] : m;
+  for (float v : lane) m = v > m ? v : m;
   for (size_t i = 0; i < n; ++i)
     if (l[i] == m) return static_cast<int32_t>(i);
   return 0;  // NaN logits: some index, never out of range
