@@ -241,7 +241,7 @@ Expected<Value> StrftimeNow(CallArgs& args, const CallSite& site) {
   return Value::String(std::move(buf));
 }
 
-Expected<Value> MakeNamespace(CallArgs& args, const CallSite&) {
+Expected<Value> MakeNamespace(CallArgs& args, const CallSite& site) {
   ValueDict entries;
   if (args.positional.size() > 1)
     return Status::Error("namespace() takes at most 1 positional argument");
@@ -261,7 +261,9 @@ Expected<Value> MakeNamespace(CallArgs& args, const CallSite&) {
     }
   }
   for (const auto& [k, v] : args.keyword) entries.Set(k, v);
-  return Value::Namespace(std::move(entries));
+  Value ns = Value::Namespace(std::move(entries));
+  if (site.interpreter != nullptr) site.interpreter->TrackNamespace(ns);
+  return ns;
 }
 
 }  // namespace

@@ -55,8 +55,11 @@ Expected<Value> Interpreter::Call(const Value& fn, CallArgs& args, const CallSit
 
 Expected<std::string> Interpreter::Render(const Body& body, std::shared_ptr<Scope> globals) {
   std::string out;
-  MT_ASSIGN_OR_RETURN(Flow flow, Exec(body, globals, &out));
-  if (flow != Flow::kNormal) return Status::Error("'break' or 'continue' outside a for loop");
+  Expected<Flow> flow = Exec(body, globals, &out);
+  for (Value& ns : namespaces_) ns.namespace_dict() = ValueDict();  // breaks any cycle
+  namespaces_.clear();
+  if (!flow.ok()) return flow.status();
+  if (*flow != Flow::kNormal) return Status::Error("'break' or 'continue' outside a for loop");
   return out;
 }
 

@@ -68,9 +68,14 @@ class Interpreter {
   std::tm Now() const;
   // Calls a function value (a macro, a builtin) from native code.
   Expected<Value> Call(const Value& fn, CallArgs& args, const CallSite& site);
+  // Namespaces are the only mutable values, so the only way to a reference cycle (a namespace
+  // holding itself, directly or through a list): each one made during a render is kept here and
+  // emptied when the render ends, which breaks every cycle before the values are released.
+  void TrackNamespace(const Value& ns) { namespaces_.push_back(ns); }
 
  private:
   enum class Flow { kNormal, kBreak, kContinue };
+  std::vector<Value> namespaces_;  // see TrackNamespace
 
   Expected<Flow> Exec(const Body& body, const std::shared_ptr<Scope>& scope, std::string* out);
   Expected<Flow> ExecOne(const Stmt& s, const std::shared_ptr<Scope>& scope, std::string* out);

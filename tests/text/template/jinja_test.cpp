@@ -258,5 +258,18 @@ TEST(JinjaErrors, RunawayTemplatesStop) {
   EXPECT_NE(RenderError("{{ " + deep + " }}").find("nesting deeper"), std::string::npos);
 }
 
+// A namespace that holds itself (directly, or through a list) is a reference cycle of shared
+// pointers; the interpreter empties every namespace when the render ends, so nothing leaks (the
+// ASan+UBSan suite runs this test with LeakSanitizer, which the libFuzzer run first tripped on).
+TEST(Jinja, NamespaceCyclesAreReleasedAfterTheRender) {
+  EXPECT_EQ(RenderOk("{% set ns = namespace(a=1) %}{% set ns.self = ns %}{{ ns.self.self.a }}"),
+            "1");
+  EXPECT_EQ(RenderOk("{% set ns = namespace(l=[]) %}{% set ns.l = ns.l + [ns] %}"
+                     "{{ ns.l[0].l | length }}"),
+            "1");
+  EXPECT_FALSE(
+      Render("{% set ns = namespace() %}{% set ns.x = ns %}{{ raise_exception('x') }}").ok());
+}
+
 }  // namespace
 }  // namespace moetier::text::jinja
