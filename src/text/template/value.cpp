@@ -313,8 +313,15 @@ void AppendJsonString(std::string* out, std::string_view s, bool ensure_ascii) {
   out->push_back('"');
 }
 
+// Deepest nesting tojson/printing will walk. Values from JSON and literals stay far below it; a
+// namespace that holds itself (`{% set ns.me = ns %}{{ ns }}`) would otherwise recurse forever.
+constexpr int kMaxJsonDepth = 1000;
+
 Status AppendJson(std::string* out, const Value& v, const JsonOptions& o, int depth) {
-  // Bounded by the interpreter's nesting limits: values are built from JSON and literals only.
+  if (depth > kMaxJsonDepth) {
+    return Status::Error("value nested deeper than " + std::to_string(kMaxJsonDepth) +
+                         " levels (a namespace that contains itself?)");
+  }
   const bool pretty = o.indent > 0;
   const std::string pad = pretty ? std::string(static_cast<size_t>(o.indent), ' ') : "";
   auto newline = [&](int level) {

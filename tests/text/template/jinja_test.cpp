@@ -269,6 +269,10 @@ TEST(Jinja, NamespaceCyclesAreReleasedAfterTheRender) {
             "1");
   EXPECT_FALSE(
       Render("{% set ns = namespace() %}{% set ns.x = ns %}{{ raise_exception('x') }}").ok());
+  // Printing one walks into itself: an error that says so, not a stack overflow.
+  EXPECT_NE(RenderError("{% set ns = namespace(a=1) %}{% set ns.self = ns %}{{ ns }}")
+                .find("nested deeper than"),
+            std::string::npos);
 }
 
 }  // namespace
