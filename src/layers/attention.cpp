@@ -51,33 +51,33 @@ void CausalAttention(ThreadPool& pool, float* q, int64_t n_tokens, int64_t pos0,
   const int64_t per_task =
       AttentionHeadsPerTask(n_tokens, s.n_kv_heads, group, static_cast<int>(pool.size()));
   const int64_t chunks = (group + per_task - 1) / per_task;  // tasks per (token, kv head)
-  pool.ParallelFor(static_cast<size_t>(n_tokens * s.n_kv_heads * chunks), [&](size_t begin,
-                                                                              size_t end, int) {
-    thread_local std::vector<float> scores;
-    for (size_t item = begin; item < end; ++item) {
-      const int64_t i = static_cast<int64_t>(item);
-      const int64_t t = i / (s.n_kv_heads * chunks);
-      const int64_t kvh = i / chunks % s.n_kv_heads;
-      const int64_t h0 = kvh * group + i % chunks * per_task;
-      const int64_t n_q = std::min(per_task, (kvh + 1) * group - h0);
-      const int64_t pos = pos0 + t;
-      const int64_t first =
-          s.sliding_window > 0 && pos >= s.sliding_window ? pos - s.sliding_window + 1 : 0;
-      const int64_t n_keys = pos - first + 1;
-      const size_t need = static_cast<size_t>(per_task * std::max(key_capacity, pos0 + n_tokens));
-      if (scores.size() < need) scores.resize(need);
-      float* qt = q + (t * s.n_heads + h0) * s.head_dim;
-      if (prologue != nullptr) {
-        if (prologue->norm != nullptr)
-          HeadNorm(qt, n_q, *prologue->norm, s.head_dim, prologue->eps);
-        prologue->rope->Rotate(qt, n_q, prologue->angles + t * s.head_dim);
-      }
-      const int64_t head_offset = first * kv_row + kvh * s.head_dim;
-      kernels::AttendSharedKv(qt, n_q, s.head_dim, keys + head_offset, values + head_offset, kv_row,
-                              n_keys, s.head_dim, scale, scores.data(),
-                              out + (t * s.n_heads + h0) * s.head_dim, s.head_dim);
-    }
-  });
+  const size_t need = static_cast<size_t>(per_task * std::max(key_capacity, pos0 + n_tokens));
+  pool.ParallelFor(
+      static_cast<size_t>(n_tokens * s.n_kv_heads * chunks), [&](size_t begin, size_t end, int) {
+        thread_local std::vector<float> scores;
+        if (scores.size() < need) scores.resize(need);
+        for (size_t item = begin; item < end; ++item) {
+          const int64_t i = static_cast<int64_t>(item);
+          const int64_t t = i / (s.n_kv_heads * chunks);
+          const int64_t kvh = i / chunks % s.n_kv_heads;
+          const int64_t h0 = kvh * group + i % chunks * per_task;
+          const int64_t n_q = std::min(per_task, (kvh + 1) * group - h0);
+          const int64_t pos = pos0 + t;
+          const int64_t first =
+              s.sliding_window > 0 && pos >= s.sliding_window ? pos - s.sliding_window + 1 : 0;
+          const int64_t n_keys = pos - first + 1;
+          float* qt = q + (t * s.n_heads + h0) * s.head_dim;
+          if (prologue != nullptr) {
+            if (prologue->norm != nullptr)
+              HeadNorm(qt, n_q, *prologue->norm, s.head_dim, prologue->eps);
+            prologue->rope->Rotate(qt, n_q, prologue->angles + t * s.head_dim);
+          }
+          const int64_t head_offset = first * kv_row + kvh * s.head_dim;
+          kernels::AttendSharedKv(qt, n_q, s.head_dim, keys + head_offset, values + head_offset,
+                                  kv_row, n_keys, s.head_dim, scale, scores.data(),
+                                  out + (t * s.n_heads + h0) * s.head_dim, s.head_dim);
+        }
+      });
 }
 
 void SelfAttention(Workspace& ws, const AttentionWeights& w, const AttentionShape& s,
