@@ -48,6 +48,10 @@ TEST(CpuIsa, UnknownNameIsAClearError) {
 }
 
 TEST(CpuIsa, LevelsNest) {
+  if (CpuSupports(CpuIsa::kAmx)) {
+    EXPECT_TRUE(CpuSupports(CpuIsa::kAvx512Vnni));
+    EXPECT_EQ(BestCpuIsa(), CpuIsa::kAmx);
+  }
   if (CpuSupports(CpuIsa::kAvx512Bf16)) {
     EXPECT_TRUE(CpuSupports(CpuIsa::kAvx512Vnni));
   }

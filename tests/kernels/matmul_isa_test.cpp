@@ -18,6 +18,9 @@
 //  - bf16 activations (kAvx512Bf16, bf16 weights): x rounded to nearest bf16 (8-bit
 //    significand: relative error <= 2^-8), products then exact, so |y - ref| <= 2^-8 P +
 //    (k/16 + 16) u P.
+//  - AMX tiles (kAmx, packed batches): Q8_0 adds block after block in one fp32 chain, k/32
+//    steps as above. BF16 splits x exactly into three bf16 parts (3k exact products) that the
+//    tile adds into one fp32 accumulator, at most one rounding per product: (3k + 16) u P.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -155,11 +158,12 @@ struct Shape {
 
 std::vector<Shape> ShapesFor(DType dt) {
   if (IsBlockQuantized(dt))
-    return {{1, 32, 1},   {3, 64, 1},  {5, 96, 2},  {13, 160, 3},   {7, 2048, 1},
-            {67, 256, 5}, {9, 768, 4}, {6, 320, 9}, {17, 1024, 16}, {2, 32, 33}};
-  return {{1, 1, 1},    {3, 7, 1},    {5, 8, 2},    {13, 15, 3},  {7, 16, 1},
-          {2, 17, 5},   {11, 31, 4},  {6, 33, 9},   {67, 100, 1}, {5, 257, 6},
-          {9, 1024, 3}, {4, 2048, 1}, {3, 768, 16}, {17, 129, 33}};
+    return {{1, 32, 1},  {3, 64, 1},  {5, 96, 2},     {13, 160, 3}, {7, 2048, 1}, {67, 256, 5},
+            {9, 768, 4}, {6, 320, 9}, {17, 1024, 16}, {2, 32, 33},  {35, 512, 20}};
+  // Rows past 32 and tokens past 16: several AMX row blocks and token tiles, partial ones.
+  return {{1, 1, 1},    {3, 7, 1},     {5, 8, 2},    {13, 15, 3}, {7, 16, 1},   {2, 17, 5},
+          {11, 31, 4},  {6, 33, 9},    {67, 100, 1}, {5, 257, 6}, {9, 1024, 3}, {4, 2048, 1},
+          {3, 768, 16}, {17, 129, 33}, {35, 96, 19}, {50, 512, 2}};
 }
 
 // Which levels to test: every one this CPU runs.
@@ -223,9 +227,11 @@ TEST_P(FormatTest, EveryIsaMatchesScalar) {
         const std::vector<float> x = RandomActivations(s.tokens, s.k, rng);
         PreparedActivations ps;
         const std::vector<float> ref = RunDot(CpuIsa::kScalar, w, x, s.tokens, &ps);
-        const std::vector<float> got = RunDot(cpu_isa, w, x, s.tokens);
+        PreparedActivations pg;
+        const std::vector<float> got = RunDot(cpu_isa, w, x, s.tokens, &pg);
         const std::vector<double> xe = EffectiveActivations(ps, x.data());
-        const double steps = IsBlockQuantized(dt) ? s.k / 32.0 : s.k / 8.0;
+        const bool amx_bf16 = pg.view().packed != nullptr && dt == DType::kBF16;
+        const double steps = IsBlockQuantized(dt) ? s.k / 32.0 : amx_bf16 ? 3.0 * s.k : s.k / 8.0;
         for (int64_t t = 0; t < s.tokens; ++t)
           for (int64_t r = 0; r < s.rows; ++r) {
             double mag = 0.0;
@@ -261,6 +267,19 @@ TEST_P(FormatTest, ResultsDoNotDependOnSplitsThreadsOrBatching) {
     }
     ASSERT_EQ(0, std::memcmp(whole.data(), split.data(), whole.size() * sizeof(float)))
         << CpuIsaName(cpu_isa) << " " << DTypeName(dt);
+    if (cpu_isa == CpuIsa::kAmx && (dt == DType::kQ8_0 || dt == DType::kBF16)) {
+      // The tile path really ran, and batches it packs agree bit for bit however they are cut.
+      ASSERT_NE(p.view().packed, nullptr);
+      ASSERT_LE(PackMinTokens(), 5);
+      for (int64_t first : {0, 5}) {
+        const int64_t n = first == 0 ? 5 : tokens - 5;
+        const std::vector<float> part(x.begin() + first * k, x.begin() + (first + n) * k);
+        const std::vector<float> yp = RunDot(cpu_isa, w, part, n);
+        ASSERT_EQ(0, std::memcmp(yp.data(), whole.data() + first * rows, yp.size() * sizeof(float)))
+            << DTypeName(dt) << " tokens from " << first;
+      }
+      if (PackMinTokens() > 1) continue;  // single tokens take the unpacked path
+    }
     // One token at a time (decode) gives what the batch (prefill) gave.
     for (int64_t t = 0; t < tokens; ++t) {
       const std::vector<float> one(x.begin() + t * k, x.begin() + (t + 1) * k);
@@ -288,6 +307,31 @@ TEST_P(FormatTest, ResultsDoNotDependOnSplitsThreadsOrBatching) {
   MatMulRows(x.data(), tokens, w.view, 0, 13, halves.data(), rows, nullptr);
   MatMulRows(x.data(), tokens, w.view, 13, rows, halves.data(), rows, nullptr);
   ASSERT_EQ(0, std::memcmp(first.data(), halves.data(), first.size() * sizeof(float)));
+}
+
+// Gather (the MoE executor's per-expert copy of a chunk's prepared tokens) gives what preparing
+// the gathered float rows gives, tile packing included.
+TEST_P(FormatTest, GatherEqualsPreparingTheGatheredRows) {
+  std::mt19937 rng(std::random_device{}());
+  const DType dt = GetParam();
+  const int64_t rows = 21, k = IsBlockQuantized(dt) ? 96 : 64, tokens = 11;
+  const Weights w = MakeWeights(dt, rows, k, rng, Fill::kNormal);
+  const std::vector<float> x = RandomActivations(tokens, k, rng);
+  const std::vector<int32_t> pick = {3, 7, 1, 9, 0, 10};
+  std::vector<float> xg;
+  for (int32_t t : pick) xg.insert(xg.end(), x.begin() + t * k, x.begin() + (t + 1) * k);
+  for (CpuIsa cpu_isa : SupportedIsas()) {
+    PreparedActivations all, gathered;
+    all.Prepare(x.data(), tokens, k, dt, cpu_isa);
+    for (int64_t n : {int64_t{1}, static_cast<int64_t>(pick.size())}) {
+      gathered.Gather(all, pick.data(), n);
+      std::vector<float> y(static_cast<size_t>(n * rows), NAN);
+      DotRows(w.view, 0, rows, gathered, y.data(), rows);
+      const std::vector<float> want = RunDot(cpu_isa, w, {xg.begin(), xg.begin() + n * k}, n);
+      ASSERT_EQ(0, std::memcmp(want.data(), y.data(), y.size() * sizeof(float)))
+          << CpuIsaName(cpu_isa) << " " << DTypeName(dt) << " n " << n;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, FormatTest,

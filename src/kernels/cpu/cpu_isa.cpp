@@ -7,6 +7,10 @@
 
 #if defined(MOETIER_X86_KERNELS)
 #include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #endif
 
 namespace moetier::kernels {
@@ -19,6 +23,7 @@ struct X86Features {
   bool avx512 = false;   // AVX-512 F/BW/VL/DQ, with the OS saving ZMM and opmask state
   bool avx512vnni = false;
   bool avx512bf16 = false;
+  bool amx = false;  // AMX-TILE/INT8/BF16, tile state saved by the OS and granted to us
 };
 
 #if defined(MOETIER_X86_KERNELS)
@@ -28,6 +33,18 @@ uint64_t ReadXcr0() {
   uint32_t lo = 0, hi = 0;
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
   return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
+// Linux hands out the 8 KB tile data state only on request (arch_prctl ARCH_REQ_XCOMP_PERM,
+// kernel 5.16+); without it the first tile instruction faults. Other systems: no AMX.
+bool RequestTileState() {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
 }
 
 X86Features DetectX86() {
@@ -56,6 +73,9 @@ X86Features DetectX86() {
   f.avx512 = f.avx2 && os_zmm && avx512f && avx512dq && avx512bw && avx512vl;
   f.avx512vnni = f.avx512 && avx512vnni;
   f.avx512bf16 = f.avx512vnni && avx512bf16;
+  const bool amx_bf16 = d7 & (1u << 22), amx_tile = d7 & (1u << 24), amx_int8 = d7 & (1u << 25);
+  const bool os_tiles = (xcr0 & (3u << 17)) == (3u << 17);  // XTILECFG + XTILEDATA
+  f.amx = f.avx512vnni && amx_tile && amx_int8 && amx_bf16 && os_tiles && RequestTileState();
   return f;
 }
 #endif
@@ -95,6 +115,8 @@ std::string_view CpuIsaName(CpuIsa isa) {
       return "avx512vnni";
     case CpuIsa::kAvx512Bf16:
       return "avx512bf16";
+    case CpuIsa::kAmx:
+      return "amx";
   }
   return "?";
 }
@@ -114,12 +136,15 @@ bool CpuSupports(CpuIsa isa) {
       return f.avx512vnni;
     case CpuIsa::kAvx512Bf16:
       return f.avx512bf16;
+    case CpuIsa::kAmx:
+      return f.amx;
   }
   return false;
 }
 
 CpuIsa BestCpuIsa() {
-  for (CpuIsa isa : {CpuIsa::kAvx512Vnni, CpuIsa::kAvx512, CpuIsa::kAvxVnni, CpuIsa::kAvx2})
+  for (CpuIsa isa :
+       {CpuIsa::kAmx, CpuIsa::kAvx512Vnni, CpuIsa::kAvx512, CpuIsa::kAvxVnni, CpuIsa::kAvx2})
     if (CpuSupports(isa)) return isa;
   return CpuIsa::kScalar;
 }

@@ -24,20 +24,25 @@ enum class CpuIsa : uint8_t {
   // kAvx512Vnni + AVX512_BF16: bf16 weights use vdpbf16ps with activations rounded to bf16.
   // Lossy (see README.md), so it is never chosen automatically: only MOETIER_CPU_ISA selects it.
   kAvx512Bf16,
+  // kAvx512Vnni + AMX-TILE/INT8/BF16 (Sapphire Rapids and later), with the OS granting this
+  // process the tile state: Q8_0 and BF16 weights with PackMinTokens or more tokens go through
+  // tile products (exact int8 block dots; bf16 with activations split exactly in three parts).
+  kAmx,
 };
 
 // Every level, lowest first.
 inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2,       CpuIsa::kAvxVnni,
-                                         CpuIsa::kAvx512, CpuIsa::kAvx512Vnni, CpuIsa::kAvx512Bf16};
+                                         CpuIsa::kAvx512, CpuIsa::kAvx512Vnni, CpuIsa::kAvx512Bf16,
+                                         CpuIsa::kAmx};
 
-// "scalar", "avx2", "avxvnni", "avx512", "avx512vnni", "avx512bf16".
+// "scalar", "avx2", "avxvnni", "avx512", "avx512vnni", "avx512bf16", "amx".
 std::string_view CpuIsaName(CpuIsa isa);
 
 // True when this CPU and OS can run `isa`'s code and this build contains it.
 bool CpuSupports(CpuIsa isa);
 
-// The best level chosen without an override: the highest supported of kAvx512Vnni, kAvx512,
-// kAvxVnni, kAvx2, kScalar (never kAvx512Bf16, which changes numerics).
+// The best level chosen without an override: the highest supported of kAmx, kAvx512Vnni,
+// kAvx512, kAvxVnni, kAvx2, kScalar (never kAvx512Bf16, which changes numerics).
 CpuIsa BestCpuIsa();
 
 // Name of the environment variable that overrides the choice.

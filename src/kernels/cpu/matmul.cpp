@@ -26,6 +26,8 @@ const isa::Kernels* KernelsFor(CpuIsa cpu_isa) {
       return isa::Avx512VnniKernels();
     case CpuIsa::kAvx512Bf16:
       return isa::Avx512Bf16Kernels();
+    case CpuIsa::kAmx:
+      return isa::AmxKernels();
   }
   return nullptr;
 }
@@ -126,6 +128,33 @@ void PreparedActivations::FreeDeleter::operator()(uint8_t* p) const {
   std::free(p);
 }
 
+int64_t PackMinTokens() {
+  static const int64_t forced = [] {
+    const char* v = std::getenv("MOETIER_AMX_MIN_TOKENS");
+    return v != nullptr ? std::max<int64_t>(0, std::atoll(v)) : 0;
+  }();
+  return forced > 0 ? forced : kPackMinTokens;
+}
+
+uint8_t* PreparedActivations::Reserve(size_t bytes) {
+  if (bytes > capacity_) {
+    capacity_ = static_cast<size_t>(isa::RoundUp(static_cast<int64_t>(bytes), isa::kAlign));
+    storage_.reset(static_cast<uint8_t*>(std::aligned_alloc(isa::kAlign, capacity_)));
+  }
+  return storage_.get();
+}
+
+int64_t PreparedActivations::PackedBytes() const {
+  const isa::Kernels& kern = SafeKernels(isa_);
+  if (kern.pack == nullptr || view_.n_tokens < PackMinTokens()) return 0;
+  return kern.packed_bytes(FormatOf(w_dtype_), view_.n_tokens, view_.k);
+}
+
+void PreparedActivations::Pack(size_t at) {
+  view_.packed = storage_.get() + at;
+  SafeKernels(isa_).pack(FormatOf(w_dtype_), view_, storage_.get() + at);
+}
+
 void PreparedActivations::Prepare(const float* x, int64_t n_tokens, int64_t k, DType w_dtype,
                                   CpuIsa cpu_isa) {
   assert(IsWeightDType(w_dtype) && IsValidRowLength(w_dtype, k));
@@ -140,14 +169,16 @@ void PreparedActivations::Prepare(const float* x, int64_t n_tokens, int64_t k, D
   view_.x = x;
   view_.token_bytes = kern.token_bytes(f, k);
   view_.group = f == isa::WFormat::kQ4_0 ? kern.q4_0_group : 1;
-  if (view_.token_bytes == 0) return;
-  const size_t need = static_cast<size_t>(view_.token_bytes * n_tokens);
-  if (need > capacity_) {
-    capacity_ = static_cast<size_t>(isa::RoundUp(static_cast<int64_t>(need), isa::kAlign));
-    storage_.reset(static_cast<uint8_t*>(std::aligned_alloc(isa::kAlign, capacity_)));
+  const size_t records = static_cast<size_t>(
+      isa::RoundUp(view_.token_bytes * n_tokens, isa::kAlign));  // 0 when used in place
+  const int64_t packed = PackedBytes();
+  if (records + static_cast<size_t>(packed) == 0) return;
+  Reserve(records + static_cast<size_t>(packed));
+  if (view_.token_bytes > 0) {
+    kern.prepare(f, x, n_tokens, k, storage_.get());
+    view_.data = storage_.get();
   }
-  kern.prepare(f, x, n_tokens, k, storage_.get());
-  view_.data = storage_.get();
+  if (packed > 0) Pack(records);
 }
 
 void PreparedActivations::Gather(const PreparedActivations& src, const int32_t* tokens, int64_t n) {
@@ -155,15 +186,15 @@ void PreparedActivations::Gather(const PreparedActivations& src, const int32_t* 
   isa_ = src.isa_;
   view_ = src.view_;
   view_.n_tokens = n;
+  view_.packed = nullptr;
   // In-place formats read float rows: copy those; the others copy whole prepared records.
   const bool floats = src.view_.token_bytes == 0;
   const size_t record = floats ? static_cast<size_t>(src.view_.k) * sizeof(float)
                                : static_cast<size_t>(src.view_.token_bytes);
-  const size_t need = record * static_cast<size_t>(n);
-  if (need > capacity_) {
-    capacity_ = static_cast<size_t>(isa::RoundUp(static_cast<int64_t>(need), isa::kAlign));
-    storage_.reset(static_cast<uint8_t*>(std::aligned_alloc(isa::kAlign, capacity_)));
-  }
+  const size_t records =
+      static_cast<size_t>(isa::RoundUp(static_cast<int64_t>(record) * n, isa::kAlign));
+  const int64_t packed = PackedBytes();
+  Reserve(records + static_cast<size_t>(packed));
   const uint8_t* from = floats ? reinterpret_cast<const uint8_t*>(src.view_.x) : src.view_.data;
   for (int64_t i = 0; i < n; ++i)
     std::memcpy(storage_.get() + static_cast<size_t>(i) * record,
@@ -173,6 +204,7 @@ void PreparedActivations::Gather(const PreparedActivations& src, const int32_t* 
   } else {
     view_.data = storage_.get();
   }
+  if (packed > 0) Pack(records);
 }
 
 void DotRows(const TensorView& w, int64_t row_begin, int64_t row_end, const PreparedActivations& x,
@@ -214,7 +246,10 @@ int64_t RowsPerTask(int64_t n_rows, int64_t row_bytes, int64_t n_tokens, int n_t
   const int64_t for_balance =
       n_rows / std::max<int64_t>(1, static_cast<int64_t>(n_threads) * tasks_per_thread);
   int64_t rows = std::max(for_bytes, for_balance);
-  rows = (rows + kTaskRowQuantum - 1) / kTaskRowQuantum * kTaskRowQuantum;
+  const int64_t quantum = ActiveCpuIsa() == CpuIsa::kAmx && n_tokens >= PackMinTokens()
+                              ? kAmxTaskRowQuantum
+                              : kTaskRowQuantum;
+  rows = (rows + quantum - 1) / quantum * quantum;
   return std::max<int64_t>(1, std::min(rows, n_rows));
 }
 
@@ -290,6 +325,9 @@ const Kernels* Avx512VnniKernels() {
   return nullptr;
 }
 const Kernels* Avx512Bf16Kernels() {
+  return nullptr;
+}
+const Kernels* AmxKernels() {
   return nullptr;
 }
 }  // namespace moetier::kernels::isa

@@ -24,6 +24,13 @@ float DotF32(const float* a, const float* b, int64_t n);
 // bf16, Q8_0 or Q4_0 (any offset and n: partial blocks are dequantized as needed).
 void RowToF32(const TensorView& w, int64_t offset, int64_t n, float* out);
 
+// Tokens from which the amx level packs activations for tiles (Q8_0 and BF16 weights; see
+// matmul_amx_impl.h); smaller batches use its AVX-512 VNNI kernels, which sum in another order,
+// so results are bit-identical across batch sizes only on one side of this number.
+// MOETIER_AMX_MIN_TOKENS=N overrides the constant.
+inline constexpr int64_t kPackMinTokens = 2;
+int64_t PackMinTokens();
+
 // Activations x[n_tokens, k] made ready, once per matmul, for products with one weight dtype on
 // one instruction set: kept in place for f32/f16/bf16 weights (fp32 math), quantized to q8
 // blocks for Q8_0/Q4_0 weights, rounded to bf16 for bf16 weights on kAvx512Bf16.
@@ -62,6 +69,9 @@ class PreparedActivations {
   struct FreeDeleter {
     void operator()(uint8_t* p) const;
   };
+  uint8_t* Reserve(size_t bytes);  // storage of at least `bytes` (contents not kept)
+  int64_t PackedBytes() const;     // of the ISA's tile copy for view_, 0 if none
+  void Pack(size_t at);            // writes it at storage_ + at, after the records
   isa::Prepared view_;
   DType w_dtype_ = DType::kF32;
   CpuIsa isa_ = CpuIsa::kScalar;
@@ -97,11 +107,13 @@ void MatMulBatch(ThreadPool& pool, const float* x, int64_t n_tokens, const MatMu
 // Rows per task when `n_rows` rows of `row_bytes` bytes (times `n_tokens` tokens) are split over
 // `n_threads` threads: at least kMinTaskBytes of weights per task (so a task's cost dwarfs
 // taking it) and about kTasksPerThread tasks per thread (so uneven progress evens out); a
-// multiple of kTaskRowQuantum (whole kernel tiles). MOETIER_TASK_ROWS=N overrides the result,
-// MOETIER_TASKS_PER_THREAD=N the constant.
+// multiple of kTaskRowQuantum (whole kernel tiles; kAmxTaskRowQuantum when the active level
+// runs the batch on AMX tiles, whose row blocks are 16 or 32 rows). MOETIER_TASK_ROWS=N
+// overrides the result, MOETIER_TASKS_PER_THREAD=N the constant.
 inline constexpr int64_t kMinTaskBytes = 64 << 10;
 inline constexpr int64_t kTasksPerThread = 8;
 inline constexpr int64_t kTaskRowQuantum = 4;
+inline constexpr int64_t kAmxTaskRowQuantum = 32;
 int64_t RowsPerTask(int64_t n_rows, int64_t row_bytes, int64_t n_tokens, int n_threads);
 
 // y[n_tokens, n_rows] = x[n_tokens, k] · w[n_rows, k]ᵀ: prepares x once on the calling thread,

@@ -524,7 +524,8 @@ struct Vec {
 
 #include "kernels/cpu/attention_isa_impl.h"
 
-const Kernels kKernels = {kQ4Group, TokenBytes, Prepare, DotRows, attn::Scores, attn::Values};
+const Kernels kKernels = {kQ4Group,     TokenBytes,   Prepare, DotRows,
+                          attn::Scores, attn::Values, nullptr, nullptr};
 
 }  // namespace
 }  // namespace moetier::kernels::isa

@@ -51,7 +51,26 @@ struct Prepared {
   const uint8_t* data = nullptr;  // everything else: n_tokens records of token_bytes
   int64_t token_bytes = 0;
   int64_t group = 1;  // quantized formats: blocks per group of the layout
+  // Tile-ready copy of the same activations (the AMX level, AmxLayout below), or null. Built by
+  // Kernels::pack after the records above; when set, dot_rows reads only this.
+  const uint8_t* packed = nullptr;
 };
+
+// The AMX level's packed activations: token tiles of 16 tokens (the last one zero padded), each
+// a run of "chunks" along k, every chunk ready for one tile load with a 64-byte stride:
+//   Q8_0: chunk = one 32-block: B tile [8 rows][16 tokens x 4 int8] (row q holds quants 4q..4q+3
+//         of each token, the VNNI order tdpbssd reads), then float dx[16] (each token's scale).
+//   BF16: chunk = 32 elements: three B tiles [16 rows][16 tokens x 2 bf16] (row p holds elements
+//         2p, 2p+1 of each token), for x's high, middle and low bf16 parts (x = hi + mid + lo
+//         exactly: each part takes the next 8 significant bits), so the products are exact.
+inline constexpr int64_t kAmxTokens = 16;  // tokens per token tile
+inline constexpr int64_t kAmxStride = 64;  // bytes per tile row
+static constexpr int64_t AmxChunkBytes(WFormat f) {
+  return f == WFormat::kQ8_0 ? 8 * kAmxStride + kAmxTokens * 4 : 3 * 16 * kAmxStride;
+}
+static constexpr int64_t AmxTileBytes(WFormat f, int64_t k) {
+  return k / 32 * AmxChunkBytes(f);
+}
 
 // Byte offsets of the arrays inside one quantized token record.
 struct QuantLayout {
@@ -93,6 +112,11 @@ struct Kernels {
                       int64_t key_stride, int64_t n_keys, int64_t d, float scale, float* scores);
   void (*attn_values)(const float* p, int64_t n_q, int64_t n_keys, const float* values,
                       int64_t value_stride, int64_t d, float* out, int64_t out_stride);
+  // Tile packing (null when the level has none). packed_bytes: bytes `pack` writes for n_tokens
+  // of format f, 0 when f is not packed. pack: writes them from the records / floats of `x`
+  // (kAlign-aligned `out`); runs on one thread, after prepare.
+  int64_t (*packed_bytes)(WFormat f, int64_t n_tokens, int64_t k);
+  void (*pack)(WFormat f, const Prepared& x, uint8_t* out);
 };
 
 static constexpr int64_t ScratchFloats(int64_t k) {
@@ -106,5 +130,6 @@ const Kernels* AvxVnniKernels();
 const Kernels* Avx512Kernels();
 const Kernels* Avx512VnniKernels();
 const Kernels* Avx512Bf16Kernels();
+const Kernels* AmxKernels();
 
 }  // namespace moetier::kernels::isa
