@@ -121,7 +121,10 @@ void MoeBlock(Workspace& ws, const TensorView& router, const RouterOptions& opts
   if (x_prep.size() < n_active + 1) x_prep.resize(static_cast<size_t>(E) + 1);
   if (h_prep.size() < n_active) h_prep.resize(static_cast<size_t>(E));
   kernels::PreparedActivations& x_all = x_prep[0];
-  x_all.Prepare(x, n_tokens, d_model, up_dtype);
+  // With several tokens x_all is only the source of the per-expert Gathers: no tile copy.
+  x_all.Prepare(x, n_tokens, d_model, up_dtype, kernels::ActiveCpuIsa(),
+                n_tokens > 1 ? kernels::PreparedActivations::Tiles::kNone
+                             : kernels::PreparedActivations::Tiles::kIfUseful);
   if (n_tokens > 1) {
     pool.ParallelTasks(n_active, [&](size_t a, int) {
       x_prep[a + 1].Gather(x_all, tokens_of.data() + first_of(a), count_of(a));

@@ -156,7 +156,7 @@ void PreparedActivations::Pack(size_t at) {
 }
 
 void PreparedActivations::Prepare(const float* x, int64_t n_tokens, int64_t k, DType w_dtype,
-                                  CpuIsa cpu_isa) {
+                                  CpuIsa cpu_isa, Tiles tiles) {
   assert(IsWeightDType(w_dtype) && IsValidRowLength(w_dtype, k));
   if (!CpuSupports(cpu_isa)) cpu_isa = CpuIsa::kScalar;  // see SafeKernels
   const isa::Kernels& kern = SafeKernels(cpu_isa);
@@ -171,7 +171,7 @@ void PreparedActivations::Prepare(const float* x, int64_t n_tokens, int64_t k, D
   view_.group = f == isa::WFormat::kQ4_0 ? kern.q4_0_group : 1;
   const size_t records = static_cast<size_t>(
       isa::RoundUp(view_.token_bytes * n_tokens, isa::kAlign));  // 0 when used in place
-  const int64_t packed = PackedBytes();
+  const int64_t packed = tiles == Tiles::kNone ? 0 : PackedBytes();
   if (records + static_cast<size_t>(packed) == 0) return;
   Reserve(records + static_cast<size_t>(packed));
   if (view_.token_bytes > 0) {

@@ -47,10 +47,14 @@ class PreparedActivations {
   PreparedActivations(const PreparedActivations&) = delete;
   PreparedActivations& operator=(const PreparedActivations&) = delete;
 
+  // Whether to build the ISA's tile copy (the amx level, PackMinTokens tokens or more): kNone
+  // for activations that are only a Gather source.
+  enum class Tiles : uint8_t { kIfUseful, kNone };
+
   // x: [n_tokens, k] float32, row stride k. `w_dtype` must be a weight dtype (IsWeightDType) and,
   // when block-quantized, k a multiple of 32. `isa` must be supported (CpuSupports).
   void Prepare(const float* x, int64_t n_tokens, int64_t k, DType w_dtype,
-               CpuIsa isa = ActiveCpuIsa());
+               CpuIsa isa = ActiveCpuIsa(), Tiles tiles = Tiles::kIfUseful);
 
   // Rows `tokens[0..n)` of an already prepared `src`, copied into this object's own storage
   // (also for formats used in place), in that order: the MoE executor quantizes a chunk's

@@ -51,35 +51,35 @@ void LoadTileConfig(int64_t key, const TileConfig& cfg) {
 
 int64_t PackedBytes(WFormat f, int64_t n_tokens, int64_t k) {
   if ((f != WFormat::kQ8_0 && f != WFormat::kBF16) || k % kBlock != 0 || k == 0) return 0;
-  return (n_tokens + kAmxTokens - 1) / kAmxTokens * AmxTileBytes(f, k);
+  const int64_t full = n_tokens / kAmxTokens, rest = n_tokens % kAmxTokens;
+  return full * AmxTileBytes(f, k, kAmxTokens) + AmxTileBytes(f, k, rest);
 }
 
-// Row offsets of a chunk's tile rows: row j at j * 64 bytes.
-inline __m512i RowOffsets() {
+// Byte offsets of 16 tile rows `stride` apart.
+inline __m512i RowOffsets(int64_t stride) {
   return _mm512_mullo_epi32(
-      _mm512_set1_epi32(static_cast<int>(kAmxStride)),
+      _mm512_set1_epi32(static_cast<int>(stride)),
       _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
 }
 
 // Q8_0: from the natural-order records (group 1) of the AVX-512 VNNI layout.
 void PackQ8(const Prepared& x, uint8_t* out) {
   const QuantLayout lay = QuantLayoutFor(x.k, 1);
-  const int64_t nb = x.k / kBlock, tile_bytes = AmxTileBytes(WFormat::kQ8_0, x.k);
-  constexpr int64_t kChunk = AmxChunkBytes(WFormat::kQ8_0);
-  const __m256i rows8 = _mm512_castsi512_si256(RowOffsets());
+  const int64_t nb = x.k / kBlock;
   for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kAmxTokens) {
-    uint8_t* tile = out + t0 / kAmxTokens * tile_bytes;
-    std::memset(tile, 0, static_cast<size_t>(tile_bytes));  // padding tokens: zero quants
     const int64_t nt = Min(kAmxTokens, x.n_tokens - t0);
+    const int64_t chunk_bytes = AmxChunkBytes(WFormat::kQ8_0, nt);
+    uint8_t* tile = out + t0 / kAmxTokens * AmxTileBytes(WFormat::kQ8_0, x.k, kAmxTokens);
+    const __m256i rows8 = _mm512_castsi512_si256(RowOffsets(4 * nt));
     for (int64_t n = 0; n < nt; ++n) {
       const uint8_t* rec = x.data + (t0 + n) * x.token_bytes;
       const auto* dx = reinterpret_cast<const float*>(rec + lay.dx_offset);
       for (int64_t b = 0; b < nb; ++b) {
-        uint8_t* chunk = tile + b * kChunk;
+        uint8_t* chunk = tile + b * chunk_bytes;
         // Quants 4q..4q+3 of this token's block go to row q, column n.
         const __m256i q = _mm256_load_si256(reinterpret_cast<const __m256i*>(rec + b * kBlock));
         _mm256_i32scatter_epi32(chunk + 4 * n, rows8, q, 1);
-        reinterpret_cast<float*>(chunk + 8 * kAmxStride)[n] = dx[b * lay.lanes_per_block];
+        reinterpret_cast<float*>(chunk + 8 * 4 * nt)[n] = dx[b * lay.lanes_per_block];
       }
     }
   }
@@ -97,18 +97,17 @@ inline __m512i Bf16Pairs(__m512i v0, __m512i v1) {
 // exactly: hi keeps its first 8 significant bits, the remainder x - hi (exact in fp32) has at
 // most 16, mid keeps 8 of those, and lo = the last <= 8 bits, which bf16 holds exactly.
 void PackBf16(const Prepared& x, uint8_t* out) {
-  const int64_t k = x.k, tile_bytes = AmxTileBytes(WFormat::kBF16, k);
-  constexpr int64_t kChunk = AmxChunkBytes(WFormat::kBF16), kPart = 16 * kAmxStride;
-  const __m512i rows16 = RowOffsets();
+  const int64_t k = x.k;
   const __m512i top = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kAmxTokens) {
-    uint8_t* tile = out + t0 / kAmxTokens * tile_bytes;
-    std::memset(tile, 0, static_cast<size_t>(tile_bytes));
     const int64_t nt = Min(kAmxTokens, x.n_tokens - t0);
+    const int64_t chunk_bytes = AmxChunkBytes(WFormat::kBF16, nt), part_bytes = 16 * 4 * nt;
+    uint8_t* tile = out + t0 / kAmxTokens * AmxTileBytes(WFormat::kBF16, k, kAmxTokens);
+    const __m512i rows16 = RowOffsets(4 * nt);
     for (int64_t n = 0; n < nt; ++n) {
       const float* xt = x.x + (t0 + n) * k;
       for (int64_t c = 0; c < k / 32; ++c) {
-        uint8_t* chunk = tile + c * kChunk + 4 * n;
+        uint8_t* chunk = tile + c * chunk_bytes + 4 * n;
         __m512i v[2], parts[3][2];
         v[0] = _mm512_castps_si512(_mm512_loadu_ps(xt + 32 * c));
         v[1] = _mm512_castps_si512(_mm512_loadu_ps(xt + 32 * c + 16));
@@ -122,8 +121,8 @@ void PackBf16(const Prepared& x, uint8_t* out) {
           parts[2][h] = _mm512_castps_si512(r2);
         }
         for (int p = 0; p < 3; ++p)
-          _mm512_i32scatter_epi32(chunk + p * kPart, rows16, Bf16Pairs(parts[p][0], parts[p][1]),
-                                  1);
+          _mm512_i32scatter_epi32(chunk + p * part_bytes, rows16,
+                                  Bf16Pairs(parts[p][0], parts[p][1]), 1);
       }
     }
   }
@@ -145,39 +144,41 @@ inline void StoreRowsTokens(const float* c, int64_t nr, int64_t nt, float* y, in
 
 void AmxQ8Rows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t row_end,
                const Prepared& x, float* y, int64_t y_stride) {
-  const int64_t nb = x.k / kBlock, tile_bytes = AmxTileBytes(WFormat::kQ8_0, x.k);
-  constexpr int64_t kChunk = AmxChunkBytes(WFormat::kQ8_0);
+  const int64_t nb = x.k / kBlock;
+  constexpr int64_t kCStride = 4 * kAmxTokens;          // bytes per row of the c buffers
   alignas(64) int32_t c[2][kAmxRows][kAmxTokens] = {};  // block dots, as the C tiles store them
   alignas(64) float dw[kAmxRows];
   alignas(64) float out[kAmxRows][kAmxTokens];
-  const __m512i row_offsets =
-      _mm512_mullo_epi32(_mm512_set1_epi32(static_cast<int>(row_bytes)),
-                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __m512i row_offsets = RowOffsets(row_bytes);
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kAmxRows) {
     const int64_t nr = Min(kAmxRows, row_end - r0);
-    TileConfig cfg;
-    for (int t = 0; t < 6; t += 3) {  // C, A, B of both blocks in flight
-      cfg.rows[t] = cfg.rows[t + 1] = static_cast<uint8_t>(nr);
-      cfg.colsb[t] = kAmxStride;
-      cfg.colsb[t + 1] = kBlock;
-      cfg.rows[t + 2] = kBlock / 4;
-      cfg.colsb[t + 2] = kAmxStride;
-    }
-    LoadTileConfig(100 + nr, cfg);
     const uint8_t* wr = w + r0 * row_bytes;
     const __mmask16 rows_mask = TailMask16(nr);
     for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kAmxTokens) {
-      const uint8_t* tile = x.packed + t0 / kAmxTokens * tile_bytes;
+      const int64_t nt = Min(kAmxTokens, x.n_tokens - t0);
+      const int64_t chunk_bytes = AmxChunkBytes(WFormat::kQ8_0, nt), stride = 4 * nt;
+      TileConfig cfg;
+      for (int t = 0; t < 6; t += 3) {  // C, A, B of both blocks in flight
+        cfg.rows[t] = cfg.rows[t + 1] = static_cast<uint8_t>(nr);
+        cfg.colsb[t] = static_cast<uint16_t>(stride);
+        cfg.colsb[t + 1] = kBlock;
+        cfg.rows[t + 2] = kBlock / 4;
+        cfg.colsb[t + 2] = static_cast<uint16_t>(stride);
+      }
+      LoadTileConfig(100 + nr * 32 + nt, cfg);
+      const uint8_t* tile =
+          x.packed + t0 / kAmxTokens * AmxTileBytes(WFormat::kQ8_0, x.k, kAmxTokens);
+      const __mmask16 tokens_mask = TailMask16(nt);
       __m512 acc[kAmxRows];
       MOETIER_AMX_UNROLL for (int r = 0; r < kAmxRows; ++r) acc[r] = _mm512_setzero_ps();
-      // Block b's dots are in c[slot]: scale and add them (rows past nr hold stale values and
-      // are never stored).
+      // Block b's dots are in c[slot]: scale and add them (rows past nr and tokens past nt hold
+      // stale values and are never stored).
       auto scale_add = [&](int64_t b, int slot) __attribute__((always_inline)) {
         const __m512i h = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows_mask,
                                                       row_offsets, wr + b * kQ8_0Bytes, 1);
         _mm512_store_ps(dw, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)));
-        const __m512 dx =
-            _mm512_load_ps(reinterpret_cast<const float*>(tile + b * kChunk + 8 * kAmxStride));
+        const __m512 dx = _mm512_maskz_loadu_ps(
+            tokens_mask, reinterpret_cast<const float*>(tile + b * chunk_bytes + 8 * stride));
         MOETIER_AMX_UNROLL for (int r = 0; r < kAmxRows; ++r) {
           const __m512 s = _mm512_cvtepi32_ps(_mm512_load_si512(c[slot][r]));
           acc[r] = _mm512_fmadd_ps(s, _mm512_mul_ps(dx, _mm512_set1_ps(dw[r])), acc[r]);
@@ -186,29 +187,28 @@ void AmxQ8Rows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t r
       int64_t b = 0;
       for (; b + 2 <= nb; b += 2) {  // two blocks in flight: the tiles of b + 1 overlap b's math
         _tile_loadd(1, wr + b * kQ8_0Bytes + 2, row_bytes);
-        _tile_loadd(2, tile + b * kChunk, kAmxStride);
+        _tile_loadd(2, tile + b * chunk_bytes, stride);
         _tile_loadd(4, wr + (b + 1) * kQ8_0Bytes + 2, row_bytes);
-        _tile_loadd(5, tile + (b + 1) * kChunk, kAmxStride);
+        _tile_loadd(5, tile + (b + 1) * chunk_bytes, stride);
         _tile_zero(0);
         _tile_zero(3);
         _tile_dpbssd(0, 1, 2);
         _tile_dpbssd(3, 4, 5);
-        _tile_stored(0, c[0], kAmxStride);
-        _tile_stored(3, c[1], kAmxStride);
+        _tile_stored(0, c[0], kCStride);
+        _tile_stored(3, c[1], kCStride);
         scale_add(b, 0);
         scale_add(b + 1, 1);
       }
       if (b < nb) {
         _tile_loadd(1, wr + b * kQ8_0Bytes + 2, row_bytes);
-        _tile_loadd(2, tile + b * kChunk, kAmxStride);
+        _tile_loadd(2, tile + b * chunk_bytes, stride);
         _tile_zero(0);
         _tile_dpbssd(0, 1, 2);
-        _tile_stored(0, c[0], kAmxStride);
+        _tile_stored(0, c[0], kCStride);
         scale_add(b, 0);
       }
       MOETIER_AMX_UNROLL for (int r = 0; r < kAmxRows; ++r) _mm512_store_ps(out[r], acc[r]);
-      StoreRowsTokens(&out[0][0], nr, Min(kAmxTokens, x.n_tokens - t0), y + t0 * y_stride + r0,
-                      y_stride);
+      StoreRowsTokens(&out[0][0], nr, nt, y + t0 * y_stride + r0, y_stride);
     }
   }
 }
@@ -218,33 +218,39 @@ void AmxQ8Rows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t r
 
 void AmxBf16Rows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t row_end,
                  const Prepared& x, float* y, int64_t y_stride) {
-  const int64_t n_chunks = x.k / 32, tile_bytes = AmxTileBytes(WFormat::kBF16, x.k);
-  constexpr int64_t kChunk = AmxChunkBytes(WFormat::kBF16), kPart = 16 * kAmxStride;
+  const int64_t n_chunks = x.k / 32;
+  constexpr int64_t kCStride = 4 * kAmxTokens;
   alignas(64) float c[2][kAmxRows][kAmxTokens];
   for (int64_t r0 = row_begin; r0 < row_end; r0 += 2 * kAmxRows) {
     const int64_t n0 = Min(kAmxRows, row_end - r0);
     const int64_t n1 = Min(kAmxRows, row_end - r0 - n0);  // 0: one block only
-    TileConfig cfg;
-    cfg.rows[0] = cfg.rows[2] = static_cast<uint8_t>(n0);
-    cfg.colsb[0] = cfg.colsb[2] = kAmxStride;
-    if (n1 > 0) {
-      cfg.rows[1] = cfg.rows[3] = static_cast<uint8_t>(n1);
-      cfg.colsb[1] = cfg.colsb[3] = kAmxStride;
-    }
-    for (int t = 4; t <= 6; ++t) cfg.rows[t] = 16, cfg.colsb[t] = kAmxStride;
-    LoadTileConfig(1000 + n0 * 32 + n1, cfg);
     const uint8_t* w0 = w + r0 * row_bytes;
     const uint8_t* w1 = w0 + n0 * row_bytes;
     for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kAmxTokens) {
-      const uint8_t* tile = x.packed + t0 / kAmxTokens * tile_bytes;
+      const int64_t nt = Min(kAmxTokens, x.n_tokens - t0);
+      const int64_t chunk_bytes = AmxChunkBytes(WFormat::kBF16, nt), stride = 4 * nt;
+      const int64_t part_bytes = 16 * stride;
+      TileConfig cfg;
+      cfg.rows[0] = cfg.rows[2] = static_cast<uint8_t>(n0);
+      cfg.colsb[0] = static_cast<uint16_t>(stride);
+      cfg.colsb[2] = 64;
+      if (n1 > 0) {
+        cfg.rows[1] = cfg.rows[3] = static_cast<uint8_t>(n1);
+        cfg.colsb[1] = static_cast<uint16_t>(stride);
+        cfg.colsb[3] = 64;
+      }
+      for (int t = 4; t <= 6; ++t) cfg.rows[t] = 16, cfg.colsb[t] = static_cast<uint16_t>(stride);
+      LoadTileConfig(10000 + (n0 * 32 + n1) * 32 + nt, cfg);
+      const uint8_t* tile =
+          x.packed + t0 / kAmxTokens * AmxTileBytes(WFormat::kBF16, x.k, kAmxTokens);
       _tile_zero(0);
       if (n1 > 0) _tile_zero(1);
       for (int64_t ch = 0; ch < n_chunks; ++ch) {
-        const uint8_t* b = tile + ch * kChunk;
+        const uint8_t* b = tile + ch * chunk_bytes;
         _tile_loadd(2, w0 + ch * 64, row_bytes);
-        _tile_loadd(4, b, kAmxStride);
-        _tile_loadd(5, b + kPart, kAmxStride);
-        _tile_loadd(6, b + 2 * kPart, kAmxStride);
+        _tile_loadd(4, b, stride);
+        _tile_loadd(5, b + part_bytes, stride);
+        _tile_loadd(6, b + 2 * part_bytes, stride);
         _tile_dpbf16ps(0, 2, 4);
         _tile_dpbf16ps(0, 2, 5);
         _tile_dpbf16ps(0, 2, 6);
@@ -255,9 +261,8 @@ void AmxBf16Rows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t
           _tile_dpbf16ps(1, 3, 6);
         }
       }
-      _tile_stored(0, c[0], kAmxStride);
-      if (n1 > 0) _tile_stored(1, c[1], kAmxStride);
-      const int64_t nt = Min(kAmxTokens, x.n_tokens - t0);
+      _tile_stored(0, c[0], kCStride);
+      if (n1 > 0) _tile_stored(1, c[1], kCStride);
       StoreRowsTokens(&c[0][0][0], n0, nt, y + t0 * y_stride + r0, y_stride);
       if (n1 > 0) StoreRowsTokens(&c[1][0][0], n1, nt, y + t0 * y_stride + r0 + n0, y_stride);
     }

@@ -56,20 +56,21 @@ struct Prepared {
   const uint8_t* packed = nullptr;
 };
 
-// The AMX level's packed activations: token tiles of 16 tokens (the last one zero padded), each
-// a run of "chunks" along k, every chunk ready for one tile load with a 64-byte stride:
-//   Q8_0: chunk = one 32-block: B tile [8 rows][16 tokens x 4 int8] (row q holds quants 4q..4q+3
-//         of each token, the VNNI order tdpbssd reads), then float dx[16] (each token's scale).
-//   BF16: chunk = 32 elements: three B tiles [16 rows][16 tokens x 2 bf16] (row p holds elements
+// The AMX level's packed activations: token tiles of 16 tokens (the last one may hold fewer,
+// n), each a run of "chunks" along k, every chunk ready for tile loads with a row stride of
+// 4n bytes (one int32 / bf16 pair per token):
+//   Q8_0: chunk = one 32-block: B tile [8 rows][n tokens x 4 int8] (row q holds quants 4q..4q+3
+//         of each token, the VNNI order tdpbssd reads), then float dx[n] (each token's scale).
+//   BF16: chunk = 32 elements: three B tiles [16 rows][n tokens x 2 bf16] (row p holds elements
 //         2p, 2p+1 of each token), for x's high, middle and low bf16 parts (x = hi + mid + lo
 //         exactly: each part takes the next 8 significant bits), so the products are exact.
+// Token tile j starts at j * AmxTileBytes(f, k, 16).
 inline constexpr int64_t kAmxTokens = 16;  // tokens per token tile
-inline constexpr int64_t kAmxStride = 64;  // bytes per tile row
-static constexpr int64_t AmxChunkBytes(WFormat f) {
-  return f == WFormat::kQ8_0 ? 8 * kAmxStride + kAmxTokens * 4 : 3 * 16 * kAmxStride;
+static constexpr int64_t AmxChunkBytes(WFormat f, int64_t n) {
+  return f == WFormat::kQ8_0 ? 8 * 4 * n + 4 * n : 3 * 16 * 4 * n;
 }
-static constexpr int64_t AmxTileBytes(WFormat f, int64_t k) {
-  return k / 32 * AmxChunkBytes(f);
+static constexpr int64_t AmxTileBytes(WFormat f, int64_t k, int64_t n) {
+  return k / 32 * AmxChunkBytes(f, n);
 }
 
 // Byte offsets of the arrays inside one quantized token record.
