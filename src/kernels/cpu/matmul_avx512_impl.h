@@ -1,7 +1,9 @@
 // AVX-512 kernels (512-bit, F/BW/VL/DQ), included by matmul_avx512.cpp, by
 // matmul_avx512vnni.cpp (MOETIER_KERNEL_AVX512VNNI: int8 dots with vpdpbusd) and by
-// matmul_avx512bf16.cpp (MOETIER_KERNEL_AVX512BF16: also bf16 weights with vdpbf16ps), each
-// compiled with its ISA's -m flags. Everything here has internal linkage (see matmul_isa.h).
+// matmul_avx512bf16.cpp (MOETIER_KERNEL_AVX512BF16: also bf16 weights with vdpbf16ps) and by
+// matmul_amx.cpp (MOETIER_KERNEL_AMX: VNNI, and the tile kernels of matmul_amx_impl.h added
+// after this file), each compiled with its ISA's -m flags. Everything here has internal linkage
+// (see matmul_isa.h).
 //
 // Arithmetic per output element (row r, token t), the same whatever the tile shape: the k range
 // is cut into steps (16 elements for fp32 math, 32 for vdpbf16ps, a pair of Q8_0 blocks or a
@@ -11,7 +13,7 @@
 // across threads nor on the number of tokens batched together.
 //
 // Memory: decode (one token) walks one row at a time, a single sequential stream, prefetching
-// kPrefetchBytes ahead; prefill tiles (4 rows x 3 tokens for float formats, 2 x 4 quantized)
+// kPrefetchBytes ahead, a whole row range per call; prefill tiles (4 rows x 3 tokens for float formats, 2 x 4 quantized)
 // reuse each load across rows and tokens.
 
 // GCC 12's AVX-512 intrinsics seed their results with a self-initialised "undefined" vector,
