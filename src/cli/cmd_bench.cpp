@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "engine/bandwidth.h"
 #include "engine/sampler.h"
+#include "kernels/cpu/cpu_isa.h"
 
 namespace moetier::cli {
 
@@ -86,6 +87,7 @@ int Run(const Opts& o) {
   j["model"] = o.model.model_dir;
   j["dtype"] = std::string(DTypeName(lm.expert_dtype()));
   j["threads"] = threads;
+  j["cpu_isa"] = std::string(kernels::CpuIsaName(kernels::ActiveCpuIsa()));  // kernel level used
   j["prompt_tokens"] = o.prompt_tokens;
   j["gen_tokens"] = o.gen_tokens;
   j["repeats"] = o.repeats;
@@ -116,8 +118,9 @@ int Run(const Opts& o) {
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("prefill  %.1f tokens/s (%lld-token prompt)\n", prefill,
-                static_cast<long long>(o.prompt_tokens));
+    std::printf("prefill  %.1f tokens/s (%lld-token prompt; %s kernels, %d threads)\n", prefill,
+                static_cast<long long>(o.prompt_tokens),
+                std::string(kernels::CpuIsaName(kernels::ActiveCpuIsa())).c_str(), threads);
     std::printf(
         "decode   %.2f tokens/s, %.1f MB/token, %.1f GB/s = %.0f%% of the %.1f GB/s read "
         "bandwidth\n",

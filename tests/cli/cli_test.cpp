@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "io/safetensors.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "model/causal_lm.h"
 #include "support/test_support.h"
 
@@ -203,6 +204,8 @@ TEST(Cli, BenchJsonHasTheKeysAndConsistentFigures) {
     ASSERT_TRUE(j.contains(key)) << key;
   EXPECT_EQ(j["threads"].get<int>(), 2);
   EXPECT_EQ(j["dtype"].get<std::string>(), "BF16");
+  // The kernel level it ran: the process-wide choice (the test runs under the same environment).
+  EXPECT_EQ(j["cpu_isa"].get<std::string>(), kernels::CpuIsaName(kernels::ActiveCpuIsa()));
   EXPECT_GT(j["prefill_tokens_per_s"].get<double>(), 0.0);
   EXPECT_GT(j["decode_tokens_per_s"].get<double>(), 0.0);
   EXPECT_GT(j["read_bandwidth_gb_per_s"].get<double>(), 0.0);
