@@ -33,7 +33,8 @@ int64_t PackMinTokens();
 
 // Activations x[n_tokens, k] made ready, once per matmul, for products with one weight dtype on
 // one instruction set: kept in place for f32/f16/bf16 weights (fp32 math), quantized to q8
-// blocks for Q8_0/Q4_0 weights, rounded to bf16 for bf16 weights on kAvx512Bf16.
+// blocks for Q8_0/Q4_0 weights, rounded to bf16 for bf16 weights on kAvx512Bf16; on kAmx, a
+// batch of Q8_0/BF16 activations is also packed into tile layout (matmul_isa.h).
 //
 // Contract: Prepare runs on one thread; afterwards any number of threads may call DotRows on
 // it concurrently (it is read-only). Storage grows to the largest request and is reused, so
