@@ -15,9 +15,10 @@
 // Prepare + ParallelFor (what MatMul does), so it includes the pool's wake-up per matrix.
 //
 // Prefill: T tokens (default 32 and 128) through a few experts, each matrix a
-// Prepare + ParallelFor; GFLOP/s = 2·N·K·T / time, and "pct_of_fma_peak" compares it with a
-// register-only fp32 FMA loop of the same vector width on the same threads (for quantized
-// formats this says how the int8 path compares with fp32 FMA peak; it can exceed 100%).
+// Prepare (on the pool, as MatMul does) + ParallelFor; GFLOP/s = 2·N·K·T / time, and
+// "pct_of_fma_peak" compares it with a register-only fp32 FMA loop of the same vector width on the
+// same threads (for quantized formats this says how the int8 path compares with fp32 FMA peak; it
+// can exceed 100%).
 //
 // Every figure is the median of --reps timed runs after one warm-up.
 #include <immintrin.h>
@@ -505,7 +506,7 @@ int main(int argc, char** argv) {
           const double s = MedianSeconds(opt.reps, [&] {
             for (size_t i = 0; i < n_mats; ++i) {
               const Matrix& m = bank.mats[i];
-              p.Prepare(m.k == kDModel ? x2048.data() : x768.data(), T, m.k, dt, isa);
+              p.Prepare(pool, m.k == kDModel ? x2048.data() : x768.data(), T, m.k, dt, isa);
               pool.ParallelFor(static_cast<size_t>(m.rows), [&](size_t a, size_t b, int) {
                 kernels::DotRows(m.view, static_cast<int64_t>(a), static_cast<int64_t>(b), p,
                                  y.data(), m.rows);

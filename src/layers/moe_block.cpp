@@ -122,7 +122,7 @@ void MoeBlock(Workspace& ws, const TensorView& router, const RouterOptions& opts
   if (h_prep.size() < n_active) h_prep.resize(static_cast<size_t>(E));
   kernels::PreparedActivations& x_all = x_prep[0];
   // With several tokens x_all is only the source of the per-expert Gathers: no tile copy.
-  x_all.Prepare(x, n_tokens, d_model, up_dtype, kernels::ActiveCpuIsa(),
+  x_all.Prepare(pool, x, n_tokens, d_model, up_dtype, kernels::ActiveCpuIsa(),
                 n_tokens > 1 ? kernels::PreparedActivations::Tiles::kNone
                              : kernels::PreparedActivations::Tiles::kIfUseful);
   if (n_tokens > 1) {

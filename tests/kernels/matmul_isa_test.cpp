@@ -345,6 +345,34 @@ TEST_P(FormatTest, GatherEqualsPreparingTheGatheredRows) {
   }
 }
 
+// Prepare spread over a pool (one task per 16 tokens) writes what the serial Prepare writes.
+TEST_P(FormatTest, PoolPrepareEqualsSerialPrepare) {
+  std::mt19937 rng(std::random_device{}());
+  const DType dt = GetParam();
+  const int64_t rows = 19, k = IsBlockQuantized(dt) ? 128 : 96;
+  const int64_t tokens = std::max<int64_t>(ParallelPrepareTokens(), 32) + 9;  // a partial tile
+  const Weights w = MakeWeights(dt, rows, k, rng, Fill::kNormal);
+  const std::vector<float> x = RandomActivations(tokens, k, rng);
+  ThreadPool pool(3);
+  for (CpuIsa cpu_isa : SupportedIsas()) {
+    PreparedActivations serial, spread;
+    serial.Prepare(x.data(), tokens, k, dt, cpu_isa);
+    spread.Prepare(pool, x.data(), tokens, k, dt, cpu_isa);
+    const isa::Prepared &a = serial.view(), &b = spread.view();
+    ASSERT_EQ(a.token_bytes, b.token_bytes);
+    ASSERT_EQ(a.packed == nullptr, b.packed == nullptr);
+    if (a.token_bytes > 0) {
+      ASSERT_EQ(0, std::memcmp(a.data, b.data, static_cast<size_t>(a.token_bytes * tokens)))
+          << CpuIsaName(cpu_isa) << " " << DTypeName(dt);
+    }
+    std::vector<float> ya(static_cast<size_t>(tokens * rows), NAN), yb = ya;
+    DotRows(w.view, 0, rows, serial, ya.data(), rows);
+    DotRows(w.view, 0, rows, spread, yb.data(), rows);
+    ASSERT_EQ(0, std::memcmp(ya.data(), yb.data(), ya.size() * sizeof(float)))
+        << CpuIsaName(cpu_isa) << " " << DTypeName(dt);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, FormatTest,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kF16, DType::kQ8_0,
                                            DType::kQ4_0),

@@ -150,13 +150,16 @@ int64_t PreparedActivations::PackedBytes() const {
   return kern.packed_bytes(FormatOf(w_dtype_), view_.n_tokens, view_.k);
 }
 
-void PreparedActivations::Pack(size_t at) {
-  view_.packed = storage_.get() + at;
-  SafeKernels(isa_).pack(FormatOf(w_dtype_), view_, storage_.get() + at);
+int64_t ParallelPrepareTokens() {
+  static const int64_t forced = [] {
+    const char* v = std::getenv("MOETIER_PARALLEL_PREPARE_TOKENS");
+    return v != nullptr ? std::max<int64_t>(0, std::atoll(v)) : 0;
+  }();
+  return forced > 0 ? forced : kParallelPrepareTokens;
 }
 
-void PreparedActivations::Prepare(const float* x, int64_t n_tokens, int64_t k, DType w_dtype,
-                                  CpuIsa cpu_isa, Tiles tiles) {
+void PreparedActivations::Layout(const float* x, int64_t n_tokens, int64_t k, DType w_dtype,
+                                 CpuIsa cpu_isa, Tiles tiles) {
   assert(IsWeightDType(w_dtype) && IsValidRowLength(w_dtype, k));
   if (!CpuSupports(cpu_isa)) cpu_isa = CpuIsa::kScalar;  // see SafeKernels
   const isa::Kernels& kern = SafeKernels(cpu_isa);
@@ -174,11 +177,40 @@ void PreparedActivations::Prepare(const float* x, int64_t n_tokens, int64_t k, D
   const int64_t packed = tiles == Tiles::kNone ? 0 : PackedBytes();
   if (records + static_cast<size_t>(packed) == 0) return;
   Reserve(records + static_cast<size_t>(packed));
-  if (view_.token_bytes > 0) {
-    kern.prepare(f, x, n_tokens, k, storage_.get());
-    view_.data = storage_.get();
+  if (view_.token_bytes > 0) view_.data = storage_.get();
+  if (packed > 0) {
+    packed_at_ = records;
+    view_.packed = storage_.get() + records;
   }
-  if (packed > 0) Pack(records);
+}
+
+void PreparedActivations::Fill(int64_t t0, int64_t t1) {
+  const isa::Kernels& kern = SafeKernels(isa_);
+  const isa::WFormat f = FormatOf(w_dtype_);
+  if (view_.token_bytes > 0)
+    kern.prepare(f, view_.x + t0 * view_.k, t1 - t0, view_.k,
+                 storage_.get() + t0 * view_.token_bytes);
+  if (view_.packed != nullptr)
+    kern.pack(f, view_, t0 / isa::kAmxTokens, (t1 + isa::kAmxTokens - 1) / isa::kAmxTokens,
+              storage_.get() + packed_at_);
+}
+
+void PreparedActivations::Prepare(const float* x, int64_t n_tokens, int64_t k, DType w_dtype,
+                                  CpuIsa cpu_isa, Tiles tiles) {
+  Layout(x, n_tokens, k, w_dtype, cpu_isa, tiles);
+  Fill(0, n_tokens);
+}
+
+void PreparedActivations::Prepare(ThreadPool& pool, const float* x, int64_t n_tokens, int64_t k,
+                                  DType w_dtype, CpuIsa cpu_isa, Tiles tiles) {
+  Layout(x, n_tokens, k, w_dtype, cpu_isa, tiles);
+  if (n_tokens < ParallelPrepareTokens()) return Fill(0, n_tokens);
+  if (view_.token_bytes == 0 && view_.packed == nullptr) return;  // used in place: no work
+  const int64_t n_tiles = (n_tokens + isa::kAmxTokens - 1) / isa::kAmxTokens;
+  pool.ParallelTasks(static_cast<size_t>(n_tiles), [&](size_t tile, int) {
+    const int64_t t0 = static_cast<int64_t>(tile) * isa::kAmxTokens;
+    Fill(t0, std::min(n_tokens, t0 + isa::kAmxTokens));
+  });
 }
 
 void PreparedActivations::Gather(const PreparedActivations& src, const int32_t* tokens, int64_t n) {
@@ -204,7 +236,12 @@ void PreparedActivations::Gather(const PreparedActivations& src, const int32_t* 
   } else {
     view_.data = storage_.get();
   }
-  if (packed > 0) Pack(records);
+  if (packed > 0) {
+    packed_at_ = records;
+    view_.packed = storage_.get() + records;
+    const int64_t n_tiles = (n + isa::kAmxTokens - 1) / isa::kAmxTokens;
+    SafeKernels(isa_).pack(FormatOf(w_dtype_), view_, 0, n_tiles, storage_.get() + records);
+  }
 }
 
 void DotRows(const TensorView& w, int64_t row_begin, int64_t row_end, const PreparedActivations& x,
@@ -274,7 +311,7 @@ void MatMulBatch(ThreadPool& pool, const float* x, int64_t n_tokens, const MatMu
         slot_of[i] = -1;
         continue;
       }
-      prepared[n_slots++].Prepare(x, n_tokens, w.shape.back(), w.dtype);
+      prepared[n_slots++].Prepare(pool, x, n_tokens, w.shape.back(), w.dtype);
     }
     slot_of[i] = s;
     total_rows += w.shape.front();

@@ -31,6 +31,12 @@ void RowToF32(const TensorView& w, int64_t offset, int64_t n, float* out);
 inline constexpr int64_t kPackMinTokens = 2;
 int64_t PackMinTokens();
 
+// Tokens from which PreparedActivations::Prepare(pool, ...) spreads its work over the pool (one
+// task per 16 tokens); fewer are prepared on the caller, where a job's hand-off would cost more
+// than it saves. MOETIER_PARALLEL_PREPARE_TOKENS=N overrides the constant.
+inline constexpr int64_t kParallelPrepareTokens = 32;
+int64_t ParallelPrepareTokens();
+
 // Activations x[n_tokens, k] made ready, once per matmul, for products with one weight dtype on
 // one instruction set: kept in place for f32/f16/bf16 weights (fp32 math), quantized to q8
 // blocks for Q8_0/Q4_0 weights, rounded to bf16 for bf16 weights on kAvx512Bf16; on kAmx, a
@@ -56,6 +62,12 @@ class PreparedActivations {
   // when block-quantized, k a multiple of 32. `isa` must be supported (CpuSupports).
   void Prepare(const float* x, int64_t n_tokens, int64_t k, DType w_dtype,
                CpuIsa isa = ActiveCpuIsa(), Tiles tiles = Tiles::kIfUseful);
+  // The same result, with the work spread over `pool` when there are ParallelPrepareTokens()
+  // tokens or more: one task per 16 tokens quantizes them and packs their tile, which also
+  // leaves the tiles spread over the cores' caches instead of in one core's (every task of the
+  // matmul reads all of them). Call from outside a pool job.
+  void Prepare(ThreadPool& pool, const float* x, int64_t n_tokens, int64_t k, DType w_dtype,
+               CpuIsa isa = ActiveCpuIsa(), Tiles tiles = Tiles::kIfUseful);
 
   // Rows `tokens[0..n)` of an already prepared `src`, copied into this object's own storage
   // (also for formats used in place), in that order: the MoE executor quantizes a chunk's
@@ -76,7 +88,11 @@ class PreparedActivations {
   };
   uint8_t* Reserve(size_t bytes);  // storage of at least `bytes` (contents not kept)
   int64_t PackedBytes() const;     // of the ISA's tile copy for view_, 0 if none
-  void Pack(size_t at);            // writes it at storage_ + at, after the records
+  // Prepare without the work: fixes view_ and the storage (records, then the tile copy).
+  void Layout(const float* x, int64_t n_tokens, int64_t k, DType w_dtype, CpuIsa isa, Tiles tiles);
+  // Prepare's work for tokens [t0, t1) (t0 a multiple of 16): their records and their tiles.
+  void Fill(int64_t t0, int64_t t1);
+  size_t packed_at_ = 0;  // offset of the tile copy in storage_ (when view_.packed is set)
   isa::Prepared view_;
   DType w_dtype_ = DType::kF32;
   CpuIsa isa_ = CpuIsa::kScalar;

@@ -47,7 +47,7 @@ void LoadTileConfig(int64_t key, const TileConfig& cfg) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Packing (one thread, after Prepare / Gather).
+// Packing (after Prepare / Gather; token tiles independent of each other).
 
 int64_t PackedBytes(WFormat f, int64_t n_tokens, int64_t k) {
   if ((f != WFormat::kQ8_0 && f != WFormat::kBF16) || k % kBlock != 0 || k == 0) return 0;
@@ -63,10 +63,11 @@ inline __m512i RowOffsets(int64_t stride) {
 }
 
 // Q8_0: from the natural-order records (group 1) of the AVX-512 VNNI layout.
-void PackQ8(const Prepared& x, uint8_t* out) {
+void PackQ8(const Prepared& x, int64_t tile_begin, int64_t tile_end, uint8_t* out) {
   const QuantLayout lay = QuantLayoutFor(x.k, 1);
   const int64_t nb = x.k / kBlock;
-  for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kAmxTokens) {
+  for (int64_t t0 = tile_begin * kAmxTokens; t0 < Min(tile_end * kAmxTokens, x.n_tokens);
+       t0 += kAmxTokens) {
     const int64_t nt = Min(kAmxTokens, x.n_tokens - t0);
     const int64_t chunk_bytes = AmxChunkBytes(WFormat::kQ8_0, nt);
     uint8_t* tile = out + t0 / kAmxTokens * AmxTileBytes(WFormat::kQ8_0, x.k, kAmxTokens);
@@ -96,10 +97,11 @@ inline __m512i Bf16Pairs(__m512i v0, __m512i v1) {
 // BF16: from the float activations. Truncating to the top 16 bits three times splits a float
 // exactly: hi keeps its first 8 significant bits, the remainder x - hi (exact in fp32) has at
 // most 16, mid keeps 8 of those, and lo = the last <= 8 bits, which bf16 holds exactly.
-void PackBf16(const Prepared& x, uint8_t* out) {
+void PackBf16(const Prepared& x, int64_t tile_begin, int64_t tile_end, uint8_t* out) {
   const int64_t k = x.k;
   const __m512i top = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-  for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kAmxTokens) {
+  for (int64_t t0 = tile_begin * kAmxTokens; t0 < Min(tile_end * kAmxTokens, x.n_tokens);
+       t0 += kAmxTokens) {
     const int64_t nt = Min(kAmxTokens, x.n_tokens - t0);
     const int64_t chunk_bytes = AmxChunkBytes(WFormat::kBF16, nt), part_bytes = 16 * 4 * nt;
     uint8_t* tile = out + t0 / kAmxTokens * AmxTileBytes(WFormat::kBF16, k, kAmxTokens);
@@ -128,9 +130,9 @@ void PackBf16(const Prepared& x, uint8_t* out) {
   }
 }
 
-void Pack(WFormat f, const Prepared& x, uint8_t* out) {
-  if (f == WFormat::kQ8_0) return PackQ8(x, out);
-  if (f == WFormat::kBF16) return PackBf16(x, out);
+void Pack(WFormat f, const Prepared& x, int64_t tile_begin, int64_t tile_end, uint8_t* out) {
+  if (f == WFormat::kQ8_0) return PackQ8(x, tile_begin, tile_end, out);
+  if (f == WFormat::kBF16) return PackBf16(x, tile_begin, tile_end, out);
 }
 
 // Writes the first nr rows x nt tokens of c[row][token] (row stride 16) to y.

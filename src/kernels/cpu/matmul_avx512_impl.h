@@ -13,8 +13,8 @@
 // across threads nor on the number of tokens batched together.
 //
 // Memory: decode (one token) walks one row at a time, a single sequential stream, prefetching
-// kPrefetchBytes ahead, a whole row range per call; prefill tiles (4 rows x 3 tokens for float formats, 2 x 4 quantized)
-// reuse each load across rows and tokens.
+// kPrefetchBytes ahead, a whole row range per call; prefill tiles (4 rows x 3 tokens for float
+// formats, 2 x 4 quantized) reuse each load across rows and tokens.
 
 // GCC 12's AVX-512 intrinsics seed their results with a self-initialised "undefined" vector,
 // which -Wuninitialized flags once inlined (GCC bug 105593, fixed in 13): a false alarm.

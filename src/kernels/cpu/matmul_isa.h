@@ -114,10 +114,11 @@ struct Kernels {
   void (*attn_values)(const float* p, int64_t n_q, int64_t n_keys, const float* values,
                       int64_t value_stride, int64_t d, float* out, int64_t out_stride);
   // Tile packing (null when the level has none). packed_bytes: bytes `pack` writes for n_tokens
-  // of format f, 0 when f is not packed. pack: writes them from the records / floats of `x`
-  // (kAlign-aligned `out`); runs on one thread, after prepare.
+  // of format f, 0 when f is not packed. pack: writes token tiles [tile_begin, tile_end) of
+  // them (tile j = tokens 16j..16j+15, at its offset in `out`, kAlign-aligned) from the
+  // records / floats of those tokens in `x`. Distinct tile ranges may be packed concurrently.
   int64_t (*packed_bytes)(WFormat f, int64_t n_tokens, int64_t k);
-  void (*pack)(WFormat f, const Prepared& x, uint8_t* out);
+  void (*pack)(WFormat f, const Prepared& x, int64_t tile_begin, int64_t tile_end, uint8_t* out);
 };
 
 static constexpr int64_t ScratchFloats(int64_t k) {
