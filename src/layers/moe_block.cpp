@@ -1,7 +1,6 @@
 #include "layers/moe_block.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -15,19 +14,6 @@ namespace {
 // Up to this many assignments (tokens x top_k) the down projection's activations are prepared
 // on the calling thread: a decode step's 8 rows take ~2 µs, less than a pool job's hand-off.
 constexpr size_t kSerialPrepareRows = 64;
-
-// Bytes of the next expert's down rows that a down-projection task prefetches before reading
-// the current expert's: a task reads one short run of rows per chosen expert (a decode step on
-// 16 threads: ~20 rows, ~9 KB of q4_0 each), and each run's first kilobytes would otherwise
-// arrive at full DRAM latency. MOETIER_DOWN_PREFETCH_BYTES=N overrides (0: off).
-constexpr int64_t kDownPrefetchBytes = 2048;
-int64_t DownPrefetchBytes() {
-  static const int64_t bytes = [] {
-    const char* v = std::getenv("MOETIER_DOWN_PREFETCH_BYTES");
-    return v != nullptr ? std::max<int64_t>(0, std::atoll(v)) : kDownPrefetchBytes;
-  }();
-  return bytes;
-}
 }  // namespace
 
 void SelectTopK(const float* probs, int64_t n_tokens, const RouterOptions& opts, int32_t* ids,
@@ -193,10 +179,8 @@ void MoeBlock(Workspace& ws, const TensorView& router, const RouterOptions& opts
     const int64_t r1 = std::min(d_model, r0 + rows_b);
     for (int64_t t = 0; t < n_tokens; ++t)
       std::memset(out + t * d_model + r0, 0, static_cast<size_t>(r1 - r0) * sizeof(float));
-    const int64_t prefetch = DownPrefetchBytes();
     for (size_t a = 0; a < n_active; ++a) {
       const int64_t j0 = first_of(a), m = count_of(a);
-      if (a + 1 < n_active) kernels::PrefetchRows(expert_of(a + 1).down, r0, r1, prefetch);
       kernels::DotRows(expert_of(a).down, r0, r1, h_prep[a], y + j0 * d_model, d_model);
       for (int64_t j = j0; j < j0 + m; ++j)
         kernels::Axpy(weight_of[j], y + j * d_model + r0, r1 - r0,

@@ -244,14 +244,6 @@ void PreparedActivations::Gather(const PreparedActivations& src, const int32_t* 
   }
 }
 
-void PrefetchRows(const TensorView& w, int64_t row_begin, int64_t row_end, int64_t max_bytes) {
-  if (row_end <= row_begin || max_bytes <= 0) return;
-  const int64_t row_bytes = static_cast<int64_t>(DTypeRowBytes(w.dtype, w.shape.back()));
-  const uint8_t* p = w.bytes() + row_begin * row_bytes;
-  const int64_t n = std::min(max_bytes, (row_end - row_begin) * row_bytes);
-  for (int64_t b = 0; b < n; b += 64) __builtin_prefetch(p + b, 0, 3);
-}
-
 void DotRows(const TensorView& w, int64_t row_begin, int64_t row_end, const PreparedActivations& x,
              float* y, int64_t y_stride) {
   const int64_t k = w.shape.back();

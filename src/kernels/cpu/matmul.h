@@ -100,12 +100,6 @@ class PreparedActivations {
   size_t capacity_ = 0;
 };
 
-// Asks the CPU to start loading the first min(max_bytes, rows' bytes) of rows [row_begin,
-// row_end) of w into the cache (a hint: no fault, no result). For a caller about to start a
-// short stream of rows right after the current one, whose first kilobytes the kernels'
-// read-ahead (which looks ahead of the row it is reading) would not cover.
-void PrefetchRows(const TensorView& w, int64_t row_begin, int64_t row_end, int64_t max_bytes);
-
 // y[t * y_stride + r] = dot(x[t, :], w[r, :]) for t < x.n_tokens() and r in [row_begin, row_end),
 // with w [n_rows, k] of dtype x.w_dtype(). Runs on the calling thread; each weight row is read
 // once for all tokens. Every output element is computed the same way whatever the row range, so
