@@ -36,12 +36,59 @@ const Value* CallArgs::Get(size_t index, std::string_view name) const {
   return Keyword(name);
 }
 
+// Containers are created mutable and shared as const: ~Value may then take apart one it solely
+// owns (a const_cast on an object that was never const).
 Value Value::List(ValueList items) {
-  return Value(
-      Storage(std::in_place_index<6>, std::make_shared<const ValueList>(std::move(items))));
+  return Value(Storage(std::in_place_index<6>, std::shared_ptr<const ValueList>(
+                                                   std::make_shared<ValueList>(std::move(items)))));
 }
 Value Value::Dict(ValueDict dict) {
-  return Value(Storage(std::in_place_index<7>, std::make_shared<const ValueDict>(std::move(dict))));
+  return Value(Storage(std::in_place_index<7>, std::shared_ptr<const ValueDict>(
+                                                   std::make_shared<ValueDict>(std::move(dict)))));
+}
+
+Value::~Value() {
+  if (SolelyOwnsContainer(v_)) ReleaseIteratively(std::move(v_));
+}
+
+bool Value::SolelyOwnsContainer(const Storage& s) {
+  switch (s.index()) {
+    case 6: {
+      const auto& p = std::get<6>(s);
+      return p != nullptr && p.use_count() == 1 && !p->empty();
+    }
+    case 7: {
+      const auto& p = std::get<7>(s);
+      return p != nullptr && p.use_count() == 1 && !p->empty();
+    }
+    case 8: {
+      const auto& p = std::get<8>(s);
+      return p != nullptr && p.use_count() == 1 && !p->empty();
+    }
+    default:
+      return false;
+  }
+}
+
+void Value::ReleaseIteratively(Storage s) {
+  std::vector<Storage> work;
+  work.push_back(std::move(s));
+  while (!work.empty()) {
+    Storage cur = std::move(work.back());
+    work.pop_back();
+    // Move out every child container that only `cur` holds; `cur` then dies shallow (its
+    // children's destructors see empty pointers), and the children wait on the worklist.
+    auto take = [&](Value& child) {
+      if (SolelyOwnsContainer(child.v_)) work.push_back(std::move(child.v_));
+    };
+    if (cur.index() == 6) {
+      for (Value& c : const_cast<ValueList&>(*std::get<6>(cur))) take(c);
+    } else if (cur.index() == 7) {
+      for (auto& e : const_cast<ValueDict&>(*std::get<7>(cur)).entries_) take(e.second);
+    } else if (cur.index() == 8) {
+      for (auto& e : std::get<8>(cur)->entries_) take(e.second);
+    }
+  }
 }
 Value Value::Namespace(ValueDict dict) {
   return Value(Storage(std::in_place_index<8>, std::make_shared<ValueDict>(std::move(dict))));

@@ -48,6 +48,18 @@ enum class Kind : uint8_t {
 class Value {
  public:
   Value() = default;  // undefined
+  Value(const Value&) = default;
+  Value(Value&&) noexcept = default;
+  // By value, so that the old contents go through ~Value below (never a recursive release).
+  Value& operator=(Value other) noexcept {
+    v_.swap(other.v_);
+    return *this;
+  }
+  // Lists and dicts can nest as deep as a template's step limit lets it build them
+  // ([[...]] 10^5 levels and more); releasing the last reference to such a value one level per
+  // call frame would overflow the stack, so the containers a dying value solely owns are taken
+  // apart with a worklist instead.
+  ~Value();
   static Value None() { return Value(Storage(std::in_place_index<1>, nullptr)); }
   static Value Bool(bool b) { return Value(Storage(std::in_place_index<2>, b)); }
   static Value Int(int64_t i) { return Value(Storage(std::in_place_index<3>, i)); }
@@ -94,6 +106,9 @@ class Value {
                                std::shared_ptr<const ValueList>, std::shared_ptr<const ValueDict>,
                                std::shared_ptr<ValueDict>, std::shared_ptr<const Function>>;
   explicit Value(Storage v) : v_(std::move(v)) {}
+  // True when `s` is a non-empty list, dict or namespace that nothing else references.
+  static bool SolelyOwnsContainer(const Storage& s);
+  static void ReleaseIteratively(Storage s);
   Storage v_;
 };
 
@@ -111,6 +126,7 @@ class ValueDict {
   bool empty() const { return entries_.empty(); }
 
  private:
+  friend class Value;  // ~Value takes entries apart (see there)
   std::vector<Entry> entries_;
 };
 

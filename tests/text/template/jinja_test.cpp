@@ -3,6 +3,7 @@
 // or Jinja2's for the documented deviations; then the error paths, which must name the construct
 // and the line.
 #include "text/template/jinja.h"
+#include "text/template/value.h"
 
 #include <gtest/gtest.h>
 
@@ -273,6 +274,25 @@ TEST(Jinja, NamespaceCyclesAreReleasedAfterTheRender) {
   EXPECT_NE(RenderError("{% set ns = namespace(a=1) %}{% set ns.self = ns %}{{ ns }}")
                 .find("nested deeper than"),
             std::string::npos);
+}
+
+// A template can nest lists 10^5 deep within its step limit; releasing such a value (when the
+// namespace holding it is emptied at the end of the render, and when a Value goes away in C++)
+// must not recurse once per level, which overflowed the stack.
+TEST(Jinja, DeeplyNestedValuesAreReleasedWithoutRecursion) {
+  EXPECT_EQ(RenderOk("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}"
+                     "{% set ns.l = [ns.l, {'d': ns.l}] %}{% endfor %}{{ ns.l | length }}"),
+            "2");
+  Value v = Value::List({});
+  for (int i = 0; i < 1'000'000; ++i) {
+    ValueDict d;
+    d.Set("next", std::move(v));
+    v = Value::List({Value::Dict(std::move(d)), Value::Int(i)});
+  }
+  Value copy = v;  // shared: releasing one reference must leave the other whole
+  v = Value::None();
+  EXPECT_EQ(copy.as_list().size(), 2u);
+  EXPECT_EQ(copy.as_list()[1].as_int(), 999'999);
 }
 
 }  // namespace
