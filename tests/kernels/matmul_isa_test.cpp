@@ -110,9 +110,10 @@ std::vector<float> RandomActivations(int64_t n_tokens, int64_t k, std::mt19937& 
 }
 
 // Element i of token t of quantized prepared activations: (quant, block scale), whatever the
-// layout (natural, or nibble-interleaved groups; see matmul_isa.h).
+// layout (natural, or nibble-interleaved groups, with per-element or summed lanes; see
+// matmul_isa.h).
 std::pair<int, float> QuantAt(const PreparedActivations& p, int64_t t, int64_t i) {
-  const isa::QuantLayout lay = isa::QuantLayoutFor(p.k(), p.view().group);
+  const isa::QuantLayout lay = isa::QuantLayoutFor(p.k(), p.view().group, p.view().run);
   const uint8_t* rec = p.view().data + t * p.view().token_bytes;
   const auto* qx = reinterpret_cast<const int8_t*>(rec);
   const auto* dx = reinterpret_cast<const float*>(rec + lay.dx_offset);
@@ -122,7 +123,7 @@ std::pair<int, float> QuantAt(const PreparedActivations& p, int64_t t, int64_t i
     const int64_t base = (b / G) * G * 32, j = b % G;
     at = e < 16 ? base + 16 * j + e : base + 16 * (G + j) + (e - 16);
   }
-  return {qx[at], dx[b * lay.lanes_per_block]};
+  return {qx[at], dx[isa::FirstLaneOfBlock(lay, b)]};
 }
 
 // The activations as the kernel multiplies them: x itself, or dequantized q8 blocks.

@@ -172,6 +172,7 @@ void PreparedActivations::Layout(const float* x, int64_t n_tokens, int64_t k, DT
   view_.x = x;
   view_.token_bytes = kern.token_bytes(f, k);
   view_.group = f == isa::WFormat::kQ4_0 ? kern.q4_0_group : 1;
+  view_.run = f == isa::WFormat::kQ4_0 ? kern.q4_0_run : 0;
   const size_t records = static_cast<size_t>(
       isa::RoundUp(view_.token_bytes * n_tokens, isa::kAlign));  // 0 when used in place
   const int64_t packed = tiles == Tiles::kNone ? 0 : PackedBytes();

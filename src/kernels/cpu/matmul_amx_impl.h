@@ -282,8 +282,8 @@ void AmxDotRows(WFormat f, const uint8_t* w, int64_t row_bytes, int64_t row_begi
 
 #undef MOETIER_AMX_UNROLL
 
-const Kernels kKernels = {kQ4Group,     TokenBytes,   Prepare,     AmxDotRows,
-                          attn::Scores, attn::Values, PackedBytes, Pack};
+const Kernels kKernels = {kQ4Group,     0,           TokenBytes, Prepare, AmxDotRows, attn::Scores,
+                          attn::Values, PackedBytes, Pack};
 
 }  // namespace
 }  // namespace moetier::kernels::isa

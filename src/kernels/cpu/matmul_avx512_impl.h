@@ -697,8 +697,8 @@ struct Vec {
 #include "kernels/cpu/attention_isa_impl.h"
 
 #if !defined(MOETIER_KERNEL_AMX)  // the AMX level adds its tiles (matmul_amx_impl.h)
-const Kernels kKernels = {kQ4Group,     TokenBytes,   Prepare, DotRows,
-                          attn::Scores, attn::Values, nullptr, nullptr};
+const Kernels kKernels = {kQ4Group,     0,       TokenBytes, Prepare, DotRows, attn::Scores,
+                          attn::Values, nullptr, nullptr};
 #endif
 
 }  // namespace

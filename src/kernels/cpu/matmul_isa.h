@@ -42,8 +42,12 @@ static constexpr int64_t RoundUp(int64_t v, int64_t m) {
 //   group G > 1 (Q4_0 only, "nibble-interleaved", matching how a register holds the low and
 //   high nibbles of G blocks): per group, the first 16 quants of each of the G blocks, then the
 //   last 16 of each; 4 lanes per block, lane j = elements 4j..4j+3 and 16+4j..16+4j+3.
-// A last partial group is padded with zero blocks (zero quants, scale and bias), so kernels may
-// process whole groups: the padding adds exactly zero.
+//   summed lanes (run R > 0; AVX2 Q4_0, R = 8): qx as group 2, but one lane per block, holding
+//   the dot of the whole block. Blocks come in runs of R whose lanes are ordered even blocks
+//   first, then odd ([b0 b2 b4 b6 | b1 b3 b5 b7] for R = 8): the order in which horizontal adds
+//   combine R / 2 two-block steps into one vector, so one float update serves R blocks.
+// A last partial group (or run) is padded with zero blocks (zero quants, scale and bias), so
+// kernels may process whole groups: the padding adds exactly zero.
 struct Prepared {
   int64_t n_tokens = 0;
   int64_t k = 0;
@@ -51,6 +55,7 @@ struct Prepared {
   const uint8_t* data = nullptr;  // everything else: n_tokens records of token_bytes
   int64_t token_bytes = 0;
   int64_t group = 1;  // quantized formats: blocks per group of the layout
+  int64_t run = 0;    // quantized formats: blocks per run of summed lanes (0: per-element lanes)
   // Tile-ready copy of the same activations (the AMX level, AmxLayout below), or null. Built by
   // Kernels::pack after the records above; when set, dot_rows reads only this.
   const uint8_t* packed = nullptr;
@@ -76,25 +81,35 @@ static constexpr int64_t AmxTileBytes(WFormat f, int64_t k, int64_t n) {
 // Byte offsets of the arrays inside one quantized token record.
 struct QuantLayout {
   int64_t group;            // blocks per group
-  int64_t n_groups;         // ceil(k / 32 / group)
-  int64_t lanes_per_block;  // 8 (group 1) or 4
+  int64_t n_groups;         // ceil(k / 32 / group), or whole runs' worth with summed lanes
+  int64_t lanes_per_block;  // 8 (group 1), 4 (group > 1) or 1 (summed lanes)
+  int64_t run;              // blocks per run of summed lanes, 0 for per-element lanes
   int64_t dx_offset;
   int64_t bias_offset;
   int64_t token_bytes;
 };
-static constexpr QuantLayout QuantLayoutFor(int64_t k, int64_t group) {
-  const int64_t n_groups = (k / kBlock + group - 1) / group;
-  const int64_t lanes_per_block = group == 1 ? 8 : 4;
-  const int64_t qx_bytes = RoundUp(n_groups * group * kBlock, kAlign);
-  const int64_t lane_bytes = RoundUp(n_groups * group * lanes_per_block * 4, kAlign);
-  return {
-      group, n_groups, lanes_per_block, qx_bytes, qx_bytes + lane_bytes, qx_bytes + 2 * lane_bytes};
+static constexpr QuantLayout QuantLayoutFor(int64_t k, int64_t group, int64_t run = 0) {
+  const int64_t unit = run > 0 ? run : group;  // the padding unit, in blocks
+  const int64_t n_blocks = (k / kBlock + unit - 1) / unit * unit;
+  const int64_t lanes_per_block = run > 0 ? 1 : group == 1 ? 8 : 4;
+  const int64_t qx_bytes = RoundUp(n_blocks * kBlock, kAlign);
+  const int64_t lane_bytes = RoundUp(n_blocks * lanes_per_block * 4, kAlign);
+  return {group,    n_blocks / group,      lanes_per_block,          run,
+          qx_bytes, qx_bytes + lane_bytes, qx_bytes + 2 * lane_bytes};
+}
+// Index of block b's first lane in the dx and bias arrays.
+static constexpr int64_t FirstLaneOfBlock(const QuantLayout& lay, int64_t b) {
+  if (lay.run == 0) return b * lay.lanes_per_block;
+  const int64_t j = b % lay.run;
+  return b - j + (j % 2) * (lay.run / 2) + j / 2;
 }
 
 // One instruction set's kernels. Every function runs on the calling thread.
 struct Kernels {
-  // Blocks per group in the prepared layout for Q4_0 weights (Q8_0 is always 1).
+  // Blocks per group, and per run of summed lanes (0: none), in the prepared layout for Q4_0
+  // weights (Q8_0 is always group 1, no runs).
   int64_t q4_0_group;
+  int64_t q4_0_run;
   // Bytes of prepared data per token (0: the kernel reads the caller's float activations).
   int64_t (*token_bytes)(WFormat f, int64_t k);
   // Writes n_tokens records of token_bytes to `out` (kAlign-aligned) from x [n_tokens, k].

@@ -143,7 +143,8 @@ void AttnValues(const float* p, int64_t n_q, int64_t n_keys, const float* values
     }
 }
 
-const Kernels kScalar = {1, TokenBytes, Prepare, DotRows, AttnScores, AttnValues, nullptr, nullptr};
+const Kernels kScalar = {1,          0,          TokenBytes, Prepare, DotRows,
+                         AttnScores, AttnValues, nullptr,    nullptr};
 
 }  // namespace
 
