@@ -12,7 +12,7 @@
 // split across threads nor on how many tokens are batched together.
 //
 // Memory: decode (one token) walks one row at a time, a single sequential stream, and
-// prefetches kPrefetchBytes ahead of it; interleaving several rows' streams measured far slower
+// prefetches 1-2 KB ahead of it (kFloatPrefetchBytes, kQuantPrefetchBytes); interleaving several rows' streams measured far slower
 // on DRAM. Prefill tiles take 1-2 rows x 1-3 tokens (float) or up to 3 x 3 (quantized) to reuse
 // loads.
 #include <immintrin.h>
@@ -38,17 +38,24 @@ constexpr int kFloatAcc = 4;  // FMA latency 4 x 1 chain per step: 4 chains keep
 // in decode, and one leaves registers for 3x3 prefill tiles (9 accumulators + one row's step);
 // a Q4_0 run (144 bytes) takes longer still.
 constexpr int kQuantAcc = 1;
-// How far ahead of the row being read to prefetch: ~2 KB measured best for one stream (1 KB
-// left Q4_0 at ~55% of the read bandwidth, 2 KB ~70-90%, 4-8 KB no better).
-constexpr int64_t kPrefetchBytes = 2048;
+// How far ahead of the row being read to prefetch, per format. Measured on a 2-core Zen 3 VM
+// streaming 1 GB over 2 threads (medians of 8 alternating runs): quantized formats do best at
+// ~2 KB (q8_0 25.7 GB/s at 2 KB, 22.5 at 1 KB; q4_0 23.7 / 22.3; 1 KB once left Q4_0 at ~55 %
+// of the read bandwidth), float formats at 0.75-1 KB (bf16 decode tile, five runs of 10: medians
+// 19.8-23.6 GB/s at 1 KB and 21.2-24.1 at 768 bytes against 19.3-21.7 at 2 KB and 21.8-21.9 at
+// 512 bytes): their rows are consumed faster, and prefetches too far ahead compete with the
+// demand stream.
+constexpr int64_t kQuantPrefetchBytes = 2048;
+constexpr int64_t kFloatPrefetchBytes = 1024;
 
 // Loops over tile rows, tokens and accumulators have compile-time trip counts and must unroll
 // fully, so that every accumulator lives in a register.
 #define MOETIER_UNROLL _Pragma("GCC unroll 16")
 
+template <int64_t kAhead = kQuantPrefetchBytes>
 inline void Prefetch(const uint8_t* p) {
   // Through an integer: the address may lie past the end of the weights (prefetch never faults).
-  const char* a = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kPrefetchBytes);
+  const char* a = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kAhead);
   // Inline asm, not _mm_prefetch: GCC treats a helper that only prefetches as free of side
   // effects and deleted every call to it from the fp32 tiles (seen in GCC 12's output).
   __asm__ volatile("prefetcht0 %0" : : "m"(*a));
@@ -126,7 +133,7 @@ void FloatTile(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, f
     for (; i + kIter <= k; i += kIter) {
       MOETIER_UNROLL for (int r = 0; r < R; ++r) for (int64_t b = 0; b < kIter * ElemBytes<F>();
                                                       b += 64)
-          Prefetch(w + r * row_bytes + i * ElemBytes<F>() + b);
+          Prefetch<kFloatPrefetchBytes>(w + r * row_bytes + i * ElemBytes<F>() + b);
       MOETIER_UNROLL for (int a = 0; a < kFloatAcc; ++a) step(i + 8 * a, a, 0);
     }
     // Fewer than kIter elements left: whole steps continue the cycle at accumulator 0, then the
