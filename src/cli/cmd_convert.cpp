@@ -1,4 +1,4 @@
-// moetier convert: a Hugging Face checkpoint → the bank format.
+// moetier convert: a Hugging Face checkpoint (or a float conversion of one) → the bank format.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -25,8 +25,13 @@ Command AddConvertCommand(CLI::App& root) {
       "one contiguous 4096-aligned bank, dense weights beside, an index with byte lengths and "
       "xxh64 checksums; config and tokenizer files are copied. Experts can be quantized to "
       "GGUF's q8_0 or q4_0 blocks (--dtype), dense matrices too (--dense-dtype). Every "
-      "command's --model accepts the result.");
-  cmd->add_option("-m,--model", o->model, "Hugging Face model directory to convert")->required();
+      "command's --model accepts the result. The input may also be an earlier conversion with "
+      "bf16/f16/f32 experts (e.g. a bf16 conversion quantized to q8_0 and q4_0 without the "
+      "checkpoint); quantized weights are only ever copied, never quantized twice.");
+  cmd->add_option("-m,--model", o->model,
+                  "Hugging Face model directory to convert, or a directory written by convert "
+                  "whose experts are bf16/f16/f32 (its checksums are verified as it is read)")
+      ->required();
   cmd->add_option("-o,--out", o->out, "Output directory (must be empty or new)")->required();
   const std::vector<std::string> dtypes(kConvertDTypeFlags.begin(), kConvertDTypeFlags.end());
   cmd->add_option("--dtype", o->dtype,
@@ -39,7 +44,7 @@ Command AddConvertCommand(CLI::App& root) {
   dense_dtypes.insert(dense_dtypes.end(), dtypes.begin(), dtypes.end());
   cmd->add_option("--dense-dtype", o->dense_dtype,
                   "Dense matrices (attention, dense MLPs, embeddings, lm_head): same (as in the "
-                  "checkpoint), bf16, q8_0 or q4_0. Routers, norms and biases always keep the "
+                  "input), bf16, q8_0 or q4_0. Routers, norms and biases always keep the "
                   "checkpoint's dtype, as do matrices whose rows are not multiples of 32 when "
                   "quantizing")
       ->check(CLI::IsMember(dense_dtypes))

@@ -45,6 +45,11 @@ class ConvertedModel final : public TensorStore {
   // Reads bank `b` into dst (allocated to a multiple of 4096 at least b.bytes long).
   Status ReadBank(const BankIndexBank& b, uint8_t* dst, ThreadPool& io_pool, ReadMode* mode) const;
   std::filesystem::path FilePath(uint32_t file) const { return dir_ / index_.files[file].name; }
+  // Bank `b`'s bytes through the data file's memory map (b.bytes long; Open checked the file
+  // sizes), for streaming reads such as re-conversion. Not checksummed.
+  const uint8_t* MappedBank(const BankIndexBank& b) const {
+    return files_[b.file].data() + b.offset;
+  }
 
  private:
   std::filesystem::path dir_;

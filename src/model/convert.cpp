@@ -178,6 +178,36 @@ bool IsSideFile(const fs::path& p) {
          name == "merges.txt";
 }
 
+// The bytes of `layer`'s bank in a converted source (memory-mapped), once its xxh64 matches
+// the index.
+Expected<const uint8_t*> VerifiedSourceBank(const ConvertedModel& m, int64_t layer) {
+  for (const BankIndexBank& b : m.index().banks) {
+    if (b.layer != layer) continue;
+    const uint8_t* bytes = m.MappedBank(b);
+    if (Checksum64(bytes, b.bytes) != b.xxh64)
+      return Status::Error(m.FilePath(b.file).string() + ": the bank of layer " +
+                           std::to_string(layer) +
+                           " does not match its checksum in the index (damaged or changed "
+                           "since it was written); convert from the Hugging Face checkpoint");
+    return bytes;
+  }
+  return Status::Error(m.description() + ": no bank for layer " + std::to_string(layer));
+}
+
+// Expert e of a converted source's bank, as matrices in place.
+ExpertWeights SourceExpert(const uint8_t* bank, const ExpertLayout& in, int64_t e) {
+  const uint8_t* base = bank + static_cast<uint64_t>(e) * in.stride_bytes();
+  auto view = [&](uint64_t offset, int64_t rows, int64_t k) {
+    return TensorView{
+        in.dtype, {rows, k}, base + offset, static_cast<size_t>(rows) * DTypeRowBytes(in.dtype, k)};
+  };
+  ExpertWeights w;
+  w.gate = view(in.gate_offset(), in.width, in.d_model);
+  w.up = view(in.up_offset(), in.width, in.d_model);
+  w.down = view(in.down_offset(), in.d_model, in.width);
+  return w;
+}
+
 }  // namespace
 
 std::optional<DType> ConvertDTypeFromFlag(std::string_view flag) {
@@ -194,10 +224,11 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
     if (d && *d != DType::kBF16 && !IsBlockQuantized(*d))
       return Status::Error("convert: cannot store weights as " + std::string(DTypeName(*d)) +
                            "; choose bf16, q8_0 or q4_0");
-  if (fs::exists(hf_dir / kBankIndexFileName))
-    return Status::Error(hf_dir.string() +
-                         ": already a converted model; convert takes a Hugging Face directory");
   MT_ASSIGN_OR_RETURN(ModelSource s, OpenModelSource(hf_dir));
+  // The source's tensors: a Hugging Face checkpoint, or a converted model (its dense tensors;
+  // its banks are read through SourceExperts below).
+  const TensorStore& src = s.dense();
+  const bool from_converted = s.converted != nullptr;
   // `in` is the checkpoint's expert layout, `lay` the one written.
   const ExpertLayout& in = s.layout;
   const ExpertLayout lay{in.d_model, in.width, options.expert_dtype};
@@ -206,15 +237,18 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
     const bool gate = !IsValidRowLength(lay.dtype, lay.d_model);
     const std::string name = s.spec->expert_tensor_name(
         s.banks[0].layer, 0, gate ? ExpertMatrix::kGate : ExpertMatrix::kDown);
-    return Status::Error(s.hf->FileOf(name) + ": expert tensor '" + name + "' has rows of " +
+    return Status::Error(src.FileOf(name) + ": expert tensor '" + name + "' has rows of " +
                          std::to_string(gate ? lay.d_model : lay.width) + " elements (" +
                          (gate ? "hidden_size" : "the expert width") +
                          "), not a multiple of 32, so it cannot be stored as " +
                          std::string(DTypeName(lay.dtype)) + "; use --dtype bf16");
   }
   if (!s.banks.empty() && !IsFloatDType(in.dtype))
-    return Status::Error(s.hf->description() + ": experts are " + std::string(DTypeName(in.dtype)) +
-                         "; convert reads BF16, F16 or F32");
+    return Status::Error(src.description() + ": experts are " + std::string(DTypeName(in.dtype)) +
+                         "; convert reads BF16, F16 or F32" +
+                         (from_converted ? " (convert again from the Hugging Face checkpoint or "
+                                           "a bf16 conversion of it)"
+                                         : ""));
   if (fs::exists(out_dir) && !fs::is_directory(out_dir))
     return Status::Error(out_dir.string() + ": exists and is not a directory");
   if (fs::exists(out_dir) && !fs::is_empty(out_dir) && !options.overwrite)
@@ -239,25 +273,33 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
   // streams layer by layer: each layer's dense weights, then its bank.
   std::vector<std::vector<std::string>> dense_by_layer(static_cast<size_t>(s.config.n_layers + 1));
   uint64_t total = 0;  // progress counts the checkpoint's bytes read
-  for (const auto& name : s.hf->Names()) {
+  for (const auto& name : src.Names()) {
     if (expert_names.count(name)) continue;
     int64_t layer = -1;
     if (name.rfind("model.layers.", 0) == 0) layer = std::strtoll(name.c_str() + 13, nullptr, 10);
     if (layer < -1 || layer >= s.config.n_layers) layer = -1;
     dense_by_layer[static_cast<size_t>(layer + 1)].push_back(name);
-    total += s.hf->Find(name)->n_bytes;
+    total += src.Find(name)->n_bytes;
   }
   for (const auto& b : s.banks) total += b.bytes;
+
+  // A converted source: every byte read is checked against its index first (its dense tensors
+  // here, each bank before it is converted), so a damaged file is an error, not a model.
+  if (from_converted) MT_RETURN_IF_ERROR(s.converted->VerifyDenseChecksums());
+  // With --dense-dtype same, what the source recorded stays true of the output.
+  const std::optional<DType> dense_dtype = options.dense_dtype || !from_converted
+                                               ? options.dense_dtype
+                                               : s.converted->index().dense_dtype;
 
   BankIndex index;
   index.architecture = s.config.architecture;
   index.expert_dtype = lay.dtype;
-  index.dense_dtype = options.dense_dtype;
+  index.dense_dtype = dense_dtype;
   DataWriter out(out_dir, options.shard_bytes);
   Progress progress("converting", total);
   uint64_t done = 0;
   size_t next_bank = 0;
-  WeightBinder binder(*s.hf, s.config);
+  WeightBinder binder(src, s.config);
   ThreadPool pool(options.n_threads);
   // Per thread: one source row in float32 (rows are at most max(d_model, width) long for
   // experts; dense tensors resize it before their parallel step).
@@ -267,12 +309,21 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
 
   for (int64_t group = -1; group < s.config.n_layers; ++group) {
     for (const auto& name : dense_by_layer[static_cast<size_t>(group + 1)]) {
-      const TensorView* v = s.hf->Find(name);
-      if (!IsWeightDType(v->dtype))
-        return Status::Error(s.hf->FileOf(name) + ": tensor '" + name + "' has dtype " +
+      const TensorView* v = src.Find(name);
+      if (!IsWeightDType(v->dtype) || (!from_converted && !IsFloatDType(v->dtype)))
+        return Status::Error(src.FileOf(name) + ": tensor '" + name + "' has dtype " +
                              std::string(DTypeName(v->dtype)) +
                              "; weights must be BF16, F16 or F32");
       const DType to = DenseTarget(name, *v, options.dense_dtype, routers);
+      // A quantized tensor of a converted source can only be copied: re-encoding it would
+      // quantize twice. (The index would also claim a dtype it does not have.)
+      if (!IsFloatDType(v->dtype) && options.dense_dtype && *options.dense_dtype != v->dtype &&
+          v->shape.size() == 2 && !routers.count(name))
+        return Status::Error(src.FileOf(name) + ": tensor '" + name + "' is already " +
+                             std::string(DTypeName(v->dtype)) + "; --dense-dtype " +
+                             std::string(DTypeName(*options.dense_dtype)) +
+                             " would quantize it twice: pass --dense-dtype same, or convert from "
+                             "the Hugging Face checkpoint");
       if (to == v->dtype) {  // as in the checkpoint: straight from its map
         BankIndexTensor t{
             name, v->dtype, v->shape, 0, 0, v->n_bytes, XXH64(v->data, v->n_bytes, 0)};
@@ -319,6 +370,10 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
       b.dtype = lay.dtype;
       b.expert_stride_bytes = lay.stride_bytes();
       MT_RETURN_IF_ERROR(out.Begin(b.bytes, &b.file, &b.offset));
+      const uint8_t* src_bank = nullptr;  // a converted source's bank, checked
+      if (from_converted) {
+        MT_ASSIGN_OR_RETURN(src_bank, VerifiedSourceBank(*s.converted, b.layer));
+      }
       for (auto& sc : scratch) sc.resize(static_cast<size_t>(std::max(lay.d_model, lay.width)));
       Hasher hash;
       // Experts are converted a chunk at a time: the chunk's rows (gate, up, down of each
@@ -326,12 +381,16 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
       const int64_t per_chunk = std::max<int64_t>(
           1, static_cast<int64_t>(kChunkBytes / std::max<uint64_t>(lay.stride_bytes(), 1)));
       const int64_t rows_per_expert = 2 * lay.width + lay.d_model;
-      std::vector<ExpertWeights> src;
+      std::vector<ExpertWeights> experts;
       for (int64_t e0 = 0; e0 < b.n_experts; e0 += per_chunk) {
         const int64_t n = std::min(per_chunk, b.n_experts - e0);
-        src.assign(static_cast<size_t>(n), ExpertWeights{});
+        experts.assign(static_cast<size_t>(n), ExpertWeights{});
         for (int64_t i = 0; i < n; ++i) {
-          ExpertWeights& w = src[static_cast<size_t>(i)];
+          ExpertWeights& w = experts[static_cast<size_t>(i)];
+          if (src_bank != nullptr) {
+            w = SourceExpert(src_bank, in, e0 + i);
+            continue;
+          }
           for (ExpertMatrix m : {ExpertMatrix::kGate, ExpertMatrix::kUp, ExpertMatrix::kDown}) {
             const std::string name = s.spec->expert_tensor_name(b.layer, e0 + i, m);
             const std::vector<int64_t> shape = m == ExpertMatrix::kDown
@@ -340,7 +399,7 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
             const TensorView v = binder.Matrix(name, shape);
             MT_RETURN_IF_ERROR(binder.status());
             if (v.dtype != in.dtype)
-              return Status::Error(s.hf->FileOf(name) + ": expert tensors of mixed dtypes (" +
+              return Status::Error(src.FileOf(name) + ": expert tensors of mixed dtypes (" +
                                    std::string(DTypeName(v.dtype)) + " and " +
                                    std::string(DTypeName(in.dtype)) + ")");
             (m == ExpertMatrix::kGate ? w.gate : m == ExpertMatrix::kUp ? w.up : w.down) = v;
@@ -353,7 +412,7 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
           for (size_t i = b0; i < b1; ++i) {
             const int64_t e = static_cast<int64_t>(i) / rows_per_expert;
             int64_t r = static_cast<int64_t>(i) % rows_per_expert;
-            const ExpertWeights& w = src[static_cast<size_t>(e)];
+            const ExpertWeights& w = experts[static_cast<size_t>(e)];
             uint8_t* base = chunk.data() + static_cast<size_t>(e) * lay.stride_bytes();
             if (r < lay.width) {
               ConvertRows(w.gate, lay.d_model, r, 1, lay.dtype,

@@ -1,6 +1,10 @@
 // moetier convert: a Hugging Face checkpoint → the bank format (DESIGN.md "Bank format"). Streams
 // layer by layer from the checkpoint's memory maps to the output files, so peak memory is a
-// few layers of page cache plus one conversion chunk, not the model.
+// few layers of page cache plus one conversion chunk, not the model. The source may also be an
+// earlier conversion whose experts are float (bf16/f16/f32): its banks are read through their
+// memory maps, each checked against its xxh64 first, and the result is byte for byte what the
+// checkpoint would give when that conversion kept its values (bf16 from bf16). Quantized
+// weights in such a source are copied as they are, never quantized twice.
 //
 // The experts (`--dtype`) and, optionally, the dense matrices (`--dense-dtype`) may be stored
 // in another dtype than the checkpoint's: bf16 (rounded to nearest even from f16/f32, copied

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <optional>
 
 #include "core/dtype.h"
 #include "experts/expert_layout.h"
@@ -421,6 +423,100 @@ TEST(ConvertQuantErrors, ExpertWidthNotAMultipleOf32) {
   auto r = ConvertCheckpoint(testing::HfFixture("qwen3_moe"), tmp.path() / "d",
                              Opts(DType::kBF16, DType::kQ8_0));
   EXPECT_TRUE(r.ok()) << r.message();
+}
+
+// What a conversion wrote, comparable: the index minus file names, and every tensor's and bank's
+// bytes.
+struct Written {
+  BankIndex index;
+  std::map<std::string, std::string> bytes;  // tensor name or "bank <layer>" -> bytes
+};
+Written ReadWritten(const fs::path& dir) {
+  Written w;
+  w.index = ReadIndex(dir);
+  for (const auto& t : w.index.tensors) w.bytes[t.name] = TensorBytes(dir, w.index, t);
+  for (const auto& b : w.index.banks)
+    w.bytes["bank " + std::to_string(b.layer)] =
+        testing::ReadFile(dir / w.index.files[b.file].name).substr(b.offset, b.bytes);
+  return w;
+}
+
+// A bf16 conversion converts again (`--model` a converted directory) into exactly what the
+// checkpoint converts into directly, for every target, dense dtype included: the fixtures are
+// bf16, so the bf16 banks hold the checkpoint's values unchanged.
+TEST(ConvertFromConverted, EqualsConvertingTheCheckpoint) {
+  for (const std::string& fixture : kFixtures) {
+    const fs::path hf = testing::HfFixture(fixture);
+    testing::TempDir tmp;
+    ASSERT_TRUE(ConvertCheckpoint(hf, tmp.path() / "bf16", Opts(DType::kBF16)).ok());
+    for (DType dt : {DType::kQ8_0, DType::kQ4_0}) {
+      for (std::optional<DType> dense : {std::optional<DType>(), std::optional<DType>(dt)}) {
+        SCOPED_TRACE(fixture + " " + std::string(DTypeName(dt)) + (dense ? " dense" : ""));
+        const std::string tag = std::string(DTypeName(dt)) + (dense ? "d" : "");
+        auto direct = ConvertCheckpoint(hf, tmp.path() / ("direct" + tag), Opts(dt, dense));
+        ASSERT_TRUE(direct.ok()) << direct.message();
+        auto again =
+            ConvertCheckpoint(tmp.path() / "bf16", tmp.path() / ("again" + tag), Opts(dt, dense));
+        ASSERT_TRUE(again.ok()) << again.message();
+        EXPECT_EQ(again->n_dense_converted, direct->n_dense_converted);
+        const Written a = ReadWritten(tmp.path() / ("direct" + tag));
+        const Written b = ReadWritten(tmp.path() / ("again" + tag));
+        EXPECT_EQ(b.index.expert_dtype, a.index.expert_dtype);
+        EXPECT_EQ(b.index.dense_dtype, a.index.dense_dtype);
+        ASSERT_EQ(b.index.banks.size(), a.index.banks.size());
+        for (size_t i = 0; i < a.index.banks.size(); ++i) {
+          EXPECT_EQ(b.index.banks[i].xxh64, a.index.banks[i].xxh64);
+          EXPECT_EQ(b.index.banks[i].expert_stride_bytes, a.index.banks[i].expert_stride_bytes);
+        }
+        ASSERT_EQ(b.bytes.size(), a.bytes.size());
+        for (const auto& [name, bytes] : a.bytes) {
+          ASSERT_TRUE(b.bytes.count(name)) << name;
+          EXPECT_TRUE(b.bytes.at(name) == bytes) << name;
+        }
+        // The side files came along and the result loads.
+        EXPECT_TRUE(fs::exists(tmp.path() / ("again" + tag) / "config.json"));
+        EXPECT_TRUE(LoadCausalLM(tmp.path() / ("again" + tag), testing::WithThreads(1)).ok());
+      }
+    }
+  }
+}
+
+// Quantized weights are never quantized again, and a damaged source is an error, not a model.
+TEST(ConvertFromConverted, RefusesQuantizedSourcesAndDamagedBanks) {
+  const fs::path hf = testing::HfFixture("mixtral");
+  testing::TempDir tmp;
+  ASSERT_TRUE(ConvertCheckpoint(hf, tmp.path() / "q8", Opts(DType::kQ8_0)).ok());
+  auto r = ConvertCheckpoint(tmp.path() / "q8", tmp.path() / "q4", Opts(DType::kQ4_0));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("experts are Q8_0"), std::string::npos) << r.message();
+  EXPECT_NE(r.message().find("Hugging Face checkpoint"), std::string::npos) << r.message();
+
+  // Dense q8_0 kept with --dense-dtype same (and recorded so); asking for another is refused.
+  ASSERT_TRUE(ConvertCheckpoint(hf, tmp.path() / "bd", Opts(DType::kBF16, DType::kQ8_0)).ok());
+  auto same = ConvertCheckpoint(tmp.path() / "bd", tmp.path() / "bd8", Opts(DType::kQ8_0));
+  ASSERT_TRUE(same.ok()) << same.message();
+  EXPECT_EQ(ReadIndex(tmp.path() / "bd8").dense_dtype, DType::kQ8_0);
+  EXPECT_TRUE(LoadCausalLM(tmp.path() / "bd8", testing::WithThreads(1)).ok());
+  auto twice =
+      ConvertCheckpoint(tmp.path() / "bd", tmp.path() / "bd4", Opts(DType::kQ8_0, DType::kQ4_0));
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.message().find("would quantize it twice"), std::string::npos) << twice.message();
+
+  // One flipped byte in the last bank: the conversion stops, naming the data file and layer.
+  ASSERT_TRUE(ConvertCheckpoint(hf, tmp.path() / "bf16", Opts(DType::kBF16)).ok());
+  const BankIndex idx = ReadIndex(tmp.path() / "bf16");
+  const BankIndexBank& last = idx.banks.back();
+  const fs::path data = tmp.path() / "bf16" / idx.files[last.file].name;
+  std::string bytes = testing::ReadFile(data);
+  bytes[last.offset + last.bytes / 2] ^= 0x40;
+  testing::WriteFile(data, bytes);
+  auto bad = ConvertCheckpoint(tmp.path() / "bf16", tmp.path() / "bad", Opts(DType::kQ8_0));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find(idx.files[last.file].name), std::string::npos) << bad.message();
+  EXPECT_NE(bad.message().find("layer " + std::to_string(last.layer)), std::string::npos)
+      << bad.message();
+  EXPECT_NE(bad.message().find("checksum"), std::string::npos) << bad.message();
+  EXPECT_FALSE(fs::exists(tmp.path() / "bad" / kBankIndexFileName));
 }
 
 // The index is what allows weights that differ from config.json's torch_dtype: without its

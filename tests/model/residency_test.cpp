@@ -208,16 +208,19 @@ TEST_F(ConvertedErrors, MalformedIndexIsAnErrorNamingIt) {
   EXPECT_NE(LoadError().find("overlap"), std::string::npos) << LoadError();
 }
 
-TEST_F(ConvertedErrors, ConvertRefusesANonEmptyOutputAndAConvertedInput) {
+TEST_F(ConvertedErrors, ConvertRefusesANonEmptyOutputAndItsOwnInput) {
   auto again = ConvertCheckpoint(testing::HfFixture("qwen3_moe"), dir_, ConvertOptions{});
   ASSERT_FALSE(again.ok());
   EXPECT_NE(again.message().find("not empty"), std::string::npos);
   ConvertOptions overwrite;
   overwrite.overwrite = true;
   EXPECT_TRUE(ConvertCheckpoint(testing::HfFixture("qwen3_moe"), dir_, overwrite).ok());
-  auto nested = ConvertCheckpoint(dir_, tmp_.path() / "x", ConvertOptions{});
-  ASSERT_FALSE(nested.ok());
-  EXPECT_NE(nested.message().find("already a converted model"), std::string::npos);
+  // A converted model converts again (ConvertFromConverted tests), but never onto itself.
+  auto onto_itself = ConvertCheckpoint(dir_, dir_, overwrite);
+  ASSERT_FALSE(onto_itself.ok());
+  EXPECT_NE(onto_itself.message().find("--out must differ from --model"), std::string::npos)
+      << onto_itself.message();
+  EXPECT_TRUE(LoadCausalLM(dir_, testing::WithThreads(1)).ok()) << "the source must survive";
 }
 
 TEST_F(ConvertedErrors, ShardedConversionLoadsTheSame) {
