@@ -9,10 +9,16 @@ namespace moetier::kernels {
 
 namespace {
 
-// round-half-even(v) clamped to [lo, hi]. fmin/fmax return the other operand for a NaN, so a
-// NaN becomes `lo` instead of reaching an undefined float-to-int conversion.
+// round-half-even(v) clamped to [lo, hi], for |lo|, |hi| < 2^22. A NaN fails both comparisons
+// and becomes `lo` instead of reaching an undefined float-to-int conversion. Adding and
+// subtracting 1.5 * 2^23 leaves the nearest integer, ties to even, in the default rounding mode:
+// exactly std::nearbyint's result, but inline and vectorizable (nearbyint is a libm call on
+// baseline x86-64, and with it the quantizers ran at ~45 cycles an element).
 int RoundClamp(float v, float lo, float hi) {
-  return static_cast<int>(std::nearbyint(std::fmin(hi, std::fmax(lo, v))));
+  v = v > lo ? v : lo;
+  v = v < hi ? v : hi;
+  constexpr float kRoundMagic = 12582912.0f;  // 1.5 * 2^23
+  return static_cast<int>((v + kRoundMagic) - kRoundMagic);
 }
 
 }  // namespace
