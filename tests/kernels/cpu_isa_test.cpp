@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include "kernels/cpu/cpu_isa.h"
@@ -85,6 +86,20 @@ TEST(CpuIsa, UnsupportedRequestNeverRunsUnsupportedCode) {
     p.Prepare(x, 1, 32, DType::kQ8_0, isa);
     EXPECT_EQ(p.isa(), CpuIsa::kScalar) << CpuIsaName(isa);
   }
+}
+
+// The vendor behind tuning choices (FloatStreamPrefetchBytes) is the one the kernel reports.
+TEST(CpuIsa, VendorMatchesProcCpuinfo) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, vendor;
+  while (vendor.empty() && std::getline(cpuinfo, line))
+    if (line.rfind("vendor_id", 0) == 0) vendor = line.substr(line.find(':') + 2);
+  if (vendor.empty()) GTEST_SKIP() << "no vendor_id in /proc/cpuinfo";
+  EXPECT_EQ(CpuIsAmd(), vendor == "AuthenticAMD") << vendor;
+  EXPECT_EQ(FloatStreamPrefetchBytes(), std::getenv("MOETIER_FLOAT_PREFETCH_BYTES") != nullptr
+                                            ? FloatStreamPrefetchBytes()
+                                        : CpuIsAmd() ? kFloatPrefetchBytesAmd
+                                                     : kFloatPrefetchBytes);
 }
 
 }  // namespace

@@ -121,6 +121,23 @@ std::string_view CpuIsaName(CpuIsa isa) {
   return "?";
 }
 
+bool CpuIsAmd() {
+#if defined(MOETIER_X86_KERNELS)
+  static const bool amd = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+    char vendor[13] = {};
+    std::memcpy(vendor, &b, 4);
+    std::memcpy(vendor + 4, &d, 4);
+    std::memcpy(vendor + 8, &c, 4);
+    return std::strcmp(vendor, "AuthenticAMD") == 0;
+  }();
+  return amd;
+#else
+  return false;
+#endif
+}
+
 bool CpuSupports(CpuIsa isa) {
   const X86Features& f = Features();
   switch (isa) {

@@ -41,6 +41,10 @@ std::string_view CpuIsaName(CpuIsa isa);
 // True when this CPU and OS can run `isa`'s code and this build contains it.
 bool CpuSupports(CpuIsa isa);
 
+// True on an x86 CPU whose cpuid vendor is "AuthenticAMD" (for tuning choices that were
+// measured to differ between vendors; never for correctness).
+bool CpuIsAmd();
+
 // The best level chosen without an override: the highest supported of kAmx, kAvx512Vnni,
 // kAvx512, kAvxVnni, kAvx2, kScalar (never kAvx512Bf16, which changes numerics).
 CpuIsa BestCpuIsa();

@@ -136,6 +136,16 @@ int64_t PackMinTokens() {
   return forced > 0 ? forced : kPackMinTokens;
 }
 
+int64_t FloatStreamPrefetchBytes() {
+  static const int64_t bytes = [] {
+    const char* v = std::getenv("MOETIER_FLOAT_PREFETCH_BYTES");
+    const int64_t n = v != nullptr ? std::atoll(v) : 0;
+    if (n > 0) return std::clamp<int64_t>(n, 64, 16384);
+    return CpuIsAmd() ? kFloatPrefetchBytesAmd : kFloatPrefetchBytes;
+  }();
+  return bytes;
+}
+
 uint8_t* PreparedActivations::Reserve(size_t bytes) {
   if (bytes > capacity_) {
     capacity_ = static_cast<size_t>(isa::RoundUp(static_cast<int64_t>(bytes), isa::kAlign));
@@ -173,6 +183,7 @@ void PreparedActivations::Layout(const float* x, int64_t n_tokens, int64_t k, DT
   view_.token_bytes = kern.token_bytes(f, k);
   view_.group = f == isa::WFormat::kQ4_0 ? kern.q4_0_group : 1;
   view_.run = f == isa::WFormat::kQ4_0 ? kern.q4_0_run : 0;
+  view_.float_prefetch_bytes = FloatStreamPrefetchBytes();
   const size_t records = static_cast<size_t>(
       isa::RoundUp(view_.token_bytes * n_tokens, isa::kAlign));  // 0 when used in place
   const int64_t packed = tiles == Tiles::kNone ? 0 : PackedBytes();

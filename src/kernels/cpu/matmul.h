@@ -31,6 +31,17 @@ void RowToF32(const TensorView& w, int64_t offset, int64_t n, float* out);
 inline constexpr int64_t kPackMinTokens = 2;
 int64_t PackMinTokens();
 
+// How far ahead of a one-token bf16/f16/f32 weight stream the AVX2 kernels prefetch. Measured
+// on the AVX2 float decode tile, same binary, interleaved runs: on a 2-core AMD Zen 3 VM 1 KB
+// streamed 8-15 % faster than 2 KB (2 threads, 1 GB); on a 16-core Intel Xeon (Sapphire
+// Rapids-class) 2 KB was faster (one thread 10.8-11.3 against 7.7-9.1 GB/s, 16 threads 89-92
+// against 80-86). So kFloatPrefetchBytesAmd on AMD CPUs, kFloatPrefetchBytes elsewhere;
+// MOETIER_FLOAT_PREFETCH_BYTES=N overrides (64 to 16384). Quantized formats prefetch 2 KB
+// ahead everywhere (best on both machines).
+inline constexpr int64_t kFloatPrefetchBytes = 2048;
+inline constexpr int64_t kFloatPrefetchBytesAmd = 1024;
+int64_t FloatStreamPrefetchBytes();
+
 // Tokens from which PreparedActivations::Prepare(pool, ...) spreads its work over the pool (one
 // task per 16 tokens); fewer are prepared on the caller, where a job's hand-off would cost more
 // than it saves. MOETIER_PARALLEL_PREPARE_TOKENS=N overrides the constant.

@@ -12,9 +12,9 @@
 // split across threads nor on how many tokens are batched together.
 //
 // Memory: decode (one token) walks one row at a time, a single sequential stream, and
-// prefetches 1-2 KB ahead of it (kFloatPrefetchBytes, kQuantPrefetchBytes); interleaving several rows' streams measured far slower
-// on DRAM. Prefill tiles take 1-2 rows x 1-3 tokens (float) or up to 3 x 3 (quantized) to reuse
-// loads.
+// prefetches 1-2 KB ahead of it (Prepared::float_prefetch_bytes, kQuantPrefetchBytes); interleaving
+// several rows' streams measured far slower on DRAM. Prefill tiles take 1-2 rows x 1-3 tokens
+// (float) or up to 3 x 3 (quantized) to reuse loads.
 #include <immintrin.h>
 
 #include <cstddef>
@@ -38,24 +38,19 @@ constexpr int kFloatAcc = 4;  // FMA latency 4 x 1 chain per step: 4 chains keep
 // in decode, and one leaves registers for 3x3 prefill tiles (9 accumulators + one row's step);
 // a Q4_0 run (144 bytes) takes longer still.
 constexpr int kQuantAcc = 1;
-// How far ahead of the row being read to prefetch, per format. Measured on a 2-core Zen 3 VM
-// streaming 1 GB over 2 threads (medians of 8 alternating runs): quantized formats do best at
-// ~2 KB (q8_0 25.7 GB/s at 2 KB, 22.5 at 1 KB; q4_0 23.7 / 22.3; 1 KB once left Q4_0 at ~55 %
-// of the read bandwidth), float formats at 0.75-1 KB (bf16 decode tile, five runs of 10: medians
-// 19.8-23.6 GB/s at 1 KB and 21.2-24.1 at 768 bytes against 19.3-21.7 at 2 KB and 21.8-21.9 at
-// 512 bytes): their rows are consumed faster, and prefetches too far ahead compete with the
-// demand stream.
+// How far ahead of the row being read to prefetch: 2 KB for quantized formats (best on both the
+// AMD and the Intel machine measured; 1 KB once left Q4_0 at ~55 % of the read bandwidth); for
+// float formats the dispatcher decides (Prepared::float_prefetch_bytes, see
+// FloatStreamPrefetchBytes in matmul.h: 1 KB on AMD, 2 KB elsewhere).
 constexpr int64_t kQuantPrefetchBytes = 2048;
-constexpr int64_t kFloatPrefetchBytes = 1024;
 
 // Loops over tile rows, tokens and accumulators have compile-time trip counts and must unroll
 // fully, so that every accumulator lives in a register.
 #define MOETIER_UNROLL _Pragma("GCC unroll 16")
 
-template <int64_t kAhead = kQuantPrefetchBytes>
-inline void Prefetch(const uint8_t* p) {
+inline void Prefetch(const uint8_t* p, int64_t ahead = kQuantPrefetchBytes) {
   // Through an integer: the address may lie past the end of the weights (prefetch never faults).
-  const char* a = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kAhead);
+  const char* a = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + ahead);
   // Inline asm, not _mm_prefetch: GCC treats a helper that only prefetches as free of side
   // effects and deleted every call to it from the fp32 tiles (seen in GCC 12's output).
   __asm__ volatile("prefetcht0 %0" : : "m"(*a));
@@ -107,10 +102,11 @@ inline __m256 LoadTailX(const float* x, int64_t n) {
   return _mm256_load_ps(buf);
 }
 
-// `n_tiles` tiles of R rows one after the other (decode runs a whole row range in one call).
+// `n_tiles` tiles of R rows one after the other (decode runs a whole row range in one call);
+// weights are prefetched `ahead` bytes in front of the rows being read.
 template <WFormat F, int R, int C>
 void FloatTile(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
-               int64_t y_stride, int64_t n_tiles = 1) {
+               int64_t y_stride, int64_t n_tiles = 1, int64_t ahead = kQuantPrefetchBytes) {
   static_assert(kFloatAcc == 4, "the final sum below adds 4 accumulators");
   for (int64_t tile = 0; tile < n_tiles; ++tile, w += R * row_bytes, y += R) {
     __m256 acc[R][C][kFloatAcc];
@@ -133,7 +129,7 @@ void FloatTile(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, f
     for (; i + kIter <= k; i += kIter) {
       MOETIER_UNROLL for (int r = 0; r < R; ++r) for (int64_t b = 0; b < kIter * ElemBytes<F>();
                                                       b += 64)
-          Prefetch<kFloatPrefetchBytes>(w + r * row_bytes + i * ElemBytes<F>() + b);
+          Prefetch(w + r * row_bytes + i * ElemBytes<F>() + b, ahead);
       MOETIER_UNROLL for (int a = 0; a < kFloatAcc; ++a) step(i + 8 * a, a, 0);
     }
     // Fewer than kIter elements left: whole steps continue the cycle at accumulator 0, then the
@@ -436,7 +432,7 @@ void FloatRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t r
   if (x.n_tokens == 1) {  // decode: the whole row range in one call
     if (row_end > row_begin)
       FloatTile<F, 1, 1>(w + row_begin * row_bytes, row_bytes, x.x, k, y + row_begin, y_stride,
-                         row_end - row_begin);
+                         row_end - row_begin, x.float_prefetch_bytes);
     return;
   }
   // With more tokens than one tile holds, convert each row once (exactly) and reuse it for

@@ -56,6 +56,9 @@ struct Prepared {
   int64_t token_bytes = 0;
   int64_t group = 1;  // quantized formats: blocks per group of the layout
   int64_t run = 0;    // quantized formats: blocks per run of summed lanes (0: per-element lanes)
+  // Bytes ahead of a one-token float-format stream (bf16/f16/f32 weights) that AVX2 decode
+  // prefetches: the dispatcher's FloatStreamPrefetchBytes().
+  int64_t float_prefetch_bytes = 2048;
   // Tile-ready copy of the same activations (the AMX level, AmxLayout below), or null. Built by
   // Kernels::pack after the records above; when set, dot_rows reads only this.
   const uint8_t* packed = nullptr;
