@@ -9,7 +9,11 @@
 #
 # WORK holds the models: q3moe-8L.gguf (bf16) and q3moe-8L-hf/ (made with --synth when missing),
 # q3moe-8L-<dtype>.gguf (llama-quantize --pure: every matrix in that dtype, as moetier converts
-# with --dtype D --dense-dtype D, so both engines read the same bytes) and bank-<dtype>/.
+# with --dtype D --dense-dtype D, so both engines read the same bytes) and bank-<dtype>/ (the
+# quantized ones converted from bank-bf16/ when it exists, else from the checkpoint).
+# Decode is compared at the same context positions: moetier decodes after the prompt, and
+# llama-bench's tg test is run at depth PROMPT_TOKENS too (-d); the empty-context figure is
+# reported beside it.
 # PREPARE_ONLY=1 stops once the models exist (to split the work over two calls).
 set -euo pipefail
 
@@ -43,7 +47,12 @@ GGUF=$WORK/q3moe-8L.gguf
 log() { echo "[$(date +%T)] $*" >&2; }
 
 NEED_HF=0  # the checkpoint is only read to convert banks that are not there yet
-for dt in $DTYPES; do [ -f "$WORK/bank-$dt/moetier-index.json" ] || NEED_HF=1; done
+BF16_BANK=$WORK/bank-bf16  # quantized banks are converted from it when it exists (same result)
+for dt in $DTYPES; do
+  [ -f "$WORK/bank-$dt/moetier-index.json" ] && continue
+  [ "$dt" != bf16 ] && [ -f "$BF16_BANK/moetier-index.json" ] && continue
+  NEED_HF=1
+done
 if [ ! -f "$GGUF" ] || { [ "$NEED_HF" = 1 ] && [ ! -f "$HF/config.json" ]; }; then
   [ -n "$SYNTH" ] || { echo "compare_llama.sh: $GGUF or $HF missing; pass --synth TEMPLATE.gguf" >&2; exit 2; }
   SYNTH_SCRIPT=${SYNTH_SCRIPT:-$(dirname "$0")/../../../shared/peers/synth_model.py}
@@ -65,7 +74,9 @@ for dt in $DTYPES; do
     if [ "$dt" = bf16 ]; then
       "$MOETIER" convert -m "$HF" -o "$B" --overwrite >&2
     else
-      "$MOETIER" convert -m "$HF" -o "$B" --dtype "$dt" --dense-dtype "$dt" --overwrite >&2
+      SRC=$HF
+      [ -f "$BF16_BANK/moetier-index.json" ] && SRC=$BF16_BANK
+      "$MOETIER" convert -m "$SRC" -o "$B" --dtype "$dt" --dense-dtype "$dt" --overwrite >&2
     fi
   fi
 done
@@ -75,7 +86,12 @@ done
 for dt in $DTYPES; do
   if [ "$dt" = bf16 ]; then G=$GGUF; else G=$WORK/q3moe-8L-$dt.gguf; fi
   log "llama-bench $dt"
-  "$LLAMA_BIN/llama-bench" -m "$G" -p "$PP" -n "$TG" -t "$THREADS" -r "$REPEATS" -o json > "$OUT/llama-$dt.json" 2> "$OUT/llama-$dt.log"
+  # moetier's decode runs after the prompt (positions PP+1..PP+TG); llama-bench's tg test runs
+  # from an empty context unless given a depth, so it is also run at depth PP (-d 0,PP) and the
+  # decode ratio compares the same positions. Builds without -d only have the empty-context one.
+  DEPTH=()
+  if "$LLAMA_BIN/llama-bench" --help 2>&1 | grep -q -- '--n-depth'; then DEPTH=(-d "0,$PP"); fi
+  "$LLAMA_BIN/llama-bench" -m "$G" -p "$PP" -n "$TG" "${DEPTH[@]}" -t "$THREADS" -r "$REPEATS" -o json > "$OUT/llama-$dt.json" 2> "$OUT/llama-$dt.log"
   log "moetier bench $dt"
   "$MOETIER" bench --model "$WORK/bank-$dt" --prompt-tokens "$PP" --gen-tokens "$TG" \
     --threads "$THREADS" --repeats "$REPEATS" --json > "$OUT/moetier-$dt.json" 2> "$OUT/moetier-$dt.log"
@@ -88,22 +104,31 @@ rows, summary = [], {}
 for dt in dtypes:
     m = json.load(open(os.path.join(out, f"moetier-{dt}.json")))
     ll = json.load(open(os.path.join(out, f"llama-{dt}.json")))
-    pp = next(r["avg_ts"] for r in ll if r["n_prompt"] > 0)
-    tg = next(r["avg_ts"] for r in ll if r["n_gen"] > 0)
-    s = dict(llama_prefill=pp, llama_decode=tg, moetier_prefill=m["prefill_tokens_per_s"],
+    depth = lambda r: r.get("n_depth", 0)
+    pp = next(r["avg_ts"] for r in ll if r["n_prompt"] > 0 and depth(r) == 0)
+    tg0 = next(r["avg_ts"] for r in ll if r["n_gen"] > 0 and depth(r) == 0)
+    # Decode at the positions moetier decodes at (after the prompt) when llama-bench has -d.
+    at_depth = next((r for r in ll if r["n_gen"] > 0 and depth(r) == m["prompt_tokens"]), None)
+    tg = at_depth["avg_ts"] if at_depth else tg0
+    s = dict(llama_prefill=pp, llama_decode=tg, llama_decode_empty_context=tg0,
+             llama_decode_depth=m["prompt_tokens"] if at_depth else 0,
+             moetier_prefill=m["prefill_tokens_per_s"],
              moetier_decode=m["decode_tokens_per_s"], decode_ratio=m["decode_tokens_per_s"] / tg,
+             decode_ratio_vs_empty_context=m["decode_tokens_per_s"] / tg0,
              prefill_ratio=m["prefill_tokens_per_s"] / pp, decode_gb_per_s=m["decode_gb_per_s"],
              read_bandwidth_gb_per_s=m["read_bandwidth_gb_per_s"],
              decode_bytes_per_token=m["decode_bytes_per_token"],
              llama_decode_gb_per_s=tg * m["decode_bytes_per_token"] / 1e9, threads=m["threads"])
     summary[dt] = s
-    rows.append(f"| {dt} | {s['moetier_decode']:.1f} | {tg:.1f} | {s['decode_ratio']:.2f}x | "
+    rows.append(f"| {dt} | {s['moetier_decode']:.1f} | {tg:.1f} (d{s['llama_decode_depth']}) | {s['decode_ratio']:.2f}x | "
+                f"{tg0:.1f} | {s['decode_ratio_vs_empty_context']:.2f}x | "
                 f"{s['decode_gb_per_s']:.1f} ({100*s['decode_gb_per_s']/s['read_bandwidth_gb_per_s']:.0f}%) | "
                 f"{s['llama_decode_gb_per_s']:.1f} ({100*s['llama_decode_gb_per_s']/s['read_bandwidth_gb_per_s']:.0f}%) | "
                 f"{s['moetier_prefill']:.1f} | {pp:.1f} | {s['prefill_ratio']:.2f}x | {s['read_bandwidth_gb_per_s']:.1f} |")
-head = ("| dtype | moetier decode tok/s | llama.cpp decode tok/s | ratio | moetier GB/s (% of read BW) | "
+head = ("| dtype | moetier decode tok/s | llama.cpp decode tok/s (context depth) | ratio | "
+        "llama.cpp decode from empty context | ratio | moetier GB/s (% of read BW) | "
         "llama.cpp GB/s (%) | moetier prefill tok/s | llama.cpp prefill tok/s | ratio | read BW GB/s |\n"
-        "|---|---|---|---|---|---|---|---|---|---|")
+        "|---|---|---|---|---|---|---|---|---|---|---|---|")
 text = head + "\n" + "\n".join(rows) + "\n"
 open(os.path.join(out, "summary.md"), "w").write(text)
 json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
