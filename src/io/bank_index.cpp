@@ -211,7 +211,11 @@ Expected<BankIndex> ParseBankIndex(const std::string& text, const std::string& s
       return c.Error(where + ": expert_stride_bytes " + std::to_string(e.expert_stride_bytes) +
                      " must be a multiple of 4096 holding " + std::to_string(expert_bytes) +
                      " bytes");
-    if (e.bytes != e.expert_stride_bytes * n_experts)
+    // Checked without wrapping: a stride whose product with n_experts overflows could otherwise
+    // match `bytes` and send expert e's address far past the bank.
+    uint64_t stride_total = 0;
+    if (__builtin_mul_overflow(e.expert_stride_bytes, n_experts, &stride_total) ||
+        e.bytes != stride_total)
       return c.Error(where + ": bytes " + std::to_string(e.bytes) +
                      " != n_experts × expert_stride_bytes");
     MT_RETURN_IF_ERROR(CheckPlacement(c, idx, e.file, e.offset, e.bytes, where, ranges));

@@ -112,6 +112,12 @@ TEST(BankIndexQuant, WrongBankLengthNamesTheBank) {
   j["banks"][0]["bytes"] = 12288;
   const std::string bytes = ParseError(j);
   EXPECT_NE(bytes.find("bank of layer 0: bytes 12288"), std::string::npos) << bytes;
+  // A stride whose product with n_experts wraps around 2^64 to exactly `bytes`: 2 × (2^63 +
+  // 4096) = 8192 (mod 2^64). Accepting it would put expert 1 2^63 bytes past the bank.
+  json wrap = Index("F32", {2}, 8, "Q8_0", (1ull << 63) + 4096);
+  wrap["banks"][0]["bytes"] = 8192;
+  const std::string w2 = ParseError(wrap);
+  EXPECT_NE(w2.find("bank of layer 0: bytes 8192 != n_experts"), std::string::npos) << w2;
   // Too small a stride for Q8_0 (fits Q4_0's 10368 bytes, not Q8_0's 19584).
   const std::string small = ParseError(Index("F32", {2}, 8, "Q8_0", 12288));
   EXPECT_NE(small.find("bank of layer 0"), std::string::npos) << small;
