@@ -305,8 +305,8 @@ void CheckSplitsThreadsAndBatching(DType dt, int64_t k, std::mt19937& rng) {
   }
   // MatMulRows over two halves matches MatMul.
   std::vector<float> halves(first.size(), NAN);
-  MatMulRows(x.data(), tokens, w.view, 0, 13, halves.data(), rows, nullptr);
-  MatMulRows(x.data(), tokens, w.view, 13, rows, halves.data(), rows, nullptr);
+  MatMulRows(x.data(), tokens, w.view, 0, 13, halves.data(), rows);
+  MatMulRows(x.data(), tokens, w.view, 13, rows, halves.data(), rows);
   ASSERT_EQ(0, std::memcmp(first.data(), halves.data(), first.size() * sizeof(float)));
 }
 

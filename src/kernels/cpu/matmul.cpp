@@ -273,7 +273,7 @@ void DotRows(const TensorView& w, int64_t row_begin, int64_t row_end, const Prep
 }
 
 void MatMulRows(const float* x, int64_t n_tokens, const TensorView& w, int64_t row_begin,
-                int64_t row_end, float* y, int64_t y_stride, float* /*row_buf*/) {
+                int64_t row_end, float* y, int64_t y_stride) {
   thread_local PreparedActivations prepared;
   prepared.Prepare(x, n_tokens, w.shape.back(), w.dtype);
   DotRows(w, row_begin, row_end, prepared, y, y_stride);

@@ -121,10 +121,9 @@ void DotRows(const TensorView& w, int64_t row_begin, int64_t row_end, const Prep
 // y[t, r] = dot(x[t, :], w[r, :]) for t < n_tokens and rows r in [row_begin, row_end), where
 // w is [n_rows, k] and x is [n_tokens, k] (row stride k). y has row stride y_stride.
 // Prepares x on every call (into this thread's reusable storage) and then runs DotRows: to
-// split one matmul across threads, Prepare once and call DotRows instead. `row_buf` is no
-// longer used (kept for callers; may be null).
+// split one matmul across threads, Prepare once and call DotRows instead.
 void MatMulRows(const float* x, int64_t n_tokens, const TensorView& w, int64_t row_begin,
-                int64_t row_end, float* y, int64_t y_stride, float* row_buf);
+                int64_t row_end, float* y, int64_t y_stride);
 
 // Several products of the same activations, y_i[n_tokens, n_rows_i] = x · w_iᵀ (e.g. the
 // q, k and v projections): x is prepared once per weight dtype and the rows of all w_i are cut
