@@ -243,12 +243,15 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
                          "), not a multiple of 32, so it cannot be stored as " +
                          std::string(DTypeName(lay.dtype)) + "; use --dtype bf16");
   }
-  if (!s.banks.empty() && !IsFloatDType(in.dtype))
+  // Quantized experts (a converted source) can be copied into the same dtype (to re-encode the
+  // dense matrices or re-shard), never quantized again.
+  if (!s.banks.empty() && !IsFloatDType(in.dtype) && in.dtype != lay.dtype)
     return Status::Error(src.description() + ": experts are " + std::string(DTypeName(in.dtype)) +
-                         "; convert reads BF16, F16 or F32" +
-                         (from_converted ? " (convert again from the Hugging Face checkpoint or "
-                                           "a bf16 conversion of it)"
-                                         : ""));
+                         "; convert re-encodes BF16, F16 or F32 experts and copies quantized "
+                         "ones as they are (--dtype " +
+                         std::string(DTypeName(in.dtype)) + "); for " +
+                         std::string(DTypeName(lay.dtype)) +
+                         " convert from the Hugging Face checkpoint or a bf16 conversion of it");
   if (fs::exists(out_dir) && !fs::is_directory(out_dir))
     return Status::Error(out_dir.string() + ": exists and is not a directory");
   if (fs::exists(out_dir) && !fs::is_empty(out_dir) && !options.overwrite)

@@ -490,6 +490,17 @@ TEST(ConvertFromConverted, RefusesQuantizedSourcesAndDamagedBanks) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.message().find("experts are Q8_0"), std::string::npos) << r.message();
   EXPECT_NE(r.message().find("Hugging Face checkpoint"), std::string::npos) << r.message();
+  // Into the same dtype the experts are copied, and the dense matrices may still be quantized:
+  // the same bytes as quantizing both from the checkpoint.
+  auto copy =
+      ConvertCheckpoint(tmp.path() / "q8", tmp.path() / "q8d", Opts(DType::kQ8_0, DType::kQ8_0));
+  ASSERT_TRUE(copy.ok()) << copy.message();
+  ASSERT_TRUE(
+      ConvertCheckpoint(hf, tmp.path() / "q8d_direct", Opts(DType::kQ8_0, DType::kQ8_0)).ok());
+  const Written copied = ReadWritten(tmp.path() / "q8d");
+  const Written direct = ReadWritten(tmp.path() / "q8d_direct");
+  EXPECT_EQ(copied.index.dense_dtype, DType::kQ8_0);
+  EXPECT_TRUE(copied.bytes == direct.bytes);
 
   // Dense q8_0 kept with --dense-dtype same (and recorded so); asking for another is refused.
   ASSERT_TRUE(ConvertCheckpoint(hf, tmp.path() / "bd", Opts(DType::kBF16, DType::kQ8_0)).ok());
