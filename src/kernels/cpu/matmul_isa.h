@@ -33,9 +33,9 @@ static constexpr int64_t RoundUp(int64_t v, int64_t m) {
 // Q8_0/Q4_0 weights: per token a record of three arrays (QuantLayout), each kAlign-aligned:
 //   qx   int8      the activations as round-half-even(x / dx) per 32-block, in [-127, 127]
 //   dx   float     per int32 lane: the scale (max|x| / 127) of the block the lane belongs to
-//   bias int32     per int32 lane: -offset * (sum of the lane's quants), pre-loaded into the
-//                  accumulator so that a kernel which adds `offset` to the weight codes (to make
-//                  them unsigned for vpdpbusd/vpmaddubsw) still gets the signed dot. offset is 8
+//   bias int32     per int32 lane: -offset * (sum of the lane's quants), added to (or
+//                  pre-loaded into) the integer dot so that a kernel which adds `offset` to the
+//                  weight codes (unsigned for vpdpbusd/vpmaddubsw) still gets the signed dot. offset is 8
 //                  for Q4_0, 128 for Q8_0 with VNNI, 0 otherwise.
 // A "lane" is one int32 of the integer dot. Blocks come in groups of `group`:
 //   group 1 (natural order): qx is x's order; 8 lanes per block, lane j = elements 4j..4j+3.
