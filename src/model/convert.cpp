@@ -226,7 +226,7 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
                            "; choose bf16, q8_0 or q4_0");
   MT_ASSIGN_OR_RETURN(ModelSource s, OpenModelSource(hf_dir));
   // The source's tensors: a Hugging Face checkpoint, or a converted model (its dense tensors;
-  // its banks are read through SourceExperts below).
+  // its banks are read through VerifiedSourceBank and SourceExpert).
   const TensorStore& src = s.dense();
   const bool from_converted = s.converted != nullptr;
   // `in` is the checkpoint's expert layout, `lay` the one written.
@@ -323,10 +323,10 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
       if (!IsFloatDType(v->dtype) && options.dense_dtype && *options.dense_dtype != v->dtype &&
           v->shape.size() == 2 && !routers.count(name))
         return Status::Error(src.FileOf(name) + ": tensor '" + name + "' is already " +
-                             std::string(DTypeName(v->dtype)) + "; --dense-dtype " +
+                             std::string(DTypeName(v->dtype)) + " and cannot be re-encoded as " +
                              std::string(DTypeName(*options.dense_dtype)) +
-                             " would quantize it twice: pass --dense-dtype same, or convert from "
-                             "the Hugging Face checkpoint");
+                             " (that would quantize it twice): pass --dense-dtype same, or "
+                             "convert from the Hugging Face checkpoint");
       if (to == v->dtype) {  // as in the checkpoint: straight from its map
         BankIndexTensor t{
             name, v->dtype, v->shape, 0, 0, v->n_bytes, XXH64(v->data, v->n_bytes, 0)};

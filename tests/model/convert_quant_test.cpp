@@ -511,7 +511,7 @@ TEST(ConvertFromConverted, RefusesQuantizedSourcesAndDamagedBanks) {
   auto twice =
       ConvertCheckpoint(tmp.path() / "bd", tmp.path() / "bd4", Opts(DType::kQ8_0, DType::kQ4_0));
   ASSERT_FALSE(twice.ok());
-  EXPECT_NE(twice.message().find("would quantize it twice"), std::string::npos) << twice.message();
+  EXPECT_NE(twice.message().find("quantize it twice"), std::string::npos) << twice.message();
 
   // One flipped byte in the last bank: the conversion stops, naming the data file and layer.
   ASSERT_TRUE(ConvertCheckpoint(hf, tmp.path() / "bf16", Opts(DType::kBF16)).ok());
