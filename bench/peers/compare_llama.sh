@@ -89,8 +89,11 @@ for dt in $DTYPES; do
   # moetier's decode runs after the prompt (positions PP+1..PP+TG); llama-bench's tg test runs
   # from an empty context unless given a depth, so it is also run at depth PP (-d 0,PP) and the
   # decode ratio compares the same positions. Builds without -d only have the empty-context one.
+  # (The help text is captured first: `grep -q` in a pipe can end it early, and under pipefail
+  # llama-bench's SIGPIPE would then read as "no -d".)
   DEPTH=()
-  if "$LLAMA_BIN/llama-bench" --help 2>&1 | grep -q -- '--n-depth'; then DEPTH=(-d "0,$PP"); fi
+  LLAMA_HELP=$("$LLAMA_BIN/llama-bench" --help 2>&1 || true)
+  if grep -q -- '--n-depth' <<< "$LLAMA_HELP"; then DEPTH=(-d "0,$PP"); fi
   "$LLAMA_BIN/llama-bench" -m "$G" -p "$PP" -n "$TG" "${DEPTH[@]}" -t "$THREADS" -r "$REPEATS" -o json > "$OUT/llama-$dt.json" 2> "$OUT/llama-$dt.log"
   log "moetier bench $dt"
   "$MOETIER" bench --model "$WORK/bank-$dt" --prompt-tokens "$PP" --gen-tokens "$TG" \
