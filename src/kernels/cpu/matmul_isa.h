@@ -35,8 +35,8 @@ static constexpr int64_t RoundUp(int64_t v, int64_t m) {
 //   dx   float     per int32 lane: the scale (max|x| / 127) of the block the lane belongs to
 //   bias int32     per int32 lane: -offset * (sum of the lane's quants), added to (or
 //                  pre-loaded into) the integer dot so that a kernel which adds `offset` to the
-//                  weight codes (unsigned for vpdpbusd/vpmaddubsw) still gets the signed dot. offset is 8
-//                  for Q4_0, 128 for Q8_0 with VNNI, 0 otherwise.
+//                  weight codes (unsigned for vpdpbusd/vpmaddubsw) still gets the signed dot.
+//                  offset is 8 for Q4_0, 128 for Q8_0 with VNNI, 0 otherwise.
 // A "lane" is one int32 of the integer dot. Blocks come in groups of `group`:
 //   group 1 (natural order): qx is x's order; 8 lanes per block, lane j = elements 4j..4j+3.
 //   group G > 1 (Q4_0 only, "nibble-interleaved", matching how a register holds the low and
