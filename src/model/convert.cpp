@@ -194,20 +194,6 @@ Expected<const uint8_t*> VerifiedSourceBank(const ConvertedModel& m, int64_t lay
   return Status::Error(m.description() + ": no bank for layer " + std::to_string(layer));
 }
 
-// Expert e of a converted source's bank, as matrices in place.
-ExpertWeights SourceExpert(const uint8_t* bank, const ExpertLayout& in, int64_t e) {
-  const uint8_t* base = bank + static_cast<uint64_t>(e) * in.stride_bytes();
-  auto view = [&](uint64_t offset, int64_t rows, int64_t k) {
-    return TensorView{
-        in.dtype, {rows, k}, base + offset, static_cast<size_t>(rows) * DTypeRowBytes(in.dtype, k)};
-  };
-  ExpertWeights w;
-  w.gate = view(in.gate_offset(), in.width, in.d_model);
-  w.up = view(in.up_offset(), in.width, in.d_model);
-  w.down = view(in.down_offset(), in.d_model, in.width);
-  return w;
-}
-
 }  // namespace
 
 std::optional<DType> ConvertDTypeFromFlag(std::string_view flag) {
@@ -226,7 +212,7 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
                            "; choose bf16, q8_0 or q4_0");
   MT_ASSIGN_OR_RETURN(ModelSource s, OpenModelSource(hf_dir));
   // The source's tensors: a Hugging Face checkpoint, or a converted model (its dense tensors;
-  // its banks are read through VerifiedSourceBank and SourceExpert).
+  // its banks are read through VerifiedSourceBank and ExpertLayout::Views).
   const TensorStore& src = s.dense();
   const bool from_converted = s.converted != nullptr;
   // `in` is the checkpoint's expert layout, `lay` the one written.
@@ -391,7 +377,7 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
         for (int64_t i = 0; i < n; ++i) {
           ExpertWeights& w = experts[static_cast<size_t>(i)];
           if (src_bank != nullptr) {
-            w = SourceExpert(src_bank, in, e0 + i);
+            w = in.Views(src_bank, e0 + i);
             continue;
           }
           for (ExpertMatrix m : {ExpertMatrix::kGate, ExpertMatrix::kUp, ExpertMatrix::kDown}) {

@@ -7,14 +7,13 @@
 // whose exact integer dots are folded into one vector first), step s is added into accumulator
 // s mod A of that element (A = kFloatAcc or kQuantAcc: independent FMA chains, so one row
 // streams at full speed), then the A accumulators are summed in a fixed tree and the 8 lanes in
-// another. A tile of R rows x C
-// tokens only decides which elements share loads, so results depend neither on how rows are
-// split across threads nor on how many tokens are batched together.
+// another. A tile of R rows x C tokens only decides which elements share loads, so results
+// depend neither on how rows are split across threads nor on how many tokens are batched.
 //
 // Memory: decode (one token) walks one row at a time, a single sequential stream, and
-// prefetches 1-2 KB ahead of it (Prepared::float_prefetch_bytes, kQuantPrefetchBytes); interleaving
-// several rows' streams measured far slower on DRAM. Prefill tiles take 1-2 rows x 1-3 tokens
-// (float) or up to 3 x 3 (quantized) to reuse loads.
+// prefetches 1-2 KB ahead of it (kPrefetchBytes; float formats Prepared::float_prefetch_bytes);
+// interleaving several rows' streams measured far slower on DRAM. Prefill tiles take 1-2 rows x 1-3
+// tokens (float) or up to 3 x 3 (quantized) to reuse loads.
 #include <immintrin.h>
 
 #include <cstddef>
@@ -38,17 +37,18 @@ constexpr int kFloatAcc = 4;  // FMA latency 4 x 1 chain per step: 4 chains keep
 // in decode, and one leaves registers for 3x3 prefill tiles (9 accumulators + one row's step);
 // a Q4_0 run (144 bytes) takes longer still.
 constexpr int kQuantAcc = 1;
-// How far ahead of the row being read to prefetch: 2 KB for quantized formats (best on both the
-// AMD and the Intel machine measured; 1 KB once left Q4_0 at ~55 % of the read bandwidth); for
-// float formats the dispatcher decides (Prepared::float_prefetch_bytes, see
-// FloatStreamPrefetchBytes in matmul.h: 1 KB on AMD, 2 KB elsewhere).
-constexpr int64_t kQuantPrefetchBytes = 2048;
+// How far ahead of the row being read to prefetch: 2 KB for quantized formats and prefill tiles
+// (best for quantized decode on both the AMD and the Intel machine measured; 1 KB once left Q4_0
+// at ~55 % of the read bandwidth); for float-format decode the dispatcher decides
+// (Prepared::float_prefetch_bytes, see FloatStreamPrefetchBytes in matmul.h: 1 KB on AMD, 2 KB
+// elsewhere).
+constexpr int64_t kPrefetchBytes = 2048;
 
 // Loops over tile rows, tokens and accumulators have compile-time trip counts and must unroll
 // fully, so that every accumulator lives in a register.
 #define MOETIER_UNROLL _Pragma("GCC unroll 16")
 
-inline void Prefetch(const uint8_t* p, int64_t ahead = kQuantPrefetchBytes) {
+inline void Prefetch(const uint8_t* p, int64_t ahead = kPrefetchBytes) {
   // Through an integer: the address may lie past the end of the weights (prefetch never faults).
   const char* a = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + ahead);
   // Inline asm, not _mm_prefetch: GCC treats a helper that only prefetches as free of side
@@ -106,7 +106,7 @@ inline __m256 LoadTailX(const float* x, int64_t n) {
 // weights are prefetched `ahead` bytes in front of the rows being read.
 template <WFormat F, int R, int C>
 void FloatTile(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
-               int64_t y_stride, int64_t n_tiles = 1, int64_t ahead = kQuantPrefetchBytes) {
+               int64_t y_stride, int64_t n_tiles = 1, int64_t ahead = kPrefetchBytes) {
   static_assert(kFloatAcc == 4, "the final sum below adds 4 accumulators");
   for (int64_t tile = 0; tile < n_tiles; ++tile, w += R * row_bytes, y += R) {
     __m256 acc[R][C][kFloatAcc];
