@@ -2,7 +2,7 @@
 // thread count. Prints one JSON object on stdout.
 //
 //   kernel_bench [--gib 1] [--reps 7] [--threads N] [--isa all|scalar,avx2,...]
-//                [--formats f32,bf16,f16,q8_0,q4_0] [--prefill 32,128] [--prefill-experts 4]
+//                [--formats f32,bf16,f16,q8_0,q4_0,bf16c] [--prefill 32,128] [--prefill-experts 4]
 //
 // Decode: Qwen3-30B-A3B expert shapes (gate/up [768, 2048], down [2048, 768]), as many experts
 // as make --gib of weights (far past the last-level cache), one token. Each thread takes the
@@ -79,6 +79,7 @@ DType FormatDType(const std::string& f) {
   if (f == "f16") return DType::kF16;
   if (f == "q8_0") return DType::kQ8_0;
   if (f == "q4_0") return DType::kQ4_0;
+  if (f == "bf16c") return DType::kBF16C;
   std::fprintf(stderr, "kernel_bench: unknown format '%s'\n", f.c_str());
   std::exit(2);
 }
@@ -281,6 +282,22 @@ void MakeBank(ExpertBank& bank, DType dt, int64_t n_experts, ThreadPool& pool) {
       bank.mats.push_back({TensorView{dt, {rows, k}, bank.data + off, n}, rows, k});
       off += n;
     }
+  if (dt != DType::kBF16C) return;
+  // Row headers of benign weights: a table of 16 high bytes for magnitudes 2^-3..2^4 of either
+  // sign, and an exception every fourth row (real rows have ~0-1), so the patch path is timed.
+  for (const Matrix& m : bank.mats) {
+    const size_t rb = DTypeRowBytes(dt, m.k);
+    for (int64_t r = 0; r < m.rows; ++r) {
+      uint8_t* row = const_cast<uint8_t*>(m.view.bytes()) + static_cast<size_t>(r) * rb;
+      for (int c = 0; c < 16; ++c) row[c] = static_cast<uint8_t>((c < 8 ? 0x3C : 0xBC) + c % 8 / 2);
+      std::memset(row + 16, 0xFF, 48);
+      if (r % 4 == 0) {
+        const uint16_t at = static_cast<uint16_t>(r % m.k), bits = 0x3F80;
+        std::memcpy(row + 16, &at, 2);
+        std::memcpy(row + 18, &bits, 2);
+      }
+    }
+  }
 }
 
 int64_t ExpertsFor(DType dt, double gib) {

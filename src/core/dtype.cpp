@@ -15,7 +15,8 @@ constexpr NamedDType kNames[] = {
     {"U8", DType::kU8},   {"BOOL", DType::kBool},
 };
 // Not in kNames: safetensors has no such dtypes, so DTypeFromSafetensorsName must refuse them.
-constexpr NamedDType kBlockNames[] = {{"Q8_0", DType::kQ8_0}, {"Q4_0", DType::kQ4_0}};
+constexpr NamedDType kBlockNames[] = {
+    {"Q8_0", DType::kQ8_0}, {"Q4_0", DType::kQ4_0}, {"BF16C", DType::kBF16C}};
 }  // namespace
 
 std::string_view DTypeName(DType t) {

@@ -50,7 +50,7 @@ Expected<DType> Dtype(const Ctx& c, const json& j, const std::string& where,
   auto d = DTypeFromName(j[key].get<std::string>());
   if (!d || !IsWeightDType(*d))
     return c.Error(where + ": " + key + " " + j[key].dump() +
-                   " is not BF16, F16, F32, Q8_0 or Q4_0");
+                   " is not BF16, F16, F32, Q8_0, Q4_0 or BF16C");
   return *d;
 }
 
@@ -162,7 +162,7 @@ Expected<BankIndex> ParseBankIndex(const std::string& text, const std::string& s
     e.file = static_cast<uint32_t>(file);
     // rows × bytes per row: the only size rule that holds for block-quantized rows too.
     const uint64_t row = e.shape.empty() ? 1 : static_cast<uint64_t>(e.shape.back());
-    if (IsBlockQuantized(e.dtype) && e.shape.empty())
+    if (IsBlockFormat(e.dtype) && e.shape.empty())
       return c.Error(where + ": a " + std::string(DTypeName(e.dtype)) +
                      " tensor needs a shape with rows; re-run moetier convert");
     MT_RETURN_IF_ERROR(CheckRowLength(c, e.dtype, row, where, "row length"));

@@ -5,6 +5,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -15,6 +16,7 @@
 #include "core/progress.h"
 #include "core/thread_pool.h"
 #include "io/bank_index.h"
+#include "kernels/cpu/bf16c.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quant.h"
 #include "model/model_source.h"
@@ -120,17 +122,18 @@ class Hasher {
   std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> state_;
 };
 
-// Writes rows [r0, r0 + n_rows) of `src` (f32/f16/bf16, rows of k elements) to `dst` as `to`
-// (kBF16, kQ8_0 or kQ4_0), DTypeRowBytes(to, k) bytes a row. Same dtype: a copy. Otherwise each
-// row goes through float32 (exact for every source dtype), so bf16 is one round-to-nearest-even
-// and the quantizers see the exact source values. `scratch` holds k floats.
-void ConvertRows(const TensorView& src, int64_t k, int64_t r0, int64_t n_rows, DType to,
-                 uint8_t* dst, float* scratch) {
+// Writes rows [r0, r0 + n_rows) of `src` (f32/f16/bf16/bf16c, rows of k elements) to `dst` as
+// `to` (kBF16, kBF16C, kQ8_0 or kQ4_0), DTypeRowBytes(to, k) bytes a row. Same dtype: a copy.
+// Otherwise each row goes through float32 (exact for every source dtype), so bf16 is one
+// round-to-nearest-even and the quantizers see the exact source values. `scratch` holds k
+// floats. Returns the first row (of the tensor) that BF16C cannot hold (PackRowBf16c), or -1.
+int64_t ConvertRows(const TensorView& src, int64_t k, int64_t r0, int64_t n_rows, DType to,
+                    uint8_t* dst, float* scratch) {
   if (src.dtype == to) {
     const size_t row = DTypeRowBytes(to, k);
     std::memcpy(dst, src.bytes() + static_cast<size_t>(r0) * row,
                 static_cast<size_t>(n_rows) * row);
-    return;
+    return -1;
   }
   const size_t out_row = DTypeRowBytes(to, k);
   for (int64_t r = 0; r < n_rows; ++r) {
@@ -143,6 +146,13 @@ void ConvertRows(const TensorView& src, int64_t k, int64_t r0, int64_t n_rows, D
       case DType::kQ4_0:
         kernels::QuantizeRowQ4_0(scratch, k, out);
         break;
+      case DType::kBF16C: {
+        // The bf16 bits in place over the floats' first half (each read before it is written).
+        auto* bits = reinterpret_cast<uint16_t*>(scratch);
+        for (int64_t j = 0; j < k; ++j) bits[j] = F32ToBf16(scratch[j]);
+        if (kernels::PackRowBf16c(bits, k, out) < 0) return r0 + r;
+        break;
+      }
       default:  // kBF16 (ConvertCheckpoint admits no other target)
         for (int64_t j = 0; j < k; ++j) {
           const uint16_t h = F32ToBf16(scratch[j]);
@@ -151,21 +161,37 @@ void ConvertRows(const TensorView& src, int64_t k, int64_t r0, int64_t n_rows, D
         break;
     }
   }
+  return -1;
 }
 
+// The message for a row BF16C cannot hold.
+Status Bf16cRowError(const std::string& file, const std::string& name, int64_t row, bool expert) {
+  return Status::Error(file + ": tensor '" + name + "' row " + std::to_string(row) +
+                       " has more than " + std::to_string(kernels::kBf16cMaxExceptions) +
+                       " weights outside its 16 most common sign/exponent classes, more than "
+                       "bf16c stores a row; convert with " +
+                       (expert ? "--dtype bf16" : "--dense-dtype bf16") + " instead");
+}
+
+// Dtypes whose values convert exactly to float32: what convert may re-encode.
 bool IsFloatDType(DType t) {
-  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || t == DType::kBF16C;
 }
 
 // The dtype --dense-dtype stores dense tensor `v` as. Converted: every 2-D float matrix but the
 // routers. Routers stay as they are because their logits choose the experts: a small error there
 // changes which experts run, and they are a few KB a layer. 1-D tensors (norms, biases) are tiny
 // and feed every element. A quantized target also needs rows of whole 32-blocks; other matrices
-// stay as they are rather than failing the conversion (llama.cpp's quantizer does the same).
+// stay as they are rather than failing the conversion (llama.cpp's quantizer does the same), and
+// so do matrices whose rows BF16C would not make smaller.
 DType DenseTarget(const std::string& name, const TensorView& v, std::optional<DType> to,
                   const std::set<std::string>& routers) {
   if (!to || v.shape.size() != 2 || !IsFloatDType(v.dtype) || routers.count(name)) return v.dtype;
   if (!IsValidRowLength(*to, v.shape[1])) return v.dtype;
+  // BF16C's 64-byte row header outweighs what packing saves on rows of 128 or fewer.
+  if (*to == DType::kBF16C &&
+      DTypeRowBytes(*to, v.shape[1]) >= DTypeRowBytes(DType::kBF16, v.shape[1]))
+    return v.dtype;
   return *to;
 }
 
@@ -197,7 +223,8 @@ Expected<const uint8_t*> VerifiedSourceBank(const ConvertedModel& m, int64_t lay
 }  // namespace
 
 std::optional<DType> ConvertDTypeFromFlag(std::string_view flag) {
-  constexpr DType kDTypes[] = {DType::kBF16, DType::kQ8_0, DType::kQ4_0};
+  constexpr DType kDTypes[] = {DType::kBF16, DType::kBF16C, DType::kQ8_0, DType::kQ4_0};
+  static_assert(std::size(kDTypes) == kConvertDTypeFlags.size());
   for (size_t i = 0; i < kConvertDTypeFlags.size(); ++i)
     if (kConvertDTypeFlags[i] == flag) return kDTypes[i];
   return std::nullopt;
@@ -207,9 +234,9 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
                                            const ConvertOptions& options) {
   for (const std::optional<DType> d :
        {std::optional<DType>(options.expert_dtype), options.dense_dtype})
-    if (d && *d != DType::kBF16 && !IsBlockQuantized(*d))
+    if (d && *d != DType::kBF16 && !IsBlockFormat(*d))
       return Status::Error("convert: cannot store weights as " + std::string(DTypeName(*d)) +
-                           "; choose bf16, q8_0 or q4_0");
+                           "; choose bf16, bf16c, q8_0 or q4_0");
   MT_ASSIGN_OR_RETURN(ModelSource s, OpenModelSource(hf_dir));
   // The source's tensors: a Hugging Face checkpoint, or a converted model (its dense tensors;
   // its banks are read through VerifiedSourceBank and ExpertLayout::Views).
@@ -335,10 +362,14 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
       for (int64_t r0 = 0; r0 < rows; r0 += rows_per_chunk) {
         const int64_t n = std::min(rows_per_chunk, rows - r0);
         chunk.resize(static_cast<size_t>(n) * out_row);
+        std::atomic<int64_t> bad_row{-1};
         pool.ParallelFor(static_cast<size_t>(n), [&](size_t b, size_t e, int thread) {
-          ConvertRows(*v, k, r0 + static_cast<int64_t>(b), static_cast<int64_t>(e - b), to,
-                      chunk.data() + b * out_row, scratch[static_cast<size_t>(thread)].data());
+          const int64_t bad =
+              ConvertRows(*v, k, r0 + static_cast<int64_t>(b), static_cast<int64_t>(e - b), to,
+                          chunk.data() + b * out_row, scratch[static_cast<size_t>(thread)].data());
+          if (bad >= 0) bad_row.store(bad);
         });
+        if (bad_row.load() >= 0) return Bf16cRowError(src.FileOf(name), name, bad_row, false);
         hash.Update(chunk.data(), chunk.size());
         MT_RETURN_IF_ERROR(out.Write(chunk.data(), chunk.size()));
         done += static_cast<uint64_t>(n) * in_row;
@@ -395,6 +426,7 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
           }
         }
         chunk.resize(static_cast<size_t>(n) * lay.stride_bytes());
+        std::atomic<int64_t> bad_row{-1};  // index i below of a row BF16C cannot hold
         pool.ParallelFor(static_cast<size_t>(n * rows_per_expert), [&](size_t b0, size_t b1,
                                                                        int thread) {
           float* sc = scratch[static_cast<size_t>(thread)].data();
@@ -403,19 +435,39 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
             int64_t r = static_cast<int64_t>(i) % rows_per_expert;
             const ExpertWeights& w = experts[static_cast<size_t>(e)];
             uint8_t* base = chunk.data() + static_cast<size_t>(e) * lay.stride_bytes();
+            int64_t bad;
             if (r < lay.width) {
-              ConvertRows(w.gate, lay.d_model, r, 1, lay.dtype,
-                          base + lay.gate_offset() + r * DTypeRowBytes(lay.dtype, lay.d_model), sc);
+              bad = ConvertRows(
+                  w.gate, lay.d_model, r, 1, lay.dtype,
+                  base + lay.gate_offset() + r * DTypeRowBytes(lay.dtype, lay.d_model), sc);
             } else if ((r -= lay.width) < lay.width) {
-              ConvertRows(w.up, lay.d_model, r, 1, lay.dtype,
-                          base + lay.up_offset() + r * DTypeRowBytes(lay.dtype, lay.d_model), sc);
+              bad = ConvertRows(w.up, lay.d_model, r, 1, lay.dtype,
+                                base + lay.up_offset() + r * DTypeRowBytes(lay.dtype, lay.d_model),
+                                sc);
             } else {
               r -= lay.width;
-              ConvertRows(w.down, lay.width, r, 1, lay.dtype,
-                          base + lay.down_offset() + r * DTypeRowBytes(lay.dtype, lay.width), sc);
+              bad = ConvertRows(w.down, lay.width, r, 1, lay.dtype,
+                                base + lay.down_offset() + r * DTypeRowBytes(lay.dtype, lay.width),
+                                sc);
             }
+            if (bad >= 0) bad_row.store(static_cast<int64_t>(i));
           }
         });
+        if (const int64_t i = bad_row.load(); i >= 0) {
+          int64_t row = i % rows_per_expert;  // gate rows, then up rows, then down rows
+          ExpertMatrix m = ExpertMatrix::kGate;
+          if (row >= lay.width) {
+            row -= lay.width;
+            m = ExpertMatrix::kUp;
+          }
+          if (row >= lay.width) {
+            row -= lay.width;
+            m = ExpertMatrix::kDown;
+          }
+          const std::string name = s.spec->expert_tensor_name(b.layer, e0 + i / rows_per_expert, m);
+          return Bf16cRowError(src_bank != nullptr ? s.converted->description() : src.FileOf(name),
+                               name, row, true);
+        }
         for (int64_t i = 0; i < n; ++i)  // zero each expert's padding up to the stride
           std::memset(
               chunk.data() + static_cast<size_t>(i) * lay.stride_bytes() + lay.expert_bytes(), 0,

@@ -8,9 +8,12 @@
 //
 // The experts (`--dtype`) and, optionally, the dense matrices (`--dense-dtype`) may be stored
 // in another dtype than the checkpoint's: bf16 (rounded to nearest even from f16/f32, copied
-// from bf16) or GGUF's block-quantized Q8_0 / Q4_0 (kernels/cpu/quant.h), which halve or
-// quarter the bytes each decode step streams. The index records the choice (expert_dtype,
-// dense_dtype), which is what lets the loader accept weights that differ from config.json.
+// from bf16), bf16c (the same bf16 values packed losslessly into ~77 % of the bytes;
+// kernels/cpu/bf16c.h) or GGUF's block-quantized Q8_0 / Q4_0 (kernels/cpu/quant.h), which halve
+// or quarter the bytes each decode step streams. BF16C is exact both ways, so a bf16c
+// conversion is also a float source for any other dtype. The index records the choice
+// (expert_dtype, dense_dtype), which is what lets the loader accept weights that differ from
+// config.json.
 #pragma once
 
 #include <array>
@@ -27,13 +30,15 @@ namespace moetier {
 struct ConvertOptions {
   uint64_t shard_bytes = 8ull << 30;  // start a new data file past this size (--shard-gib)
   bool overwrite = false;             // replace a previous conversion in the output directory
-  // --dtype: the experts' dtype, kBF16, kQ8_0 or kQ4_0. Quantized dtypes need row lengths
-  // (d_model for gate/up, the expert width for down) that are multiples of 32.
+  // --dtype: the experts' dtype, kBF16, kBF16C, kQ8_0 or kQ4_0. The block formats need row
+  // lengths (d_model for gate/up, the expert width for down) that are multiples of 32; BF16C
+  // also rows of at most 12 weights outside their 16 most common sign/exponent classes (any
+  // trained or random-normal weights; a row that is not is an error naming it).
   DType expert_dtype = DType::kBF16;
   // --dense-dtype: nullopt ("same") keeps every dense tensor as in the checkpoint. Otherwise
-  // kBF16, kQ8_0 or kQ4_0 for every 2-D matrix (attention, dense MLPs, embeddings, lm_head)
-  // except the MoE routers; 1-D tensors (norms, biases) and routers keep their dtype, as do
-  // matrices whose rows are not whole 32-blocks when the target is quantized.
+  // kBF16, kBF16C, kQ8_0 or kQ4_0 for every 2-D matrix (attention, dense MLPs, embeddings,
+  // lm_head) except the MoE routers; 1-D tensors (norms, biases) and routers keep their dtype,
+  // as do matrices whose rows are not whole 32-blocks when the target is a block format.
   std::optional<DType> dense_dtype;
   int n_threads = 0;  // converting threads (--threads); <= 0: every core this process may use
 };
@@ -48,8 +53,9 @@ struct ConvertSummary {
 };
 
 // The spellings of --dtype (and, with "same", --dense-dtype), lowercase as users type them.
-inline constexpr std::array<std::string_view, 3> kConvertDTypeFlags = {"bf16", "q8_0", "q4_0"};
-// "bf16" → kBF16, "q8_0" → kQ8_0, "q4_0" → kQ4_0; nullopt for anything else.
+inline constexpr std::array<std::string_view, 4> kConvertDTypeFlags = {"bf16", "bf16c", "q8_0",
+                                                                       "q4_0"};
+// "bf16" → kBF16, "bf16c" → kBF16C, "q8_0" → kQ8_0, "q4_0" → kQ4_0; nullopt for anything else.
 std::optional<DType> ConvertDTypeFromFlag(std::string_view flag);
 
 Expected<ConvertSummary> ConvertCheckpoint(const std::filesystem::path& hf_dir,

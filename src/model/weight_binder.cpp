@@ -42,7 +42,7 @@ TensorView WeightBinder::Matrix(const std::string& name, std::vector<int64_t> sh
 
 std::vector<float> WeightBinder::Vector(const std::string& name, int64_t n) {
   const TensorView* v = Lookup(name, {n});
-  if (v != nullptr && IsBlockQuantized(v->dtype)) {
+  if (v != nullptr && IsBlockFormat(v->dtype)) {
     // convert never quantizes 1-D tensors, and ToF32 reads only float dtypes.
     status_ = Status::Error(checkpoint_.FileOf(name) + ": tensor '" + name + "' is " +
                             std::string(DTypeName(v->dtype)) +

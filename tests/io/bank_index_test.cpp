@@ -137,7 +137,7 @@ TEST(BankIndexQuant, DtypeRecordsAreChecked) {
       << e;
   j["expert_dtype"] = "Q5_K";
   const std::string bad = ParseError(j);
-  EXPECT_NE(bad.find("expert_dtype \"Q5_K\" is not BF16, F16, F32, Q8_0 or Q4_0"),
+  EXPECT_NE(bad.find("expert_dtype \"Q5_K\" is not BF16, F16, F32, Q8_0, Q4_0 or BF16C"),
             std::string::npos)
       << bad;
   // Non-weight dtypes stay refused, quantized or not.

@@ -24,12 +24,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
+#include "kernels/cpu/bf16c.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quant.h"
 
@@ -90,6 +92,22 @@ Weights MakeWeights(DType dt, int64_t rows, int64_t k, std::mt19937& rng, Fill f
         QuantizeRowQ4_0(src.data(), k, row);
         DequantizeRowQ4_0(row, k, vals);
         break;
+      case DType::kBF16C: {
+        // kRandomBytes: up to 12 exceptions a row (zeros, bf16 subnormals, tiny and large
+        // outliers), in random places, so the kernels' patching is exercised.
+        if (fill == Fill::kRandomBytes) {
+          const float odd[] = {0.0f, -0.0f, 1e-39f, -3e-40f, 0x1p-60f, -0x1p-50f, 0x1p12f, -0x1p9f};
+          const int n = static_cast<int>(rng() % 13);
+          for (int e = 0; e < n; ++e) src[rng() % static_cast<size_t>(k)] = odd[rng() % 8];
+        }
+        std::vector<uint16_t> bits(static_cast<size_t>(k));
+        for (int64_t i = 0; i < k; ++i) {
+          bits[i] = F32ToBf16(src[i]);
+          vals[i] = Bf16ToF32(bits[i]);
+        }
+        EXPECT_GE(PackRowBf16c(bits.data(), k, row), 0);
+        break;
+      }
       default:
         break;
     }
@@ -158,7 +176,7 @@ struct Shape {
 };
 
 std::vector<Shape> ShapesFor(DType dt) {
-  if (IsBlockQuantized(dt))
+  if (IsBlockFormat(dt))
     return {{1, 32, 1},  {3, 64, 1},  {5, 96, 2},     {13, 160, 3}, {7, 2048, 1}, {67, 256, 5},
             {9, 768, 4}, {6, 320, 9}, {17, 1024, 16}, {2, 32, 33},  {35, 512, 20}};
   // Rows past 32 and tokens past 16: several AMX row blocks and token tiles, partial ones.
@@ -313,8 +331,7 @@ void CheckSplitsThreadsAndBatching(DType dt, int64_t k, std::mt19937& rng) {
 TEST_P(FormatTest, ResultsDoNotDependOnSplitsThreadsOrBatching) {
   std::mt19937 rng(std::random_device{}());
   const DType dt = GetParam();
-  for (int64_t k :
-       IsBlockQuantized(dt) ? std::vector<int64_t>{160} : std::vector<int64_t>{75, 96}) {
+  for (int64_t k : IsBlockFormat(dt) ? std::vector<int64_t>{160} : std::vector<int64_t>{75, 96}) {
     SCOPED_TRACE("k " + std::to_string(k));
     CheckSplitsThreadsAndBatching(dt, k, rng);
     if (HasFatalFailure()) return;
@@ -326,7 +343,7 @@ TEST_P(FormatTest, ResultsDoNotDependOnSplitsThreadsOrBatching) {
 TEST_P(FormatTest, GatherEqualsPreparingTheGatheredRows) {
   std::mt19937 rng(std::random_device{}());
   const DType dt = GetParam();
-  const int64_t rows = 21, k = IsBlockQuantized(dt) ? 96 : 64, tokens = 11;
+  const int64_t rows = 21, k = IsBlockFormat(dt) ? 96 : 64, tokens = 11;
   const Weights w = MakeWeights(dt, rows, k, rng, Fill::kNormal);
   const std::vector<float> x = RandomActivations(tokens, k, rng);
   const std::vector<int32_t> pick = {3, 7, 1, 9, 0, 10};
@@ -350,7 +367,7 @@ TEST_P(FormatTest, GatherEqualsPreparingTheGatheredRows) {
 TEST_P(FormatTest, PoolPrepareEqualsSerialPrepare) {
   std::mt19937 rng(std::random_device{}());
   const DType dt = GetParam();
-  const int64_t rows = 19, k = IsBlockQuantized(dt) ? 128 : 96;
+  const int64_t rows = 19, k = IsBlockFormat(dt) ? 128 : 96;
   const int64_t tokens = std::max<int64_t>(ParallelPrepareTokens(), 32) + 9;  // a partial tile
   const Weights w = MakeWeights(dt, rows, k, rng, Fill::kNormal);
   const std::vector<float> x = RandomActivations(tokens, k, rng);
@@ -374,9 +391,56 @@ TEST_P(FormatTest, PoolPrepareEqualsSerialPrepare) {
   }
 }
 
+// BF16C holds bf16's values in fewer bytes, and its kernels do bf16's arithmetic: on the scalar
+// and AVX2 levels (the ones that run it) its results equal plain bf16's bit for bit, decode and
+// prefill, with and without exceptions.
+TEST(Bf16cKernels, EqualBf16BitForBit) {
+  std::mt19937 rng(std::random_device{}());
+  for (CpuIsa cpu_isa : {CpuIsa::kScalar, CpuIsa::kAvx2}) {
+    if (!CpuSupports(cpu_isa)) {
+      std::printf("[  SKIPPED ] %s: not supported here\n",
+                  std::string(CpuIsaName(cpu_isa)).c_str());
+      continue;
+    }
+    for (const Shape& s : ShapesFor(DType::kBF16C)) {
+      for (Fill fill : {Fill::kNormal, Fill::kRandomBytes}) {
+        const Weights c = MakeWeights(DType::kBF16C, s.rows, s.k, rng, fill);
+        // The same values as plain bf16.
+        Weights b;
+        b.bytes.resize(static_cast<size_t>(s.rows * s.k) * 2 + 1);
+        for (size_t i = 0; i < c.values.size(); ++i) {
+          const uint16_t h = F32ToBf16(c.values[i]);
+          ASSERT_EQ(Bf16ToF32(h), c.values[i]);
+          std::memcpy(b.bytes.data() + 2 * i, &h, 2);
+        }
+        b.view = TensorView{DType::kBF16, {s.rows, s.k}, b.bytes.data(), b.bytes.size() - 1};
+        const std::vector<float> x = RandomActivations(s.tokens, s.k, rng);
+        for (int64_t tokens : {int64_t{1}, s.tokens}) {
+          const std::vector<float> yc = RunDot(cpu_isa, c, x, tokens);
+          const std::vector<float> yb = RunDot(cpu_isa, b, x, tokens);
+          ASSERT_EQ(0, std::memcmp(yc.data(), yb.data(), yc.size() * sizeof(float)))
+              << CpuIsaName(cpu_isa) << " rows " << s.rows << " k " << s.k << " tokens " << tokens;
+        }
+      }
+    }
+  }
+}
+
+// Every SIMD level asked for BF16C hands it to the AVX2 kernels (its slot order is theirs).
+TEST(Bf16cKernels, SimdLevelsRunTheAvx2Kernels) {
+  std::mt19937 rng(std::random_device{}());
+  const std::vector<float> x = RandomActivations(1, 64, rng);
+  for (CpuIsa cpu_isa : SupportedIsas()) {
+    PreparedActivations p;
+    p.Prepare(x.data(), 1, 64, DType::kBF16C, cpu_isa);
+    EXPECT_EQ(p.isa(), cpu_isa == CpuIsa::kScalar ? CpuIsa::kScalar : CpuIsa::kAvx2)
+        << CpuIsaName(cpu_isa);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, FormatTest,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kF16, DType::kQ8_0,
-                                           DType::kQ4_0),
+                                           DType::kQ4_0, DType::kBF16C),
                          [](const auto& info) { return std::string(DTypeName(info.param)); });
 
 // Every level quantizes activations exactly as the scalar reference does (same quants and

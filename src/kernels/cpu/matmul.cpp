@@ -4,6 +4,7 @@
 #include <cassert>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/quant.h"
@@ -42,6 +43,8 @@ isa::WFormat FormatOf(DType t) {
       return isa::WFormat::kQ8_0;
     case DType::kQ4_0:
       return isa::WFormat::kQ4_0;
+    case DType::kBF16C:
+      return isa::WFormat::kBF16C;
     default:
       return isa::WFormat::kF32;
   }
@@ -65,6 +68,15 @@ class ThreadScratch {
   void* p_ = nullptr;
   size_t size_ = 0;
 };
+
+// The level that runs weights of dtype `w` when `cpu_isa` is asked for: BF16C's slot order is
+// the AVX2 kernels' (matmul_isa.h), so every SIMD level hands it to them; the AVX-512 levels
+// could only decode it through the scalar definition.
+CpuIsa IsaForWeights(DType w, CpuIsa cpu_isa) {
+  if (w == DType::kBF16C && cpu_isa != CpuIsa::kScalar && CpuSupports(CpuIsa::kAvx2))
+    return CpuIsa::kAvx2;
+  return cpu_isa;
+}
 
 }  // namespace
 
@@ -114,6 +126,27 @@ void RowToF32(const TensorView& w, int64_t offset, int64_t n, float* out) {
           DequantizeRowQ4_0(src, kQuantBlock, block);
         }
         std::memcpy(out + (e - offset), block + first, static_cast<size_t>(take) * sizeof(float));
+        e += take;
+      }
+      return;
+    }
+    case DType::kBF16C: {
+      // Rows carry a header: decode each row the range touches (into `out` when whole).
+      const int64_t k = w.shape.back();
+      const size_t row_bytes = DTypeRowBytes(DType::kBF16C, k);
+      std::vector<float> part;
+      for (int64_t e = offset; e < offset + n;) {
+        const int64_t r = e / k, first = e - r * k;
+        const int64_t take = std::min<int64_t>(k - first, offset + n - e);
+        const uint8_t* row = w.bytes() + static_cast<size_t>(r) * row_bytes;
+        if (take == k) {
+          isa::Bf16cRowToF32(row, k, out + (e - offset));
+        } else {
+          part.resize(static_cast<size_t>(k));
+          isa::Bf16cRowToF32(row, k, part.data());
+          std::memcpy(out + (e - offset), part.data() + first,
+                      static_cast<size_t>(take) * sizeof(float));
+        }
         e += take;
       }
       return;
@@ -172,6 +205,7 @@ void PreparedActivations::Layout(const float* x, int64_t n_tokens, int64_t k, DT
                                  CpuIsa cpu_isa, Tiles tiles) {
   assert(IsWeightDType(w_dtype) && IsValidRowLength(w_dtype, k));
   if (!CpuSupports(cpu_isa)) cpu_isa = CpuIsa::kScalar;  // see SafeKernels
+  cpu_isa = IsaForWeights(w_dtype, cpu_isa);
   const isa::Kernels& kern = SafeKernels(cpu_isa);
   const isa::WFormat f = FormatOf(w_dtype);
   w_dtype_ = w_dtype;

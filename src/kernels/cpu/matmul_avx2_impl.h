@@ -172,6 +172,112 @@ void ConvertRows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k,
 }
 
 // ---------------------------------------------------------------------------------------------
+// BF16C (matmul_isa.h): a 48-byte block decodes to the same four float vectors a bf16 row's 32
+// weights load as (elements 8a..8a+7 in v[a]), so its tiles do bf16's arithmetic exactly.
+
+inline __m256i Bf16cTable(const uint8_t* row) {  // the 16 high bytes, in both lanes
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
+}
+
+// The block's weights as stored (an exception's lanes are patched by Bf16cExceptions): codes
+// to high bytes by one table lookup, then bytes to bf16 words and words to floats in-lane.
+inline void Bf16cDecode(__m256i table, const uint8_t* blk, __m256 v[4]) {
+  const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
+  const __m256i n =
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32)));
+  // Lane 0: slots 0..15 (low nibbles); lane 1: slots 16..31 (high nibbles).
+  const __m256i codes =
+      _mm256_and_si256(_mm256_blend_epi32(n, _mm256_srli_epi16(n, 4), 0xF0), _mm256_set1_epi8(15));
+  const __m256i hi = _mm256_shuffle_epi8(table, codes);
+  const __m256i w0 = _mm256_unpacklo_epi8(lo, hi), w1 = _mm256_unpackhi_epi8(lo, hi);
+  const __m256i top = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  v[0] = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
+  v[1] = _mm256_castsi256_ps(_mm256_and_si256(w0, top));
+  v[2] = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
+  v[3] = _mm256_castsi256_ps(_mm256_and_si256(w1, top));
+}
+
+// Walks a row's exception list (ascending) alongside its blocks. A list that is not ascending
+// (a damaged file) leaves later entries unapplied: wrong values, never a bad access.
+class Bf16cExceptions {
+ public:
+  Bf16cExceptions(const uint8_t* row, int64_t k) : list_(row + kBf16cExceptionsAt), k_(k) {
+    Advance();
+  }
+  // The block holding the next exception (past the row when none is left).
+  int64_t next_block() const { return next_block_; }
+  // Overwrites the lanes of block b's exceptions in its decoded vectors.
+  void Patch(int64_t b, __m256 v[4]) {
+    alignas(32) float f[kBlock];
+    for (int a = 0; a < 4; ++a) _mm256_store_ps(f + 8 * a, v[a]);
+    while (next_block_ == b) {
+      const uint8_t* x = list_ + 4 * e_;
+      const uint32_t bits = static_cast<uint32_t>(Bf16cLoad16(x + 2)) << 16;
+      std::memcpy(f + Bf16cLoad16(x) % kBlock, &bits, 4);
+      ++e_;
+      Advance();
+    }
+    for (int a = 0; a < 4; ++a) v[a] = _mm256_load_ps(f + 8 * a);
+  }
+
+ private:
+  void Advance() {
+    const uint16_t at = e_ < kBf16cMaxExceptions ? Bf16cLoad16(list_ + 4 * e_) : kBf16cNone;
+    next_block_ = at < k_ ? at / kBlock : INT64_MAX;
+  }
+  const uint8_t* list_;
+  int64_t k_;
+  int e_ = 0;
+  int64_t next_block_ = 0;
+};
+
+// Decode: `n_rows` rows one after the other against one token, the arithmetic of
+// FloatTile<kBF16, 1, 1> (block b's four vectors are its steps 4b..4b+3, into accumulators
+// 0..3), so BF16C gives bf16's results bit for bit.
+void Bf16cDecodeRows(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
+                     int64_t n_rows, int64_t ahead) {
+  const int64_t nb = k / kBlock;
+  for (int64_t r = 0; r < n_rows; ++r, w += row_bytes) {
+    const __m256i table = Bf16cTable(w);
+    Bf16cExceptions ex(w, k);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    const uint8_t* blk = w + kBf16cHeader;
+    for (int64_t b = 0; b < nb; ++b, blk += kBf16cBlock) {
+      Prefetch(blk, ahead);
+      __m256 v[4];
+      Bf16cDecode(table, blk, v);
+      if (b == ex.next_block()) ex.Patch(b, v);
+      MOETIER_UNROLL for (int a = 0; a < 4; ++a) acc[a] =
+          _mm256_fmadd_ps(v[a], _mm256_loadu_ps(x + b * kBlock + 8 * a), acc[a]);
+    }
+    y[r] = HSum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  }
+}
+
+template <>
+void ConvertRows<WFormat::kBF16C>(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k,
+                                  float* out, int64_t stride) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* row = w + r * row_bytes;
+    float* o = out + r * stride;
+    const __m256i table = Bf16cTable(row);
+    for (int64_t b = 0; b < k / kBlock; ++b) {
+      __m256 v[4];
+      Bf16cDecode(table, row + kBf16cHeader + b * kBf16cBlock, v);
+      for (int a = 0; a < 4; ++a) _mm256_storeu_ps(o + b * kBlock + 8 * a, v[a]);
+    }
+    for (int e = 0; e < kBf16cMaxExceptions; ++e) {
+      const uint8_t* x = row + kBf16cExceptionsAt + 4 * e;
+      const uint16_t at = Bf16cLoad16(x);
+      if (at >= k) continue;
+      const uint32_t bits = static_cast<uint32_t>(Bf16cLoad16(x + 2)) << 16;
+      std::memcpy(o + at, &bits, 4);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Q8_0: int8 dots per block (8 int32 lanes), scaled per block in float32.
 
 struct Q8Step {  // one weight row's block, ready for the int8 dots
@@ -430,14 +536,19 @@ void FloatRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t r
   constexpr int64_t kRows = 1, kTokens = 3;
   const int64_t k = x.k;
   if (x.n_tokens == 1) {  // decode: the whole row range in one call
-    if (row_end > row_begin)
+    if (row_end <= row_begin) return;
+    if constexpr (F == WFormat::kBF16C) {
+      Bf16cDecodeRows(w + row_begin * row_bytes, row_bytes, x.x, k, y + row_begin,
+                      row_end - row_begin, x.float_prefetch_bytes);
+    } else {
       FloatTile<F, 1, 1>(w + row_begin * row_bytes, row_bytes, x.x, k, y + row_begin, y_stride,
                          row_end - row_begin, x.float_prefetch_bytes);
+    }
     return;
   }
   // With more tokens than one tile holds, convert each row once (exactly) and reuse it for
-  // every token tile; with fewer, convert in registers.
-  const bool convert = F != WFormat::kF32 && x.n_tokens > kTokens;
+  // every token tile; with fewer, convert in registers (BF16C always converts).
+  const bool convert = F == WFormat::kBF16C || (F != WFormat::kF32 && x.n_tokens > kTokens);
   const int64_t stride = RoundUp(k, 64);
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
     const int64_t nr = Min(kRows, row_end - r0);
@@ -450,7 +561,7 @@ void FloatRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t r
         const auto* cw = reinterpret_cast<const uint8_t*>(scratch);
         MOETIER_FLOAT_TILE_SWITCH(FloatTiles<WFormat::kF32>::template Run, nr, nt, cw, stride * 4,
                                   xt, k, yt, y_stride)
-      } else {
+      } else if constexpr (F != WFormat::kBF16C) {
         MOETIER_FLOAT_TILE_SWITCH(FloatTiles<F>::template Run, nr, nt, w + r0 * row_bytes,
                                   row_bytes, xt, k, yt, y_stride)
       }
@@ -607,6 +718,8 @@ void DotRows(WFormat f, const uint8_t* w, int64_t row_bytes, int64_t row_begin, 
       return FloatRows<WFormat::kBF16>(w, row_bytes, row_begin, row_end, x, y, y_stride, scratch);
     case WFormat::kF16:
       return FloatRows<WFormat::kF16>(w, row_bytes, row_begin, row_end, x, y, y_stride, scratch);
+    case WFormat::kBF16C:
+      return FloatRows<WFormat::kBF16C>(w, row_bytes, row_begin, row_end, x, y, y_stride, scratch);
     case WFormat::kQ8_0:
       return QuantRows<WFormat::kQ8_0>(w, row_bytes, row_begin, row_end, x, y, y_stride);
     case WFormat::kQ4_0:

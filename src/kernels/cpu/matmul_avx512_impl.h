@@ -203,6 +203,12 @@ void ConvertRows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k,
     }
 }
 
+template <>
+void ConvertRows<WFormat::kBF16C>(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k,
+                                  float* out, int64_t stride) {
+  for (int64_t r = 0; r < n_rows; ++r) Bf16cRowToF32(w + r * row_bytes, k, out + r * stride);
+}
+
 // ---------------------------------------------------------------------------------------------
 // bf16 weights x bf16-rounded activations with vdpbf16ps (kAvx512Bf16 only): 32 per step.
 
@@ -466,7 +472,9 @@ template <WFormat F>
 void FloatRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t row_end,
                const Prepared& x, float* y, int64_t y_stride, float* scratch) {
   const int64_t k = x.k;
-  if (x.n_tokens == 1) {  // decode: the whole row range in one call
+  // BF16C is the AVX2 kernels' format (the dispatcher sends it there: its slot order suits
+  // 256-bit unpacks); here it is decoded by the scalar definition and run as f32 rows.
+  if (x.n_tokens == 1 && F != WFormat::kBF16C) {  // decode: the whole row range in one call
     if (row_end > row_begin)
       FloatTile<F, 1, 1>(w + row_begin * row_bytes, row_bytes, x.x, k, y + row_begin, y_stride,
                          row_end - row_begin);
@@ -475,7 +483,7 @@ void FloatRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t r
   constexpr int64_t kRows = kFloatRows;
   // With more tokens than one tile holds, convert each group of rows once (exactly) and reuse
   // it for every token tile; with fewer, convert in registers.
-  const bool convert = F != WFormat::kF32 && x.n_tokens > kFloatTokens;
+  const bool convert = F == WFormat::kBF16C || (F != WFormat::kF32 && x.n_tokens > kFloatTokens);
   const int64_t stride = RoundUp(k, 64);
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
     const int64_t nr = Min(kRows, row_end - r0);
@@ -488,7 +496,7 @@ void FloatRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t r
         const auto* cw = reinterpret_cast<const uint8_t*>(scratch);
         MOETIER_TILE_SWITCH(FloatTiles<WFormat::kF32>::template Run, nr, nt, cw, stride * 4, xt, k,
                             yt, y_stride)
-      } else {
+      } else if constexpr (F != WFormat::kBF16C) {
         MOETIER_TILE_SWITCH(FloatTiles<F>::template Run, nr, nt, w + r0 * row_bytes, row_bytes, xt,
                             k, yt, y_stride)
       }
@@ -676,6 +684,8 @@ void DotRows(WFormat f, const uint8_t* w, int64_t row_bytes, int64_t row_begin, 
 #endif
     case WFormat::kF16:
       return FloatRows<WFormat::kF16>(w, row_bytes, row_begin, row_end, x, y, y_stride, scratch);
+    case WFormat::kBF16C:
+      return FloatRows<WFormat::kBF16C>(w, row_bytes, row_begin, row_end, x, y, y_stride, scratch);
     case WFormat::kQ8_0:
       return QuantRows<WFormat::kQ8_0>(w, row_bytes, row_begin, row_end, x, y, y_stride);
     case WFormat::kQ4_0:

@@ -14,7 +14,7 @@
 
 namespace moetier::kernels::isa {
 
-enum class WFormat : uint8_t { kF32, kF16, kBF16, kQ8_0, kQ4_0 };
+enum class WFormat : uint8_t { kF32, kF16, kBF16, kQ8_0, kQ4_0, kBF16C };
 
 inline constexpr int64_t kBlock = 32;       // quantized block: weights per block
 inline constexpr int64_t kQ8_0Bytes = 34;   // fp16 d + 32 x int8
@@ -24,6 +24,51 @@ inline constexpr int64_t kMaxTileRows = 4;  // most weight rows any kernel conve
 
 static constexpr int64_t RoundUp(int64_t v, int64_t m) {
   return (v + m - 1) / m * m;
+}
+
+// BF16C, bf16 packed losslessly (the format and its encoder: bf16c.h; the same numbers as
+// core/dtype.h's, which this header cannot include). A row of k weights (k a multiple of 32):
+//   header, 64 bytes: table[16]   code c -> the high byte of a bf16 (sign, top 7 exponent bits)
+//                     12 x {uint16 element index, uint16 bf16 bits}: the exceptions, weights
+//                     whose high byte is not in the table, ascending; unused: index 0xFFFF
+//   k/32 blocks, 48 bytes each: lo[32]    the bf16 low bytes, in slot order
+//                               code[16]  byte j: slot j's code (low nibble), slot 16+j's (high)
+// Weight j of a block sits in slot Bf16cSlot(j): the order in which AVX2's in-lane byte and
+// word unpacks (matmul_avx2_impl.h) leave elements 8a..8a+7 in the a-th vector. An exception's
+// slot holds code 0 and lo 0; decoders overwrite it with the header's bits.
+inline constexpr int64_t kBf16cHeader = 64;
+inline constexpr int64_t kBf16cBlock = 48;
+inline constexpr int64_t kBf16cExceptionsAt = 16;  // byte offset of the exception list
+inline constexpr int kBf16cMaxExceptions = 12;
+inline constexpr uint16_t kBf16cNone = 0xFFFF;
+static constexpr int Bf16cSlot(int j) {
+  const int a = j / 8, d = j % 8;
+  return 16 * (d / 4) + 8 * (a / 2) + 2 * (d % 4) + a % 2;
+}
+static inline uint16_t Bf16cLoad16(const uint8_t* p) {
+  return static_cast<uint16_t>(p[0] | (p[1] << 8));
+}
+// The bf16 bits the blocks give element i of a row (an exception's come from the header).
+static inline uint16_t Bf16cStoredBits(const uint8_t* row, int64_t i) {
+  const uint8_t* blk = row + kBf16cHeader + i / kBlock * kBf16cBlock;
+  const int s = Bf16cSlot(static_cast<int>(i % kBlock));
+  const int code = s < 16 ? blk[32 + s] & 15 : blk[32 + s - 16] >> 4;
+  return static_cast<uint16_t>((row[code] << 8) | blk[s]);
+}
+// Exact decode of a BF16C row to float32 (the scalar definition every kernel matches).
+// Exceptions with an index >= k are ignored, so no row's bytes can make this write past `out`.
+static inline void Bf16cRowToF32(const uint8_t* row, int64_t k, float* out) {
+  for (int64_t i = 0; i < k; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(Bf16cStoredBits(row, i)) << 16;
+    __builtin_memcpy(out + i, &bits, 4);
+  }
+  for (int e = 0; e < kBf16cMaxExceptions; ++e) {
+    const uint8_t* x = row + kBf16cExceptionsAt + 4 * e;
+    const uint16_t at = Bf16cLoad16(x);
+    if (at >= k) continue;
+    const uint32_t bits = static_cast<uint32_t>(Bf16cLoad16(x + 2)) << 16;
+    __builtin_memcpy(out + at, &bits, 4);
+  }
 }
 
 // Prepared activations, one layout per (weight format, ISA), built once per matmul.

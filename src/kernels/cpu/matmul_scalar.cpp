@@ -84,7 +84,7 @@ int32_t BlockDot(WFormat f, const uint8_t* blk, const int8_t* xq) {
 }
 
 void DotRows(WFormat f, const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t row_end,
-             const Prepared& x, float* y, int64_t y_stride, float* /*scratch*/) {
+             const Prepared& x, float* y, int64_t y_stride, float* scratch) {
   const int64_t k = x.k;
   if (f == WFormat::kQ8_0 || f == WFormat::kQ4_0) {
     const QuantLayout lay = QuantLayoutFor(k, 1);
@@ -111,10 +111,15 @@ void DotRows(WFormat f, const uint8_t* w, int64_t row_bytes, int64_t row_begin, 
   }
   for (int64_t r = row_begin; r < row_end; ++r) {
     const uint8_t* row = w + r * row_bytes;
+    if (f == WFormat::kBF16C) {  // decoded once per row into scratch, then read as f32
+      Bf16cRowToF32(row, k, scratch);
+      row = reinterpret_cast<const uint8_t*>(scratch);
+    }
+    const WFormat rf = f == WFormat::kBF16C ? WFormat::kF32 : f;
     for (int64_t t = 0; t < x.n_tokens; ++t) {
       const float* xt = x.x + t * k;
       double acc = 0.0;
-      for (int64_t i = 0; i < k; ++i) acc += static_cast<double>(WeightAt(f, row, i)) * xt[i];
+      for (int64_t i = 0; i < k; ++i) acc += static_cast<double>(WeightAt(rf, row, i)) * xt[i];
       y[t * y_stride + r] = static_cast<float>(acc);
     }
   }
