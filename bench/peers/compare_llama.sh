@@ -10,7 +10,9 @@
 # WORK holds the models: q3moe-8L.gguf (bf16) and q3moe-8L-hf/ (made with --synth when missing),
 # q3moe-8L-<dtype>.gguf (llama-quantize --pure: every matrix in that dtype, as moetier converts
 # with --dtype D --dense-dtype D, so both engines read the same bytes) and bank-<dtype>/ (the
-# quantized ones converted from bank-bf16/ when it exists, else from the checkpoint).
+# others converted from bank-bf16/ when it exists, else from the checkpoint). bf16c (moetier's
+# lossless packing of bf16, the same values) is compared with llama.cpp on the bf16 GGUF; put
+# bf16 before it in --dtypes so llama.cpp's GB/s can use bf16's bytes.
 # Decode is compared at the same context positions: moetier decodes after the prompt, and
 # llama-bench's tg test is run at depth PROMPT_TOKENS too (-d); the empty-context figure is
 # reported beside it.
@@ -45,6 +47,9 @@ mkdir -p "$WORK" "$OUT"
 HF=${HF:-$WORK/q3moe-8L-hf}
 GGUF=$WORK/q3moe-8L.gguf
 log() { echo "[$(date +%T)] $*" >&2; }
+# llama.cpp's model for a moetier dtype: bf16c is bf16's values packed losslessly, so llama.cpp
+# reads the bf16 GGUF for it.
+gguf_for() { case $1 in bf16|bf16c) echo "$GGUF" ;; *) echo "$WORK/q3moe-8L-$1.gguf" ;; esac; }
 
 NEED_HF=0  # the checkpoint is only read to convert banks that are not there yet
 BF16_BANK=$WORK/bank-bf16  # quantized banks are converted from it when it exists (same result)
@@ -61,7 +66,7 @@ if [ ! -f "$GGUF" ] || { [ "$NEED_HF" = 1 ] && [ ! -f "$HF/config.json" ]; }; th
 fi
 
 for dt in $DTYPES; do
-  if [ "$dt" = bf16 ]; then G=$GGUF; else G=$WORK/q3moe-8L-$dt.gguf; fi
+  G=$(gguf_for "$dt")
   if [ ! -f "$G" ]; then
     log "llama-quantize --pure $dt"
     # Written under another name first: an interrupted run must not leave a half file behind.
@@ -84,7 +89,7 @@ done
 [ "${PREPARE_ONLY:-0}" = 1 ] && { log "models ready (PREPARE_ONLY=1)"; exit 0; }
 
 for dt in $DTYPES; do
-  if [ "$dt" = bf16 ]; then G=$GGUF; else G=$WORK/q3moe-8L-$dt.gguf; fi
+  G=$(gguf_for "$dt")
   log "llama-bench $dt"
   # moetier's decode runs after the prompt (positions PP+1..PP+TG); llama-bench's tg test runs
   # from an empty context unless given a depth, so it is also run at depth PP (-d 0,PP) and the
@@ -120,8 +125,13 @@ for dt in dtypes:
              decode_ratio_vs_empty_context=m["decode_tokens_per_s"] / tg0,
              prefill_ratio=m["prefill_tokens_per_s"] / pp, decode_gb_per_s=m["decode_gb_per_s"],
              read_bandwidth_gb_per_s=m["read_bandwidth_gb_per_s"],
-             decode_bytes_per_token=m["decode_bytes_per_token"],
-             llama_decode_gb_per_s=tg * m["decode_bytes_per_token"] / 1e9, threads=m["threads"])
+             decode_bytes_per_token=m["decode_bytes_per_token"], threads=m["threads"])
+    # llama.cpp streams bf16 for bf16c: its bytes are the bf16 bank's (when that ran too).
+    llama_bytes = m["decode_bytes_per_token"]
+    if dt == "bf16c":
+        f = os.path.join(out, "moetier-bf16.json")
+        llama_bytes = json.load(open(f))["decode_bytes_per_token"] if os.path.exists(f) else None
+    s["llama_decode_gb_per_s"] = tg * llama_bytes / 1e9 if llama_bytes else float("nan")
     summary[dt] = s
     rows.append(f"| {dt} | {s['moetier_decode']:.1f} | {tg:.1f} (d{s['llama_decode_depth']}) | {s['decode_ratio']:.2f}x | "
                 f"{tg0:.1f} | {s['decode_ratio_vs_empty_context']:.2f}x | "
