@@ -185,6 +185,14 @@ std::vector<Shape> ShapesFor(DType dt) {
           {3, 768, 16}, {17, 129, 33}, {35, 96, 19}, {50, 512, 2}};
 }
 
+// The kernel dtype preparing n tokens of weights dt on cpu_isa gives (PreparedActivations).
+DType KernelDTypeOfOneBatch(DType dt, CpuIsa cpu_isa, int64_t n) {
+  PreparedActivations p;
+  const std::vector<float> x(static_cast<size_t>(n * 32), 1.0f);
+  p.Prepare(x.data(), n, 32, dt, cpu_isa);
+  return p.kernel_dtype();
+}
+
 // Which levels to test: every one this CPU runs.
 std::vector<CpuIsa> SupportedIsas() {
   std::vector<CpuIsa> v;
@@ -239,7 +247,6 @@ TEST_P(FormatTest, EveryIsaMatchesScalar) {
   const DType dt = GetParam();
   for (CpuIsa cpu_isa : SupportedIsas()) {
     if (cpu_isa == CpuIsa::kScalar) continue;
-    const bool bf16_acts = cpu_isa == CpuIsa::kAvx512Bf16 && dt == DType::kBF16;
     for (Fill fill : {Fill::kNormal, Fill::kRandomBytes}) {
       for (const Shape& s : ShapesFor(dt)) {
         const Weights w = MakeWeights(dt, s.rows, s.k, rng, fill);
@@ -249,7 +256,9 @@ TEST_P(FormatTest, EveryIsaMatchesScalar) {
         PreparedActivations pg;
         const std::vector<float> got = RunDot(cpu_isa, w, x, s.tokens, &pg);
         const std::vector<double> xe = EffectiveActivations(ps, x.data());
-        const bool amx_bf16 = pg.view().packed != nullptr && dt == DType::kBF16;
+        // BF16C batches may run the level's bf16 kernels on expanded rows (kernel_dtype()).
+        const bool amx_bf16 = pg.view().packed != nullptr && pg.kernel_dtype() == DType::kBF16;
+        const bool bf16_acts = cpu_isa == CpuIsa::kAvx512Bf16 && pg.kernel_dtype() == DType::kBF16;
         const double steps = IsBlockQuantized(dt) ? s.k / 32.0 : amx_bf16 ? 3.0 * s.k : s.k / 8.0;
         for (int64_t t = 0; t < s.tokens; ++t)
           for (int64_t r = 0; r < s.rows; ++r) {
@@ -286,7 +295,8 @@ void CheckSplitsThreadsAndBatching(DType dt, int64_t k, std::mt19937& rng) {
     }
     ASSERT_EQ(0, std::memcmp(whole.data(), split.data(), whole.size() * sizeof(float)))
         << CpuIsaName(cpu_isa) << " " << DTypeName(dt);
-    if (cpu_isa == CpuIsa::kAmx && (dt == DType::kQ8_0 || dt == DType::kBF16)) {
+    const DType kdt = p.kernel_dtype();  // BF16C batches: kBF16 on levels with bf16 dots
+    if (cpu_isa == CpuIsa::kAmx && (kdt == DType::kQ8_0 || kdt == DType::kBF16)) {
       // The tile path really ran, and batches it packs agree bit for bit however they are cut.
       ASSERT_EQ(p.view().packed != nullptr, k % 32 == 0);
       ASSERT_LE(PackMinTokens(), 5);
@@ -299,6 +309,9 @@ void CheckSplitsThreadsAndBatching(DType dt, int64_t k, std::mt19937& rng) {
       }
       if (PackMinTokens() > 1) continue;  // single tokens take the unpacked path
     }
+    // BF16C batches expanded for bf16 kernels: single tokens stream the packed rows through
+    // the AVX2 kernels instead (matmul.h, Bf16cExpandMinTokens), which sum in another order.
+    if (kdt != dt) continue;
     // One token at a time (decode) gives what the batch (prefill) gave.
     for (int64_t t = 0; t < tokens; ++t) {
       const std::vector<float> one(x.begin() + t * k, x.begin() + (t + 1) * k);
@@ -356,6 +369,9 @@ TEST_P(FormatTest, GatherEqualsPreparingTheGatheredRows) {
       gathered.Gather(all, pick.data(), n);
       std::vector<float> y(static_cast<size_t>(n * rows), NAN);
       DotRows(w.view, 0, rows, gathered, y.data(), rows);
+      // A gather keeps its source's kernel dtype: a lone BF16C token gathered from a batch that
+      // expands rows for bf16 kernels is not what preparing one token gives (matmul.h).
+      if (gathered.kernel_dtype() != KernelDTypeOfOneBatch(dt, cpu_isa, n)) continue;
       const std::vector<float> want = RunDot(cpu_isa, w, {xg.begin(), xg.begin() + n * k}, n);
       ASSERT_EQ(0, std::memcmp(want.data(), y.data(), y.size() * sizeof(float)))
           << CpuIsaName(cpu_isa) << " " << DTypeName(dt) << " n " << n;
@@ -388,6 +404,56 @@ TEST_P(FormatTest, PoolPrepareEqualsSerialPrepare) {
     DotRows(w.view, 0, rows, spread, yb.data(), rows);
     ASSERT_EQ(0, std::memcmp(ya.data(), yb.data(), ya.size() * sizeof(float)))
         << CpuIsaName(cpu_isa) << " " << DTypeName(dt);
+  }
+}
+
+// BF16C batches on levels with bf16 dot instructions expand rows for the bf16 kernels; there
+// they give exactly plain bf16's results (same rows, same kernels).
+TEST(Bf16cKernels, ExpandedBatchesEqualBf16) {
+  std::mt19937 rng(std::random_device{}());
+  bool ran = false;
+  for (CpuIsa cpu_isa : {CpuIsa::kAvx512Bf16, CpuIsa::kAmx}) {
+    if (!CpuSupports(cpu_isa)) continue;
+    ran = true;
+    for (const Shape& s : ShapesFor(DType::kBF16C)) {
+      const int64_t tokens = std::max<int64_t>(s.tokens, Bf16cExpandMinTokens());
+      const Weights c = MakeWeights(DType::kBF16C, s.rows, s.k, rng, Fill::kRandomBytes);
+      Weights b;
+      b.bytes.resize(static_cast<size_t>(s.rows * s.k) * 2 + 1);
+      for (size_t i = 0; i < c.values.size(); ++i) {
+        const uint16_t h = F32ToBf16(c.values[i]);
+        std::memcpy(b.bytes.data() + 2 * i, &h, 2);
+      }
+      b.view = TensorView{DType::kBF16, {s.rows, s.k}, b.bytes.data(), b.bytes.size() - 1};
+      const std::vector<float> x = RandomActivations(tokens, s.k, rng);
+      PreparedActivations p;
+      const std::vector<float> yc = RunDot(cpu_isa, c, x, tokens, &p);
+      ASSERT_EQ(p.kernel_dtype(), DType::kBF16);
+      const std::vector<float> yb = RunDot(cpu_isa, b, x, tokens);
+      ASSERT_EQ(0, std::memcmp(yc.data(), yb.data(), yc.size() * sizeof(float)))
+          << CpuIsaName(cpu_isa) << " rows " << s.rows << " k " << s.k << " tokens " << tokens;
+    }
+  }
+  if (!ran) std::printf("[  SKIPPED ] no avx512bf16 or amx level here\n");
+}
+
+// The AVX2 expansion of BF16C rows to bf16 (what the bf16-dot levels' batches read) is the
+// exact unpacking, exceptions included.
+TEST(Bf16cKernels, Avx2ExpansionEqualsUnpacking) {
+  if (!CpuSupports(CpuIsa::kAvx2)) {
+    std::printf("[  SKIPPED ] no avx2 here\n");
+    return;
+  }
+  std::mt19937 rng(std::random_device{}());
+  for (const Shape& s : ShapesFor(DType::kBF16C)) {
+    const Weights c = MakeWeights(DType::kBF16C, s.rows, s.k, rng, Fill::kRandomBytes);
+    const size_t row_bytes = DTypeRowBytes(DType::kBF16C, s.k);
+    std::vector<uint16_t> got(static_cast<size_t>(s.rows * s.k)), want(got.size());
+    isa::Avx2ExpandBf16cRows(c.bytes.data(), static_cast<int64_t>(row_bytes), s.rows, s.k,
+                             got.data());
+    for (int64_t r = 0; r < s.rows; ++r)
+      UnpackRowBf16c(c.bytes.data() + r * row_bytes, s.k, want.data() + r * s.k);
+    ASSERT_EQ(got, want) << "rows " << s.rows << " k " << s.k;
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/bf16c.h"
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/quant.h"
 
@@ -69,13 +70,43 @@ class ThreadScratch {
   size_t size_ = 0;
 };
 
-// The level that runs weights of dtype `w` when `cpu_isa` is asked for: BF16C's slot order is
-// the AVX2 kernels' (matmul_isa.h), so every SIMD level hands it to them; the AVX-512 levels
-// could only decode it through the scalar definition.
+// The dtype whose kernels run weights of dtype `w` for n_tokens tokens on `cpu_isa`: BF16C
+// batches on levels with bf16 dot instructions go through their bf16 kernels on expanded rows.
+DType KernelDType(DType w, CpuIsa cpu_isa, int64_t n_tokens) {
+  const bool bf16_dots = cpu_isa == CpuIsa::kAmx || cpu_isa == CpuIsa::kAvx512Bf16;
+  if (w == DType::kBF16C && bf16_dots && n_tokens >= Bf16cExpandMinTokens() &&
+      CpuSupports(CpuIsa::kAvx2))
+    return DType::kBF16;
+  return w;
+}
+
+// The level that runs kernel dtype `w` when `cpu_isa` is asked for: BF16C's slot order is the
+// AVX2 kernels' (matmul_isa.h), so every SIMD level hands it to them; the AVX-512 levels could
+// only decode it through the scalar definition.
 CpuIsa IsaForWeights(DType w, CpuIsa cpu_isa) {
   if (w == DType::kBF16C && cpu_isa != CpuIsa::kScalar && CpuSupports(CpuIsa::kAvx2))
     return CpuIsa::kAvx2;
   return cpu_isa;
+}
+
+// DotRows for BF16C rows and activations prepared for bf16 (KernelDType): kExpandRows rows at a
+// time expanded into this thread's buffer, then the level's bf16 kernels. Each output element's
+// arithmetic is the bf16 kernels', which do not depend on the row range.
+void ExpandedBf16cRows(const TensorView& w, int64_t row_begin, int64_t row_end,
+                       const PreparedActivations& x, float* y, int64_t y_stride, float* scratch) {
+  constexpr int64_t kExpandRows = 32;  // one AMX row block; 128 KB of bf16 for k = 2048
+  const int64_t k = x.k();
+  const size_t row_bytes = DTypeRowBytes(DType::kBF16C, k);
+  thread_local std::vector<uint16_t> rows;
+  rows.resize(static_cast<size_t>(kExpandRows * k));  // grows once per thread
+  const isa::Kernels& kern = SafeKernels(x.isa());
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += kExpandRows) {
+    const int64_t n = std::min(kExpandRows, row_end - r0);
+    isa::Avx2ExpandBf16cRows(w.bytes() + static_cast<size_t>(r0) * row_bytes,
+                             static_cast<int64_t>(row_bytes), n, k, rows.data());
+    kern.dot_rows(isa::WFormat::kBF16, reinterpret_cast<const uint8_t*>(rows.data()), 2 * k, 0, n,
+                  x.view(), y + r0, y_stride, scratch);
+  }
 }
 
 }  // namespace
@@ -169,6 +200,14 @@ int64_t PackMinTokens() {
   return forced > 0 ? forced : kPackMinTokens;
 }
 
+int64_t Bf16cExpandMinTokens() {
+  static const int64_t forced = [] {
+    const char* v = std::getenv("MOETIER_BF16C_EXPAND_MIN_TOKENS");
+    return v != nullptr ? std::max<int64_t>(0, std::atoll(v)) : 0;
+  }();
+  return forced > 0 ? forced : kBf16cExpandMinTokens;
+}
+
 int64_t FloatStreamPrefetchBytes() {
   static const int64_t bytes = [] {
     const char* v = std::getenv("MOETIER_FLOAT_PREFETCH_BYTES");
@@ -190,7 +229,7 @@ uint8_t* PreparedActivations::Reserve(size_t bytes) {
 int64_t PreparedActivations::PackedBytes() const {
   const isa::Kernels& kern = SafeKernels(isa_);
   if (kern.pack == nullptr || view_.n_tokens < PackMinTokens()) return 0;
-  return kern.packed_bytes(FormatOf(w_dtype_), view_.n_tokens, view_.k);
+  return kern.packed_bytes(FormatOf(kernel_dtype_), view_.n_tokens, view_.k);
 }
 
 int64_t ParallelPrepareTokens() {
@@ -205,9 +244,10 @@ void PreparedActivations::Layout(const float* x, int64_t n_tokens, int64_t k, DT
                                  CpuIsa cpu_isa, Tiles tiles) {
   assert(IsWeightDType(w_dtype) && IsValidRowLength(w_dtype, k));
   if (!CpuSupports(cpu_isa)) cpu_isa = CpuIsa::kScalar;  // see SafeKernels
-  cpu_isa = IsaForWeights(w_dtype, cpu_isa);
+  kernel_dtype_ = KernelDType(w_dtype, cpu_isa, n_tokens);
+  cpu_isa = IsaForWeights(kernel_dtype_, cpu_isa);
   const isa::Kernels& kern = SafeKernels(cpu_isa);
-  const isa::WFormat f = FormatOf(w_dtype);
+  const isa::WFormat f = FormatOf(kernel_dtype_);
   w_dtype_ = w_dtype;
   isa_ = cpu_isa;
   view_ = isa::Prepared{};
@@ -232,7 +272,7 @@ void PreparedActivations::Layout(const float* x, int64_t n_tokens, int64_t k, DT
 
 void PreparedActivations::Fill(int64_t t0, int64_t t1) {
   const isa::Kernels& kern = SafeKernels(isa_);
-  const isa::WFormat f = FormatOf(w_dtype_);
+  const isa::WFormat f = FormatOf(kernel_dtype_);
   if (view_.token_bytes > 0)
     kern.prepare(f, view_.x + t0 * view_.k, t1 - t0, view_.k,
                  storage_.get() + t0 * view_.token_bytes);
@@ -261,6 +301,7 @@ void PreparedActivations::Prepare(ThreadPool& pool, const float* x, int64_t n_to
 
 void PreparedActivations::Gather(const PreparedActivations& src, const int32_t* tokens, int64_t n) {
   w_dtype_ = src.w_dtype_;
+  kernel_dtype_ = src.kernel_dtype_;
   isa_ = src.isa_;
   view_ = src.view_;
   view_.n_tokens = n;
@@ -286,7 +327,7 @@ void PreparedActivations::Gather(const PreparedActivations& src, const int32_t* 
     packed_at_ = records;
     view_.packed = storage_.get() + records;
     const int64_t n_tiles = (n + isa::kAmxTokens - 1) / isa::kAmxTokens;
-    SafeKernels(isa_).pack(FormatOf(w_dtype_), view_, 0, n_tiles, storage_.get() + records);
+    SafeKernels(isa_).pack(FormatOf(kernel_dtype_), view_, 0, n_tiles, storage_.get() + records);
   }
 }
 
@@ -301,6 +342,9 @@ void DotRows(const TensorView& w, int64_t row_begin, int64_t row_end, const Prep
     return;
   }
   thread_local ThreadScratch scratch;
+  if (w.dtype != x.kernel_dtype())  // BF16C rows for bf16 kernels
+    return ExpandedBf16cRows(w, row_begin, row_end, x, y, y_stride,
+                             scratch.Floats(isa::ScratchFloats(k)));
   const isa::Kernels& kern = SafeKernels(x.isa());
   kern.dot_rows(FormatOf(w.dtype), w.bytes(), static_cast<int64_t>(DTypeRowBytes(w.dtype, k)),
                 row_begin, row_end, x.view(), y, y_stride, scratch.Floats(isa::ScratchFloats(k)));
@@ -412,6 +456,10 @@ const Kernels* Avx512Bf16Kernels() {
 }
 const Kernels* AmxKernels() {
   return nullptr;
+}
+void Avx2ExpandBf16cRows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k,
+                         uint16_t* out) {  // never called: KernelDType needs kAvx2
+  for (int64_t r = 0; r < n_rows; ++r) UnpackRowBf16c(w + r * row_bytes, k, out + r * k);
 }
 }  // namespace moetier::kernels::isa
 #endif

@@ -42,6 +42,14 @@ inline constexpr int64_t kFloatPrefetchBytes = 2048;
 inline constexpr int64_t kFloatPrefetchBytesAmd = 1024;
 int64_t FloatStreamPrefetchBytes();
 
+// Tokens from which a BF16C product on a level with bf16 dot instructions (kAmx tiles,
+// kAvx512Bf16's vdpbf16ps) runs those: each task expands its rows to plain bf16 (kExpandRows at
+// a time, so they stay in L2) and hands them to the level's bf16 kernels, one pass over the rows
+// repaid over the batch's tokens. Fewer tokens (decode) stream the packed rows through the AVX2
+// kernels. MOETIER_BF16C_EXPAND_MIN_TOKENS=N overrides the constant.
+inline constexpr int64_t kBf16cExpandMinTokens = 4;
+int64_t Bf16cExpandMinTokens();
+
 // Tokens from which PreparedActivations::Prepare(pool, ...) spreads its work over the pool (one
 // task per 16 tokens); fewer are prepared on the caller, where a job's hand-off would cost more
 // than it saves. MOETIER_PARALLEL_PREPARE_TOKENS=N overrides the constant.
@@ -83,12 +91,17 @@ class PreparedActivations {
   // Rows `tokens[0..n)` of an already prepared `src`, copied into this object's own storage
   // (also for formats used in place), in that order: the MoE executor quantizes a chunk's
   // tokens once and hands each expert the rows routed to it. Bit-identical to preparing the
-  // gathered float rows. `src` must outlive nothing: the copy is independent.
+  // gathered float rows, except that the copy keeps src's kernel_dtype() (a BF16C batch's few
+  // gathered tokens still expand rows for the bf16 kernels). `src` must outlive nothing: the
+  // copy is independent.
   void Gather(const PreparedActivations& src, const int32_t* tokens, int64_t n);
 
   int64_t n_tokens() const { return view_.n_tokens; }
   int64_t k() const { return view_.k; }
   DType w_dtype() const { return w_dtype_; }
+  // The weight dtype the prepared layout serves: w_dtype(), or kBF16 when BF16C rows are to be
+  // expanded for the level's bf16 kernels (Bf16cExpandMinTokens).
+  DType kernel_dtype() const { return kernel_dtype_; }
   CpuIsa isa() const { return isa_; }
   // The layout the ISA kernels read (matmul_isa.h); for tests.
   const isa::Prepared& view() const { return view_; }
@@ -106,6 +119,7 @@ class PreparedActivations {
   size_t packed_at_ = 0;  // offset of the tile copy in storage_ (when view_.packed is set)
   isa::Prepared view_;
   DType w_dtype_ = DType::kF32;
+  DType kernel_dtype_ = DType::kF32;
   CpuIsa isa_ = CpuIsa::kScalar;
   std::unique_ptr<uint8_t, FreeDeleter> storage_;  // kAlign-aligned
   size_t capacity_ = 0;

@@ -6,4 +6,8 @@ namespace moetier::kernels::isa {
 const Kernels* Avx2Kernels() {
   return &kKernels;
 }
+void Avx2ExpandBf16cRows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k,
+                         uint16_t* out) {
+  ExpandBf16cRows(w, row_bytes, n_rows, k, out);
+}
 }  // namespace moetier::kernels::isa

@@ -277,6 +277,32 @@ void ConvertRows<WFormat::kBF16C>(const uint8_t* w, int64_t row_bytes, int64_t n
   }
 }
 
+// Rows expanded to plain bf16 (row stride k elements), exceptions applied: for the levels whose
+// batched bf16 kernels (AMX tiles, vdpbf16ps) outrun fp32 FMAs on expanded floats.
+[[maybe_unused]] void ExpandBf16cRows(const uint8_t* w, int64_t row_bytes, int64_t n_rows,
+                                      int64_t k, uint16_t* out) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* row = w + r * row_bytes;
+    uint16_t* o = out + r * k;
+    const __m256i table = Bf16cTable(row);
+    for (int64_t b = 0; b < k / kBlock; ++b) {
+      __m256 v[4];
+      Bf16cDecode(table, row + kBf16cHeader + b * kBf16cBlock, v);
+      for (int a = 0; a < 4; a += 2) {  // floats back to their top halves, elements in order
+        const __m256i h0 = _mm256_srli_epi32(_mm256_castps_si256(v[a]), 16);
+        const __m256i h1 = _mm256_srli_epi32(_mm256_castps_si256(v[a + 1]), 16);
+        const __m256i words = _mm256_permute4x64_epi64(_mm256_packus_epi32(h0, h1), 0xD8);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + b * kBlock + 8 * a), words);
+      }
+    }
+    for (int e = 0; e < kBf16cMaxExceptions; ++e) {
+      const uint8_t* x = row + kBf16cExceptionsAt + 4 * e;
+      const uint16_t at = Bf16cLoad16(x);
+      if (at < k) o[at] = Bf16cLoad16(x + 2);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Q8_0: int8 dots per block (8 int32 lanes), scaled per block in float32.
 

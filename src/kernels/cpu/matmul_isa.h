@@ -188,6 +188,12 @@ static constexpr int64_t ScratchFloats(int64_t k) {
   return kMaxTileRows * RoundUp(k, 64);
 }
 
+// BF16C rows [0, n_rows) (row_bytes apart) expanded to plain bf16, row stride k elements,
+// exceptions applied: the avx2 level's code, callable once CpuSupports(kAvx2) (another
+// architecture's build has a scalar one).
+void Avx2ExpandBf16cRows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k,
+                         uint16_t* out);
+
 // nullptr when the build has no code for that ISA (e.g. not an x86-64 build).
 const Kernels* ScalarKernels();
 const Kernels* Avx2Kernels();
