@@ -281,19 +281,28 @@ void ConvertRows<WFormat::kBF16C>(const uint8_t* w, int64_t row_bytes, int64_t n
 // batched bf16 kernels (AMX tiles, vdpbf16ps) outrun fp32 FMAs on expanded floats.
 [[maybe_unused]] void ExpandBf16cRows(const uint8_t* w, int64_t row_bytes, int64_t n_rows,
                                       int64_t k, uint16_t* out) {
+  // Bf16cDecode's words, without the floats: w0 holds slots 0..7 | 16..23, w1 slots 8..15 |
+  // 24..31 (in-lane), and elements 0..15 are w0's even words then its odd ones (Bf16cSlot):
+  // a byte shuffle gathers [even | odd] in each lane, a qword permute orders the lanes.
+  const __m256i even_odd = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0,
+                                            1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
   for (int64_t r = 0; r < n_rows; ++r) {
     const uint8_t* row = w + r * row_bytes;
     uint16_t* o = out + r * k;
     const __m256i table = Bf16cTable(row);
     for (int64_t b = 0; b < k / kBlock; ++b) {
-      __m256 v[4];
-      Bf16cDecode(table, row + kBf16cHeader + b * kBf16cBlock, v);
-      for (int a = 0; a < 4; a += 2) {  // floats back to their top halves, elements in order
-        const __m256i h0 = _mm256_srli_epi32(_mm256_castps_si256(v[a]), 16);
-        const __m256i h1 = _mm256_srli_epi32(_mm256_castps_si256(v[a + 1]), 16);
-        const __m256i words = _mm256_permute4x64_epi64(_mm256_packus_epi32(h0, h1), 0xD8);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + b * kBlock + 8 * a), words);
-      }
+      const uint8_t* blk = row + kBf16cHeader + b * kBf16cBlock;
+      const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
+      const __m256i n =
+          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32)));
+      const __m256i codes = _mm256_and_si256(_mm256_blend_epi32(n, _mm256_srli_epi16(n, 4), 0xF0),
+                                             _mm256_set1_epi8(15));
+      const __m256i hi = _mm256_shuffle_epi8(table, codes);
+      const __m256i w0 = _mm256_unpacklo_epi8(lo, hi), w1 = _mm256_unpackhi_epi8(lo, hi);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + b * kBlock),
+                          _mm256_permute4x64_epi64(_mm256_shuffle_epi8(w0, even_odd), 0xD8));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + b * kBlock + 16),
+                          _mm256_permute4x64_epi64(_mm256_shuffle_epi8(w1, even_odd), 0xD8));
     }
     for (int e = 0; e < kBf16cMaxExceptions; ++e) {
       const uint8_t* x = row + kBf16cExceptionsAt + 4 * e;
