@@ -67,8 +67,8 @@ TEST_P(MatMulTest, MatchesDoubleReference) {
         // float32 accumulation of `cols` products: error bounded by ~cols·ε·Σ|products|; we
         // ask for far less, a few ulps of the magnitude sum. The avx512bf16 level rounds the
         // activations of bf16 products to bf16 (vdpbf16ps; matmul.h): 2^-8 of each product.
-        const bool bf16_acts = kernels::ActiveCpuIsa() == kernels::CpuIsa::kAvx512Bf16 &&
-                               GetParam() == DType::kBF16;
+        const bool bf16_acts =
+            kernels::ActiveCpuIsa() == kernels::CpuIsa::kAvx512Bf16 && GetParam() == DType::kBF16;
         const double tol = (bf16_acts ? 0x1p-8 : 1e-6) * mag + 1e-7;
         EXPECT_NEAR(y[static_cast<size_t>(t * rows + r)], ref, tol)
             << "rows " << rows << " cols " << cols << " t " << t << " r " << r;

@@ -80,11 +80,7 @@ int PackRowBf16c(const uint16_t* bits, int64_t k, uint8_t* out) {
 
 void UnpackRowBf16c(const uint8_t* row, int64_t k, uint16_t* bits) {
   for (int64_t i = 0; i < k; ++i) bits[i] = isa::Bf16cStoredBits(row, i);
-  for (int e = 0; e < kBf16cMaxExceptions; ++e) {
-    const uint8_t* x = row + isa::kBf16cExceptionsAt + 4 * e;
-    const uint16_t at = isa::Bf16cLoad16(x);
-    if (at < k) bits[at] = isa::Bf16cLoad16(x + 2);
-  }
+  isa::Bf16cApplyExceptions(row, k, bits);
 }
 
 int MaxBf16cExceptions(const uint16_t* bits, int64_t n_rows, int64_t k) {

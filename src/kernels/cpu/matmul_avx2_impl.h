@@ -267,13 +267,7 @@ void ConvertRows<WFormat::kBF16C>(const uint8_t* w, int64_t row_bytes, int64_t n
       Bf16cDecode(table, row + kBf16cHeader + b * kBf16cBlock, v);
       for (int a = 0; a < 4; ++a) _mm256_storeu_ps(o + b * kBlock + 8 * a, v[a]);
     }
-    for (int e = 0; e < kBf16cMaxExceptions; ++e) {
-      const uint8_t* x = row + kBf16cExceptionsAt + 4 * e;
-      const uint16_t at = Bf16cLoad16(x);
-      if (at >= k) continue;
-      const uint32_t bits = static_cast<uint32_t>(Bf16cLoad16(x + 2)) << 16;
-      std::memcpy(o + at, &bits, 4);
-    }
+    Bf16cApplyExceptions(row, k, o);
   }
 }
 
@@ -304,11 +298,7 @@ void ConvertRows<WFormat::kBF16C>(const uint8_t* w, int64_t row_bytes, int64_t n
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + b * kBlock + 16),
                           _mm256_permute4x64_epi64(_mm256_shuffle_epi8(w1, even_odd), 0xD8));
     }
-    for (int e = 0; e < kBf16cMaxExceptions; ++e) {
-      const uint8_t* x = row + kBf16cExceptionsAt + 4 * e;
-      const uint16_t at = Bf16cLoad16(x);
-      if (at < k) o[at] = Bf16cLoad16(x + 2);
-    }
+    Bf16cApplyExceptions(row, k, o);
   }
 }
 

@@ -55,13 +55,17 @@ static inline uint16_t Bf16cStoredBits(const uint8_t* row, int64_t i) {
   const int code = s < 16 ? blk[32 + s] & 15 : blk[32 + s - 16] >> 4;
   return static_cast<uint16_t>((row[code] << 8) | blk[s]);
 }
-// Exact decode of a BF16C row to float32 (the scalar definition every kernel matches).
-// Exceptions with an index >= k are ignored, so no row's bytes can make this write past `out`.
-static inline void Bf16cRowToF32(const uint8_t* row, int64_t k, float* out) {
-  for (int64_t i = 0; i < k; ++i) {
-    const uint32_t bits = static_cast<uint32_t>(Bf16cStoredBits(row, i)) << 16;
-    __builtin_memcpy(out + i, &bits, 4);
+// Writes a row's exceptions over its decoded weights: bf16 bits into `bits`, or (the float
+// overload) float32 into `out`. Indices >= k are ignored, so no row's bytes can make a decoder
+// write past its output.
+static inline void Bf16cApplyExceptions(const uint8_t* row, int64_t k, uint16_t* bits) {
+  for (int e = 0; e < kBf16cMaxExceptions; ++e) {
+    const uint8_t* x = row + kBf16cExceptionsAt + 4 * e;
+    const uint16_t at = Bf16cLoad16(x);
+    if (at < k) bits[at] = Bf16cLoad16(x + 2);
   }
+}
+static inline void Bf16cApplyExceptions(const uint8_t* row, int64_t k, float* out) {
   for (int e = 0; e < kBf16cMaxExceptions; ++e) {
     const uint8_t* x = row + kBf16cExceptionsAt + 4 * e;
     const uint16_t at = Bf16cLoad16(x);
@@ -69,6 +73,14 @@ static inline void Bf16cRowToF32(const uint8_t* row, int64_t k, float* out) {
     const uint32_t bits = static_cast<uint32_t>(Bf16cLoad16(x + 2)) << 16;
     __builtin_memcpy(out + at, &bits, 4);
   }
+}
+// Exact decode of a BF16C row to float32 (the scalar definition every kernel matches).
+static inline void Bf16cRowToF32(const uint8_t* row, int64_t k, float* out) {
+  for (int64_t i = 0; i < k; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(Bf16cStoredBits(row, i)) << 16;
+    __builtin_memcpy(out + i, &bits, 4);
+  }
+  Bf16cApplyExceptions(row, k, out);
 }
 
 // Prepared activations, one layout per (weight format, ISA), built once per matmul.
