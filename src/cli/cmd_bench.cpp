@@ -85,7 +85,10 @@ int Run(const Opts& o) {
   const double gbps = decode * static_cast<double>(bytes) / 1e9;
   nlohmann::ordered_json j;
   j["model"] = o.model.model_dir;
-  j["dtype"] = std::string(DTypeName(lm.expert_dtype()));
+  // The experts' dtype as stored (the model's), and as held for the kernels: --weight-packing
+  // may hold bf16 as bf16c (the same values; decode_bytes_per_token counts the held bytes).
+  j["dtype"] = std::string(DTypeName(lm.residency().stored_dtype));
+  j["held_dtype"] = std::string(DTypeName(lm.expert_dtype()));
   j["threads"] = threads;
   j["cpu_isa"] = std::string(kernels::CpuIsaName(kernels::ActiveCpuIsa()));  // kernel level used
   j["prompt_tokens"] = o.prompt_tokens;
@@ -118,6 +121,9 @@ int Run(const Opts& o) {
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
+    std::printf("experts  %s, held as %s\n",
+                std::string(DTypeName(lm.residency().stored_dtype)).c_str(),
+                std::string(DTypeName(lm.expert_dtype())).c_str());
     std::printf("prefill  %.1f tokens/s (%lld-token prompt; %s kernels, %d threads)\n", prefill,
                 static_cast<long long>(o.prompt_tokens),
                 std::string(kernels::CpuIsaName(kernels::ActiveCpuIsa())).c_str(), threads);

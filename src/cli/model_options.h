@@ -20,6 +20,7 @@ struct ModelOptions {
   std::string backend = "auto";
   std::optional<double> pin_budget_gb, lock_budget_gb;
   std::string cpu_layers = "auto";
+  std::string weight_packing = "auto";
   bool no_verify = false;
   std::string report_path;  // --report FILE
 };

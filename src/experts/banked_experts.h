@@ -12,21 +12,22 @@ namespace moetier {
 
 class BankedExperts final : public ExpertSource {
  public:
-  // banks[i] holds layer moe_layers[i]'s n_experts experts in `layout`.
+  // banks[i] holds layer moe_layers[i]'s n_experts experts in layouts[i] (layers may differ in
+  // format: a bank the CPU runs may be packed, one pinned for the GPU is as stored).
   BankedExperts(int64_t n_layers, std::vector<int64_t> moe_layers, std::vector<HostBank> banks,
-                ExpertLayout layout, int64_t n_experts);
+                std::vector<ExpertLayout> layouts, int64_t n_experts);
 
   const ExpertWeights& Expert(int64_t layer, int64_t expert) const override {
     return table_.Expert(layer, expert);
   }
   const std::vector<int64_t>& moe_layers() const { return moe_layers_; }
   const HostBank& bank(size_t i) const { return banks_[i]; }
-  const ExpertLayout& layout() const { return layout_; }
+  const ExpertLayout& layout(size_t i) const { return layouts_[i]; }
 
  private:
   std::vector<int64_t> moe_layers_;
   std::vector<HostBank> banks_;
-  ExpertLayout layout_;
+  std::vector<ExpertLayout> layouts_;
   ExpertTable table_;
 };
 

@@ -185,9 +185,11 @@ Expected<ResidencyPlan> PlanResidency(const PlanInputs& in) {
   }
 
   plan.layers.resize(n);
-  for (size_t i = 0; i < n; ++i)
-    plan.layers[i] = {in.banks[i].layer, on_cpu[i] ? Tier::kLocked : Tier::kPinned,
-                      in.banks[i].bytes};
+  for (size_t i = 0; i < n; ++i) {
+    const LayerBank& b = in.banks[i];
+    plan.layers[i] = on_cpu[i] ? LayerResidency{b.layer, Tier::kLocked, b.CpuBytes(), b.CpuDType()}
+                               : LayerResidency{b.layer, Tier::kPinned, b.bytes, b.dtype};
+  }
 
   if (in.budgets.lock_bytes) {
     uint64_t locked = plan.BytesIn(Tier::kLocked);

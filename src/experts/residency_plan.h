@@ -1,11 +1,13 @@
 // The residency plan: per MoE layer, the tier its expert bank should settle to, chosen from the
-// backend, the pin and lock budgets and --moe-cpu-layers before a weight byte is read.
+// backend, the pin and lock budgets and --moe-cpu-layers before a weight byte is read. A layer on
+// a CPU tier counts its packed bytes (LayerBank::cpu_bytes) against the lock budget.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/status.h"
 #include "experts/budgets.h"
 #include "experts/tier.h"
@@ -32,13 +34,21 @@ Expected<CpuLayersSpec> ParseCpuLayersSpec(const std::string& text);
 
 struct LayerBank {
   int64_t layer = 0;   // model layer index
-  uint64_t bytes = 0;  // the bank's bytes
+  uint64_t bytes = 0;  // the bank's bytes as stored (what a pinned bank holds)
+  DType dtype = DType::kBF16;
+  // The bank held for the CPU executor, packed (experts/weight_packing.h); 0 bytes: as stored.
+  uint64_t cpu_bytes = 0;
+  DType cpu_dtype = DType::kBF16;
+
+  uint64_t CpuBytes() const { return cpu_bytes != 0 ? cpu_bytes : bytes; }
+  DType CpuDType() const { return cpu_bytes != 0 ? cpu_dtype : dtype; }
 };
 
 struct LayerResidency {
   int64_t layer = 0;
   Tier tier = Tier::kPageable;
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;          // as held in that tier (packed on the CPU tiers)
+  DType dtype = DType::kBF16;  // as held in that tier
 };
 
 struct ResidencyPlan {

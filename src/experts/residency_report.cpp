@@ -1,5 +1,6 @@
 #include "experts/residency_report.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace moetier {
@@ -9,7 +10,10 @@ namespace {
 nlohmann::ordered_json Layers(const std::vector<LayerResidency>& layers) {
   nlohmann::ordered_json a = nlohmann::ordered_json::array();
   for (const auto& l : layers)
-    a.push_back({{"layer", l.layer}, {"tier", std::string(TierName(l.tier))}, {"bytes", l.bytes}});
+    a.push_back({{"layer", l.layer},
+                 {"tier", std::string(TierName(l.tier))},
+                 {"bytes", l.bytes},
+                 {"dtype", std::string(DTypeName(l.dtype))}});
   return a;
 }
 
@@ -30,6 +34,7 @@ nlohmann::ordered_json ResidencyReportJson(const ResidencyReport& r) {
   j["bytes"] = {{"pinned", by_tier[static_cast<int>(Tier::kPinned)]},
                 {"locked", by_tier[static_cast<int>(Tier::kLocked)]},
                 {"pageable", by_tier[static_cast<int>(Tier::kPageable)]}};
+  j["stored_dtype"] = std::string(DTypeName(r.stored_dtype));
   j["pin_budget_bytes"] = OptionalBytes(r.plan.budgets.pin_bytes);
   j["lock_budget_bytes"] = OptionalBytes(r.plan.budgets.lock_bytes);
   j["vmlck_bytes"] = r.vmlck_bytes;
@@ -43,15 +48,23 @@ std::vector<std::string> TierSummaryLines(const std::vector<LayerResidency>& lay
   for (Tier t : {Tier::kGpu, Tier::kPinned, Tier::kLocked, Tier::kPageable}) {
     int64_t n = 0;
     uint64_t bytes = 0;
-    for (const auto& l : layers)
-      if (l.tier == t) {
-        ++n;
-        bytes += l.bytes;
-      }
+    std::vector<DType> held;  // the formats held, in layer order
+    for (const auto& l : layers) {
+      if (l.tier != t) continue;
+      ++n;
+      bytes += l.bytes;
+      if (std::find(held.begin(), held.end(), l.dtype) == held.end()) held.push_back(l.dtype);
+    }
     if (n == 0) continue;
-    char buf[128];
-    std::snprintf(buf, sizeof buf, "%s: %lld layer%s, %.2f GB", std::string(TierName(t)).c_str(),
-                  static_cast<long long>(n), n == 1 ? "" : "s", static_cast<double>(bytes) / 1e9);
+    std::string dtypes;
+    for (DType d : held) {
+      if (!dtypes.empty()) dtypes += '+';
+      dtypes += DTypeName(d);
+    }
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s: %lld layer%s, %.2f GB as %s",
+                  std::string(TierName(t)).c_str(), static_cast<long long>(n), n == 1 ? "" : "s",
+                  static_cast<double>(bytes) / 1e9, dtypes.c_str());
     lines.push_back(buf);
   }
   return lines;

@@ -17,10 +17,12 @@ struct ResidencyReport {
   uint64_t vmlck_bytes = 0;                            // /proc/self/status after settling
   std::vector<std::string> warnings;                   // plan and settle warnings
   std::string read_mode;                               // "o_direct", "buffered", "mmap" or ""
+  DType stored_dtype = DType::kBF16;  // the experts as stored; held as each layer's dtype says
 };
 
-// {"plan":[{"layer":i,"tier":…,"bytes":n}], "settled":[…], "bytes":{"pinned":…,"locked":…,
-//  "pageable":…}, "pin_budget_bytes":n|null, "lock_budget_bytes":n|null, "vmlck_bytes":n}
+// {"plan":[{"layer":i,"tier":…,"bytes":n,"dtype":…}], "settled":[…],
+// "bytes":{"pinned":…,"locked":…,
+//  "pageable":…}, "stored_dtype":…, "pin_budget_bytes":n|null, "lock_budget_bytes":n|null, "vmlck_bytes":n}
 // "bytes" sums the settled tiers when there are any, else the planned ones.
 nlohmann::ordered_json ResidencyReportJson(const ResidencyReport& r);
 

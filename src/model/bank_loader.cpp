@@ -11,15 +11,16 @@
 #include "core/progress.h"
 #include "experts/settle.h"
 #include "io/converted_model.h"
+#include "model/bank_packing.h"
 #include "model/weight_binder.h"
 
 namespace moetier {
 
 namespace {
 
-// Copies layer `layer`'s experts out of a Hugging Face checkpoint's maps into `bank`, checking
-// each tensor's presence, dtype and shape first.
-Status FillFromCheckpoint(const ModelSource& s, int64_t layer, HostBank& bank, ThreadPool& pool) {
+// Views of layer `layer`'s experts in a Hugging Face checkpoint's maps, after checking each
+// tensor's presence, dtype and shape.
+Expected<std::vector<ExpertWeights>> CheckpointExperts(const ModelSource& s, int64_t layer) {
   const ExpertLayout& lay = s.layout;
   const int64_t E = s.config.n_experts;
   WeightBinder b(*s.hf, s.config);
@@ -39,7 +40,13 @@ Status FillFromCheckpoint(const ModelSource& s, int64_t layer, HostBank& bank, T
                              " but the other experts are " + std::string(DTypeName(lay.dtype)));
   }
   MT_RETURN_IF_ERROR(b.status());
-  pool.ParallelFor(static_cast<size_t>(E), [&](size_t begin, size_t end, int) {
+  return src;
+}
+
+// Copies experts (views into a checkpoint) into `bank`, in layout `lay`.
+void CopyExperts(const std::vector<ExpertWeights>& src, const ExpertLayout& lay, HostBank& bank,
+                 ThreadPool& pool) {
+  pool.ParallelFor(src.size(), [&](size_t begin, size_t end, int) {
     for (size_t e = begin; e < end; ++e) {
       uint8_t* dst = bank.data() + e * lay.stride_bytes();
       std::memcpy(dst + lay.gate_offset(), src[e].gate.data, lay.gate_up_bytes());
@@ -47,131 +54,255 @@ Status FillFromCheckpoint(const ModelSource& s, int64_t layer, HostBank& bank, T
       std::memcpy(dst + lay.down_offset(), src[e].down.data, lay.down_bytes());
     }
   });
-  return OkStatus();
 }
 
-// Runs checksum + settle for banks handed to it, one at a time, on its own thread.
-class Settler {
+// The bank's xxh64 against the index; the error names the file and says what to do.
+Status VerifyBank(const ModelSource& s, size_t i, const HostBank& bank, int64_t layer) {
+  const BankIndexBank& b = s.converted->index().banks[i];
+  const uint64_t got = Checksum64(bank.data(), bank.size());
+  if (got == b.xxh64) return OkStatus();
+  return Status::Error(s.converted->FilePath(b.file).string() +
+                       ": checksum mismatch in the expert bank of layer " + std::to_string(layer) +
+                       " (xxh64 " + Hex64(got) + ", index says " + Hex64(b.xxh64) +
+                       "); the file is corrupt: re-run moetier convert");
+}
+
+// The second stage of loading, on its own thread, bank after bank in order: the checksum, the
+// packing of banks the plan holds in another format than stored, and settling (pin / lock). It
+// runs while the main thread reads the next bank, so packing and mlock overlap the reads.
+//
+// A packed bank's stored bytes are read into one of kStagingBuffers reusable buffers, one bank
+// (as stored) each: the main thread fills one while this thread packs out of the other. The
+// buffers are the transient cost of packing — with 8 layers the peak is no more than holding
+// every bank as stored.
+class Finisher {
  public:
-  Settler(const ModelSource& s, const ResidencyPlan& plan, const BankLoadOptions& opts,
-          std::vector<HostBank>& banks, std::vector<LayerResidency>& settled)
+  static constexpr size_t kStagingBuffers = 2;
+
+  Finisher(const ModelSource& s, const ResidencyPlan& plan, const BankLoadOptions& opts,
+           ThreadPool& pool, std::vector<HostBank>& banks, std::vector<ExpertLayout>& layouts,
+           std::vector<LayerResidency>& settled)
       : s_(s),
         plan_(plan),
         opts_(opts),
+        pool_(pool),
         banks_(banks),
+        layouts_(layouts),
         settled_(settled),
         inject_(FailureInjectionFromEnv()),
         thread_([this] { Run(); }) {}
-  ~Settler() { Finish(); }
+  ~Finisher() { Finish(); }
 
-  void Submit(size_t i) {
+  // A free staging buffer of n_bytes (waits for one), or the error that stopped this
+  // thread.
+  Expected<HostBank*> AcquireStaging(size_t n_bytes) {
+    size_t k = 0;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return !status_.ok() || n_busy_ < kStagingBuffers; });
+      if (!status_.ok()) return status_;
+      while (busy_[k]) ++k;
+      busy_[k] = true;
+      ++n_busy_;
+    }
+    HostBank& b = staging_[k];
+    if (b.size() != n_bytes) {  // (every bank of a model has one size: allocated once)
+      b = HostBank();
+      MT_ASSIGN_OR_RETURN(b, HostBank::Allocate(n_bytes));
+    }
+    return &b;
+  }
+
+  // Bank i is ready: in banks[i] as stored, or in `staging` (from AcquireStaging) to be packed,
+  // or — `checkpoint` non-empty — to be packed from a checkpoint's maps.
+  void Submit(size_t i, HostBank* staging, std::vector<ExpertWeights> checkpoint) {
     {
       std::lock_guard<std::mutex> l(mu_);
-      queue_.push_back(i);
+      queue_.push_back({i, staging, std::move(checkpoint)});
     }
-    cv_.notify_one();
+    cv_.notify_all();
   }
-  // Waits for every submitted bank; returns the first checksum failure.
+  // Waits for every submitted bank; returns the first error.
   Status Finish() {
     {
       std::lock_guard<std::mutex> l(mu_);
       done_ = true;
     }
-    cv_.notify_one();
+    cv_.notify_all();
     if (thread_.joinable()) thread_.join();
     return status_;
   }
   std::vector<std::string> warnings;
 
  private:
+  struct Job {
+    size_t i = 0;
+    HostBank* staging = nullptr;
+    std::vector<ExpertWeights> checkpoint;
+  };
+
   void Run() {
     for (;;) {
-      size_t i;
+      Job job;
       {
         std::unique_lock<std::mutex> l(mu_);
         cv_.wait(l, [&] { return done_ || !queue_.empty(); });
         if (queue_.empty()) return;
-        i = queue_.front();
+        job = std::move(queue_.front());
         queue_.pop_front();
       }
-      Settle(i);
+      Status st = status_.ok() ? Process(job) : OkStatus();
+      std::lock_guard<std::mutex> l(mu_);
+      if (job.staging != nullptr) {
+        const size_t k = static_cast<size_t>(job.staging - staging_);
+        busy_[k] = false;
+        --n_busy_;
+      }
+      if (status_.ok() && !st.ok()) status_ = st;
+      cv_.notify_all();
     }
   }
-  void Settle(size_t i) {
-    HostBank& bank = banks_[i];
+
+  Status Process(Job& job) {
+    const size_t i = job.i;
     const int64_t layer = plan_.layers[i].layer;
-    if (s_.converted && opts_.verify && status_.ok()) {
-      const BankIndexBank& b = s_.converted->index().banks[i];
-      const uint64_t got = Checksum64(bank.data(), bank.size());
-      if (got != b.xxh64)
-        status_ = Status::Error(s_.converted->FilePath(b.file).string() +
-                                ": checksum mismatch in the expert bank of layer " +
-                                std::to_string(layer) + " (xxh64 " + Hex64(got) + ", index says " +
-                                Hex64(b.xxh64) + "); the file is corrupt: re-run moetier convert");
-    }
+    const bool packs = job.staging != nullptr || !job.checkpoint.empty();
+    HostBank& stored = job.staging != nullptr ? *job.staging : banks_[i];
+    if (s_.converted && opts_.verify) MT_RETURN_IF_ERROR(VerifyBank(s_, i, stored, layer));
+    if (packs) MT_RETURN_IF_ERROR(Pack(job, stored));
     const SettleResult r =
-        SettleBank(bank, layer, plan_.layers[i].tier, opts_.gpu_available, inject_);
-    settled_[i] = {layer, r.tier, bank.size()};
+        SettleBank(banks_[i], layer, plan_.layers[i].tier, opts_.gpu_available, inject_);
+    settled_[i] = {layer, r.tier, banks_[i].size(), layouts_[i].dtype};
     if (!r.warning.empty()) warnings.push_back(r.warning);
+    return OkStatus();
+  }
+
+  // Packs bank i into the plan's format. A layer with a row that does not pack stays as stored,
+  // with a warning: packing is an optimisation, never a reason not to load.
+  Status Pack(Job& job, HostBank& stored) {
+    const size_t i = job.i;
+    const int64_t layer = plan_.layers[i].layer;
+    const int64_t E = s_.config.n_experts;
+    std::vector<ExpertWeights> from = std::move(job.checkpoint);
+    if (from.empty())
+      for (int64_t e = 0; e < E; ++e) from.push_back(s_.layout.Views(stored.data(), e));
+    const ExpertLayout packed{s_.layout.d_model, s_.layout.width, plan_.layers[i].dtype};
+    MT_ASSIGN_OR_RETURN(HostBank bank, HostBank::Allocate(packed.bank_bytes(E)));
+    const auto t0 = std::chrono::steady_clock::now();
+    const Status st = PackExpertBank(from, packed, bank.data(), layer, pool_);
+    LogDebug("bank " + std::to_string(i) + " packed in " +
+             std::to_string(
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) +
+             " s");
+    if (st.ok()) {
+      banks_[i] = std::move(bank);
+      layouts_[i] = packed;
+      return OkStatus();
+    }
+    warnings.push_back(st.message() + "; the layer stays " +
+                       std::string(DTypeName(s_.layout.dtype)));
+    if (job.staging != nullptr) {
+      // Keep the staging buffer itself as the bank; the next AcquireStaging allocates anew.
+      banks_[i] = std::move(stored);
+    } else {
+      MT_ASSIGN_OR_RETURN(banks_[i], HostBank::Allocate(s_.banks[i].bytes));
+      CopyExperts(from, s_.layout, banks_[i], pool_);
+    }
+    layouts_[i] = s_.layout;
+    return OkStatus();
   }
 
   const ModelSource& s_;
   const ResidencyPlan& plan_;
   const BankLoadOptions& opts_;
+  ThreadPool& pool_;
   std::vector<HostBank>& banks_;
+  std::vector<ExpertLayout>& layouts_;
   std::vector<LayerResidency>& settled_;
   FailureInjection inject_;
+  HostBank staging_[kStagingBuffers];
+  bool busy_[kStagingBuffers] = {};
+  size_t n_busy_ = 0;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<size_t> queue_;
+  std::deque<Job> queue_;
   bool done_ = false;
   Status status_;
   std::thread thread_;  // last: starts after every member above exists
 };
 
+// Bank i as stored into `bank` (allocated to its size): read from a converted model's file, or
+// copied out of a checkpoint's maps. `mode` becomes kBuffered when a read could not use O_DIRECT.
+Status ReadStoredBank(const ModelSource& s, size_t i, HostBank& bank, ThreadPool& io_pool,
+                      ReadMode& mode) {
+  if (s.converted) {
+    ReadMode m;
+    MT_RETURN_IF_ERROR(
+        s.converted->ReadBank(s.converted->index().banks[i], bank.data(), io_pool, &m));
+    if (m == ReadMode::kBuffered) mode = m;
+    return OkStatus();
+  }
+  MT_ASSIGN_OR_RETURN(std::vector<ExpertWeights> src, CheckpointExperts(s, s.banks[i].layer));
+  CopyExperts(src, s.layout, bank, io_pool);
+  return OkStatus();
+}
+
 }  // namespace
 
 Expected<LoadedBanks> LoadBanks(const ModelSource& s, const ResidencyPlan& plan,
-                                const BankLoadOptions& opts, ThreadPool& io_pool) {
+                                const BankLoadOptions& opts, ThreadPool& io_pool,
+                                ThreadPool& pack_pool) {
   const size_t n = s.banks.size();
   LoadedBanks out;
   out.settled.resize(n);
   std::vector<HostBank> banks(n);
+  std::vector<ExpertLayout> layouts(n, s.layout);
   uint64_t total = 0, done = 0;
   for (const auto& b : s.banks) total += b.bytes;
-  Progress progress("loading experts", total);
+  std::string title = "loading experts";
+  for (const auto& l : plan.layers)
+    if (l.dtype != s.layout.dtype) {
+      title += " (packing " + std::string(DTypeName(s.layout.dtype)) + " as " +
+               std::string(DTypeName(l.dtype)) + ")";
+      break;
+    }
+  Progress progress(title, total);
   ReadMode mode = ReadMode::kDirect;
   {
-    Settler settler(s, plan, opts, banks, out.settled);
+    Finisher finisher(s, plan, opts, pack_pool, banks, layouts, out.settled);
     for (size_t i = 0; i < n; ++i) {
-      MT_ASSIGN_OR_RETURN(banks[i], HostBank::Allocate(s.banks[i].bytes));
       const auto t_read = std::chrono::steady_clock::now();
-      if (s.converted) {
-        ReadMode m;
-        MT_RETURN_IF_ERROR(
-            s.converted->ReadBank(s.converted->index().banks[i], banks[i].data(), io_pool, &m));
-        if (m == ReadMode::kBuffered) mode = m;
+      const bool packs = plan.layers[i].dtype != s.layout.dtype;
+      if (!packs) {
+        MT_ASSIGN_OR_RETURN(banks[i], HostBank::Allocate(s.banks[i].bytes));
+        MT_RETURN_IF_ERROR(ReadStoredBank(s, i, banks[i], io_pool, mode));
+        finisher.Submit(i, nullptr, {});
+      } else if (s.converted) {
+        MT_ASSIGN_OR_RETURN(HostBank * staging, finisher.AcquireStaging(s.banks[i].bytes));
+        MT_RETURN_IF_ERROR(ReadStoredBank(s, i, *staging, io_pool, mode));
+        finisher.Submit(i, staging, {});
       } else {
-        MT_RETURN_IF_ERROR(FillFromCheckpoint(s, s.banks[i].layer, banks[i], io_pool));
+        MT_ASSIGN_OR_RETURN(std::vector<ExpertWeights> src, CheckpointExperts(s, s.banks[i].layer));
+        finisher.Submit(i, nullptr, std::move(src));
       }
       LogDebug(
           "bank " + std::to_string(i) + " read in " +
           std::to_string(
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_read).count()) +
           " s");
-      settler.Submit(i);
       done += s.banks[i].bytes;
       progress.Update(done, "layer " + std::to_string(s.banks[i].layer));
     }
-    MT_RETURN_IF_ERROR(settler.Finish());
-    out.warnings = std::move(settler.warnings);
+    MT_RETURN_IF_ERROR(finisher.Finish());
+    out.warnings = std::move(finisher.warnings);
   }
   progress.Finish();
   out.read_mode = !s.converted ? "mmap" : mode == ReadMode::kDirect ? "o_direct" : "buffered";
   std::vector<int64_t> layers;
   for (const auto& b : s.banks) layers.push_back(b.layer);
-  out.experts = std::make_unique<BankedExperts>(s.config.n_layers, std::move(layers),
-                                                std::move(banks), s.layout, s.config.n_experts);
+  out.experts =
+      std::make_unique<BankedExperts>(s.config.n_layers, std::move(layers), std::move(banks),
+                                      std::move(layouts), s.config.n_experts);
   return out;
 }
 

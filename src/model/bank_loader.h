@@ -1,5 +1,6 @@
-// Fills one host bank per MoE layer and settles each to its planned tier (degrading where a pin
-// or lock fails). Settling — checksum, cudaHostRegister or mlock — runs on a second thread while
+// Fills one host bank per MoE layer — as stored, or packed where the plan says (a CPU tier's
+// bf16 experts as bf16c) — and settles each to its planned tier (degrading where a pin or lock
+// fails). Settling — checksum, cudaHostRegister or mlock — runs on a second thread while
 // the next layer is read, so it overlaps the reads.
 #pragma once
 
@@ -27,8 +28,10 @@ struct BankLoadOptions {
   bool gpu_available = false;
 };
 
-// `io_pool` reads (or copies) each bank with several threads.
+// `io_pool` reads (or copies) each bank with several threads; `pack_pool` packs the banks the
+// plan holds in another format than stored (a plan layer's dtype differs from the source's).
 Expected<LoadedBanks> LoadBanks(const ModelSource& source, const ResidencyPlan& plan,
-                                const BankLoadOptions& options, ThreadPool& io_pool);
+                                const BankLoadOptions& options, ThreadPool& io_pool,
+                                ThreadPool& pack_pool);
 
 }  // namespace moetier

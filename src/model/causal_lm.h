@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "experts/residency_plan.h"
 #include "experts/residency_report.h"
+#include "experts/weight_packing.h"
 #include "layers/kv_cache.h"
 #include "model/config.h"
 
@@ -64,6 +65,7 @@ struct ResidencyOptions {
   std::string cpu_layers = "auto";   // --moe-cpu-layers
   bool verify = true;                // checksums of a converted model (--no-verify skips)
   int n_io_threads = 0;              // threads reading banks (0: a default)
+  WeightPacking packing = WeightPacking::kAuto;  // --weight-packing
 };
 
 struct LoadOptions {

@@ -1,11 +1,15 @@
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <set>
 
 #include "core/log.h"
 #include "experts/host_memory.h"
 #include "experts/memory_limits.h"
+#include "experts/weight_packing.h"
 #include "model/bank_loader.h"
 #include "model/causal_lm.h"
+#include "model/dense_packing.h"
 #include "model/model_source.h"
 
 namespace moetier {
@@ -18,10 +22,18 @@ constexpr int kDefaultIoThreads = 4;
 Expected<ResidencyPlan> PlanFor(const ModelSource& s, const ResidencyOptions& o) {
   MT_ASSIGN_OR_RETURN(Budgets budgets, ResolveBudgets(o.budgets, ReadHostMemoryInfo()));
   MT_ASSIGN_OR_RETURN(CpuLayersSpec spec, ParseCpuLayersSpec(o.cpu_layers));
+  MT_ASSIGN_OR_RETURN(const DType cpu_dtype, CpuExpertDType(s.layout, o.packing));
   PlanInputs in;
   in.backend = o.backend;
   in.gpu_available = GpuAvailable();
   in.banks = s.banks;
+  if (cpu_dtype != s.layout.dtype) {
+    const ExpertLayout packed{s.layout.d_model, s.layout.width, cpu_dtype};
+    for (LayerBank& b : in.banks) {
+      b.cpu_bytes = packed.bank_bytes(s.config.n_experts);
+      b.cpu_dtype = cpu_dtype;
+    }
+  }
   in.budgets = budgets;
   in.cpu_layers = spec;
   return PlanResidency(in);
@@ -36,6 +48,14 @@ void LogWarnings(const std::vector<std::string>& warnings) {
             " more like these (see --report)");
 }
 
+// Dense matrices are packed only with the cpu backend: offload and hybrid are to run them on the
+// GPU, which reads them as stored. And only when they are stored as the checkpoint declares (a
+// conversion with --dense-dtype chose their format already).
+bool PacksDense(Backend backend, const ModelConfig& config, WeightPacking packing) {
+  return backend == Backend::kCpu && packing != WeightPacking::kNone &&
+         !config.converted_dense_dtype;
+}
+
 }  // namespace
 
 Expected<ResidencyReport> PlanModelResidency(const std::filesystem::path& dir,
@@ -43,6 +63,7 @@ Expected<ResidencyReport> PlanModelResidency(const std::filesystem::path& dir,
   MT_ASSIGN_OR_RETURN(ModelSource s, OpenModelSource(dir));
   ResidencyReport r;
   MT_ASSIGN_OR_RETURN(r.plan, PlanFor(s, options));
+  r.stored_dtype = s.layout.dtype;
   r.warnings = r.plan.warnings;
   r.vmlck_bytes = ReadVmLckBytes();
   return r;
@@ -53,6 +74,7 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
   MT_ASSIGN_OR_RETURN(ModelSource s, OpenModelSource(dir));
   ResidencyReport report;
   MT_ASSIGN_OR_RETURN(report.plan, PlanFor(s, options.residency));
+  report.stored_dtype = s.layout.dtype;
   LogWarnings(report.plan.warnings);
   const auto t0 = std::chrono::steady_clock::now();
   if (s.converted && options.residency.verify)
@@ -63,10 +85,14 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
                              ? options.residency.n_io_threads
                              : std::min(kDefaultIoThreads, ThreadPool::AvailableThreads());
   ThreadPool io_pool(io_threads);
+  // Packing is compute: every core this process may use, and only while the banks load.
+  const bool packs = options.residency.packing != WeightPacking::kNone;
+  ThreadPool pack_pool(packs ? ThreadPool::DefaultThreads() : 1);
   BankLoadOptions bank_options;
   bank_options.verify = options.residency.verify;
   bank_options.gpu_available = GpuAvailable();
-  MT_ASSIGN_OR_RETURN(LoadedBanks banks, LoadBanks(s, report.plan, bank_options, io_pool));
+  MT_ASSIGN_OR_RETURN(LoadedBanks banks,
+                      LoadBanks(s, report.plan, bank_options, io_pool, pack_pool));
   const auto t2 = std::chrono::steady_clock::now();
   LogDebug("load: dense checksums " +
            std::to_string(std::chrono::duration<double>(t1 - t0).count()) + " s, expert banks " +
@@ -80,10 +106,31 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
   report.read_mode = banks.read_mode;
   for (const auto& line : TierSummaryLines(*report.settled)) LogInfo("experts " + line);
 
-  const ModelConfig config = s.config;
+  ModelConfig config = s.config;
+  std::unique_ptr<TensorStore> dense = s.TakeDense();
+  if (PacksDense(report.plan.backend, config, options.residency.packing)) {
+    std::set<std::string> routers;
+    for (const LayerBank& b : s.banks) routers.insert(s.spec->router_tensor_name(b.layer));
+    const auto t3 = std::chrono::steady_clock::now();
+    MT_ASSIGN_OR_RETURN(DensePacking d, PackDenseWeights(std::move(dense), routers,
+                                                         options.residency.packing, pack_pool));
+    dense = std::move(d.store);
+    LogWarnings(d.warnings);
+    report.warnings.insert(report.warnings.end(), d.warnings.begin(), d.warnings.end());
+    if (d.n_packed > 0) {
+      config.converted_dense_dtype = DType::kBF16C;
+      char line[160];
+      std::snprintf(line, sizeof line,
+                    "dense: %d matrices packed as BF16C, %.2f -> %.2f GB (%.1f s)", d.n_packed,
+                    static_cast<double>(d.bytes_before) / 1e9,
+                    static_cast<double>(d.bytes_after) / 1e9,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t3).count());
+      LogInfo(line);
+    }
+  }
   MT_ASSIGN_OR_RETURN(
       std::unique_ptr<CausalLM> model,
-      s.spec->create(config, s.TakeDense(), std::move(banks.experts), options.n_threads));
+      s.spec->create(config, std::move(dense), std::move(banks.experts), options.n_threads));
   model->set_residency(std::move(report));
   return model;
 }

@@ -114,7 +114,7 @@ Expected<ModelSource> OpenModelSource(const std::filesystem::path& dir) {
   s.layout = ExpertLayout{s.config.hidden_size, s.config.expert_intermediate_size, expert_dtype};
   for (int64_t l = 0; l < s.config.n_layers; ++l)
     if (s.config.layer_is_moe[static_cast<size_t>(l)])
-      s.banks.push_back({l, s.layout.bank_bytes(s.config.n_experts)});
+      s.banks.push_back({l, s.layout.bank_bytes(s.config.n_experts), expert_dtype});
   return s;
 }
 

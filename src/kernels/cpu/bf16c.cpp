@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <functional>
 
 #include "core/dtype.h"
 
@@ -24,16 +25,30 @@ struct CodeTable {
 };
 
 CodeTable BuildTable(const uint16_t* bits, int64_t k) {
-  std::array<int64_t, 256> count{};
-  for (int64_t i = 0; i < k; ++i) ++count[bits[i] >> 8];
-  std::array<int, 256> order{};
-  for (int h = 0; h < 256; ++h) order[h] = h;
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return count[a] > count[b]; });
+  // Four histograms: consecutive weights often share a high byte, and one table would make each
+  // increment wait on the previous one's store (this runs on every row when a model loads).
+  std::array<std::array<uint32_t, 256>, 4> part{};
+  int64_t i = 0;
+  for (; i + 4 <= k; i += 4)
+    for (int p = 0; p < 4; ++p) ++part[p][bits[i + p] >> 8];
+  for (; i < k; ++i) ++part[0][bits[i] >> 8];
+  // Key = count above, (255 - byte) below: the largest keys are the most frequent bytes, ties
+  // to the smaller byte. Only the top 16 need ordering.
+  std::array<uint64_t, 256> key{};
+  int n_present = 0;
+  for (int h = 0; h < 256; ++h) {
+    const uint64_t c = uint64_t{part[0][h]} + part[1][h] + part[2][h] + part[3][h];
+    if (c > 0) key[n_present++] = c << 8 | static_cast<uint64_t>(255 - h);
+  }
+  const int n_top = std::min(n_present, 16);
+  std::partial_sort(key.begin(), key.begin() + n_top, key.begin() + n_present,
+                    std::greater<uint64_t>());
   CodeTable t;
   t.code_of.fill(-1);
-  for (int c = 0; c < 16 && count[order[c]] > 0; ++c) {
-    t.high[c] = static_cast<uint8_t>(order[c]);
-    t.code_of[order[c]] = c;
+  for (int c = 0; c < n_top; ++c) {
+    const int h = 255 - static_cast<int>(key[c] & 0xFF);
+    t.high[c] = static_cast<uint8_t>(h);
+    t.code_of[h] = c;
   }
   return t;
 }
@@ -53,7 +68,6 @@ void Store16(uint8_t* p, uint16_t v) {
 
 int PackRowBf16c(const uint16_t* bits, int64_t k, uint8_t* out) {
   const CodeTable t = BuildTable(bits, k);
-  if (CountExceptions(bits, k, t) > kBf16cMaxExceptions) return -1;
   std::memset(out, 0, DTypeRowBytes(DType::kBF16C, k));
   std::memcpy(out, t.high.data(), t.high.size());
   for (int e = 0; e < kBf16cMaxExceptions; ++e)
@@ -61,17 +75,18 @@ int PackRowBf16c(const uint16_t* bits, int64_t k, uint8_t* out) {
   int n_exceptions = 0;
   for (int64_t b = 0; b < k / isa::kBlock; ++b) {
     uint8_t* blk = out + isa::kBf16cHeader + b * isa::kBf16cBlock;
+    const uint16_t* v = bits + b * isa::kBlock;
     for (int j = 0; j < isa::kBlock; ++j) {
-      const int64_t i = b * isa::kBlock + j;
-      const int code = t.code_of[bits[i] >> 8];
+      const int code = t.code_of[v[j] >> 8];
       const int s = isa::Bf16cSlot(j);
       if (code < 0) {  // slot stays code 0, lo 0; the header has the value
+        if (n_exceptions == kBf16cMaxExceptions) return -1;
         uint8_t* x = out + isa::kBf16cExceptionsAt + 4 * n_exceptions++;
-        Store16(x, static_cast<uint16_t>(i));
-        Store16(x + 2, bits[i]);
+        Store16(x, static_cast<uint16_t>(b * isa::kBlock + j));
+        Store16(x + 2, v[j]);
         continue;
       }
-      blk[s] = static_cast<uint8_t>(bits[i] & 0xFF);
+      blk[s] = static_cast<uint8_t>(v[j] & 0xFF);
       blk[32 + s % 16] |= static_cast<uint8_t>(s < 16 ? code : code << 4);
     }
   }
