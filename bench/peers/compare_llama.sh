@@ -11,8 +11,10 @@
 # q3moe-8L-<dtype>.gguf (llama-quantize --pure: every matrix in that dtype, as moetier converts
 # with --dtype D --dense-dtype D, so both engines read the same bytes) and bank-<dtype>/ (the
 # others converted from bank-bf16/ when it exists, else from the checkpoint). bf16c (moetier's
-# lossless packing of bf16, the same values) is compared with llama.cpp on the bf16 GGUF; put
-# bf16 before it in --dtypes so llama.cpp's GB/s can use bf16's bytes.
+# lossless packing of bf16, the same values) is compared with llama.cpp on the bf16 GGUF. By
+# default moetier also holds bank-bf16's weights as bf16c (--weight-packing auto: the row says
+# "bf16 (held as bf16c)"); MOETIER_BENCH_ARGS="--weight-packing none" runs them as stored.
+# llama.cpp's GB/s: moetier's weights per token times the GGUF's bytes per weight.
 # Decode is compared at the same context positions: moetier decodes after the prompt, and
 # llama-bench's tg test is run at depth PROMPT_TOKENS too (-d); the empty-context figure is
 # reported beside it.
@@ -101,8 +103,10 @@ for dt in $DTYPES; do
   if grep -q -- '--n-depth' <<< "$LLAMA_HELP"; then DEPTH=(-d "0,$PP"); fi
   "$LLAMA_BIN/llama-bench" -m "$G" -p "$PP" -n "$TG" "${DEPTH[@]}" -t "$THREADS" -r "$REPEATS" -o json > "$OUT/llama-$dt.json" 2> "$OUT/llama-$dt.log"
   log "moetier bench $dt"
+  # MOETIER_BENCH_ARGS adds flags, e.g. "--weight-packing none" to run bf16 as stored.
+  # shellcheck disable=SC2086
   "$MOETIER" bench --model "$WORK/bank-$dt" --prompt-tokens "$PP" --gen-tokens "$TG" \
-    --threads "$THREADS" --repeats "$REPEATS" --json > "$OUT/moetier-$dt.json" 2> "$OUT/moetier-$dt.log"
+    --threads "$THREADS" --repeats "$REPEATS" ${MOETIER_BENCH_ARGS:-} --json > "$OUT/moetier-$dt.json" 2> "$OUT/moetier-$dt.log"
 done
 
 python3 - "$OUT" "$DTYPES" <<'PY'
@@ -126,14 +130,15 @@ for dt in dtypes:
              prefill_ratio=m["prefill_tokens_per_s"] / pp, decode_gb_per_s=m["decode_gb_per_s"],
              read_bandwidth_gb_per_s=m["read_bandwidth_gb_per_s"],
              decode_bytes_per_token=m["decode_bytes_per_token"], threads=m["threads"])
-    # llama.cpp streams bf16 for bf16c: its bytes are the bf16 bank's (when that ran too).
-    llama_bytes = m["decode_bytes_per_token"]
-    if dt == "bf16c":
-        f = os.path.join(out, "moetier-bf16.json")
-        llama_bytes = json.load(open(f))["decode_bytes_per_token"] if os.path.exists(f) else None
+    # llama.cpp's bytes per token: the same weights in its GGUF's format (bf16 for bf16 and
+    # bf16c; moetier may hold bf16 packed as bf16c, --weight-packing).
+    per_weight = {"bf16": 2.0, "bf16c": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}[dt]
+    llama_bytes = m.get("decode_weights_per_token", 0) * per_weight
     s["llama_decode_gb_per_s"] = tg * llama_bytes / 1e9 if llama_bytes else float("nan")
+    s["held_dtype"] = m.get("held_dtype", m["dtype"]).lower()
+    label = dt if s["held_dtype"] == dt else f"{dt} (held as {s['held_dtype']})"
     summary[dt] = s
-    rows.append(f"| {dt} | {s['moetier_decode']:.1f} | {tg:.1f} (d{s['llama_decode_depth']}) | {s['decode_ratio']:.2f}x | "
+    rows.append(f"| {label} | {s['moetier_decode']:.1f} | {tg:.1f} (d{s['llama_decode_depth']}) | {s['decode_ratio']:.2f}x | "
                 f"{tg0:.1f} | {s['decode_ratio_vs_empty_context']:.2f}x | "
                 f"{s['decode_gb_per_s']:.1f} ({100*s['decode_gb_per_s']/s['read_bandwidth_gb_per_s']:.0f}%) | "
                 f"{s['llama_decode_gb_per_s']:.1f} ({100*s['llama_decode_gb_per_s']/s['read_bandwidth_gb_per_s']:.0f}%) | "

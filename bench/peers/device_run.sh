@@ -43,8 +43,9 @@ if [ "$PHASE" != bench ]; then
 fi
 # The models just written (tens of GB) are still being written back to disk for a while; rounds
 # measured meanwhile ran moetier at 33-37 % of the read bandwidth on a fresh VM (docs/
-# benchmarks.md, rounds 51-52). Wait for the writeback before measuring.
-sync
+# benchmarks.md, rounds 51-52). Wait for the writeback before measuring (NO_SYNC=1 skips it, to
+# study that state).
+[ "${NO_SYNC:-0}" = 1 ] || sync
 if [ "$PHASE" != prep ]; then
   bench/peers/compare_llama.sh --moetier "$MT" --llama-bin "$LB" --work "$W" --out "$OUT" --threads "$T" \
     --dtypes "$DTYPES"

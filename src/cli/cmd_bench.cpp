@@ -38,6 +38,22 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The formats the MoE layers' experts are held in, "BF16C" or, when layers differ (a layer
+// that did not pack, banks pinned for the GPU), "BF16C+BF16" in layer order.
+std::string HeldDTypes(const CausalLM& lm) {
+  std::vector<DType> held;
+  if (lm.residency().settled)
+    for (const LayerResidency& l : *lm.residency().settled)
+      if (std::find(held.begin(), held.end(), l.dtype) == held.end()) held.push_back(l.dtype);
+  if (held.empty()) held.push_back(lm.expert_dtype());
+  std::string s;
+  for (DType d : held) {
+    if (!s.empty()) s += '+';
+    s += DTypeName(d);
+  }
+  return s;
+}
+
 int Run(const Opts& o) {
   auto loaded = LoadModel(o.model);
   if (!loaded.ok()) return ReportError(loaded.message());
@@ -88,7 +104,7 @@ int Run(const Opts& o) {
   // The experts' dtype as stored (the model's), and as held for the kernels: --weight-packing
   // may hold bf16 as bf16c (the same values; decode_bytes_per_token counts the held bytes).
   j["dtype"] = std::string(DTypeName(lm.residency().stored_dtype));
-  j["held_dtype"] = std::string(DTypeName(lm.expert_dtype()));
+  j["held_dtype"] = HeldDTypes(lm);
   j["threads"] = threads;
   j["cpu_isa"] = std::string(kernels::CpuIsaName(kernels::ActiveCpuIsa()));  // kernel level used
   j["prompt_tokens"] = o.prompt_tokens;
@@ -97,6 +113,7 @@ int Run(const Opts& o) {
   j["prefill_tokens_per_s"] = prefill;
   j["decode_tokens_per_s"] = decode;
   j["decode_bytes_per_token"] = bytes;
+  j["decode_weights_per_token"] = lm.DecodeWeightsPerToken();
   j["decode_gb_per_s"] = gbps;
   j["read_bandwidth_gb_per_s"] = bw;
   j["decode_percent_of_read_bandwidth"] = bw > 0 ? 100.0 * gbps / bw : 0.0;
@@ -123,7 +140,7 @@ int Run(const Opts& o) {
   } else {
     std::printf("experts  %s, held as %s\n",
                 std::string(DTypeName(lm.residency().stored_dtype)).c_str(),
-                std::string(DTypeName(lm.expert_dtype())).c_str());
+                HeldDTypes(lm).c_str());
     std::printf("prefill  %.1f tokens/s (%lld-token prompt; %s kernels, %d threads)\n", prefill,
                 static_cast<long long>(o.prompt_tokens),
                 std::string(kernels::CpuIsaName(kernels::ActiveCpuIsa())).c_str(), threads);

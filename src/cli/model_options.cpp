@@ -31,7 +31,8 @@ void AddResidencyOptions(CLI::App& cmd, ModelOptions& opts) {
       "in ~77% of the bytes: faster decode, more layers within the lock budget; costs load "
       "time): experts of CPU layers and, with --moe-backend cpu, the dense matrices but the "
       "routers; rows too short to shrink by 10% (under 224 weights) stay. none: as stored. bf16c: "
-      "every bf16 matrix whose rows fit, an error if the experts are not bf16");
+      "as `convert --dtype bf16c --dense-dtype bf16c` (experts whatever it saves; an error if "
+      "they are not bf16)");
   g->add_flag("--no-verify", opts.no_verify, "Skip checksum verification of a converted model");
 }
 

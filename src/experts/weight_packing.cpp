@@ -24,14 +24,21 @@ DType CpuMatrixDType(DType stored, int64_t row_elements, WeightPacking packing) 
   if (packing == WeightPacking::kNone || stored != DType::kBF16 ||
       !IsValidRowLength(DType::kBF16C, row_elements))
     return stored;
-  if (packing == WeightPacking::kBf16c) return DType::kBF16C;
-  const double saved = 1.0 - static_cast<double>(DTypeRowBytes(DType::kBF16C, row_elements)) /
+  const uint64_t packed = DTypeRowBytes(DType::kBF16C, row_elements);
+  if (packing == WeightPacking::kBf16c)  // as `convert --dense-dtype bf16c`: never larger
+    return packed < DTypeRowBytes(DType::kBF16, row_elements) ? DType::kBF16C : stored;
+  const double saved = 1.0 - static_cast<double>(packed) /
                                  static_cast<double>(DTypeRowBytes(DType::kBF16, row_elements));
   return saved >= kMinPackingSaving ? DType::kBF16C : stored;
 }
 
 Expected<DType> CpuExpertDType(const ExpertLayout& stored, WeightPacking packing) {
   // Gate/up rows have d_model weights, down rows width: both must pack, or neither does.
+  const bool fits = stored.dtype == DType::kBF16 &&
+                    IsValidRowLength(DType::kBF16C, stored.d_model) &&
+                    IsValidRowLength(DType::kBF16C, stored.width);
+  // bf16c: as `convert --dtype bf16c`, whatever it saves (the user asked).
+  if (packing == WeightPacking::kBf16c && fits) return DType::kBF16C;
   const DType a = CpuMatrixDType(stored.dtype, stored.d_model, packing);
   const DType b = CpuMatrixDType(stored.dtype, stored.width, packing);
   if (a == b && a != stored.dtype) return a;

@@ -20,8 +20,9 @@ namespace moetier {
 enum class WeightPacking {
   kAuto,   // pack what packs losslessly and pays: bf16 -> bf16c (the default)
   kNone,   // hold every bank as stored
-  kBf16c,  // every bf16 matrix whose rows fit, whatever it saves; an error if the experts are
-           // not bf16 (so a request is never silently ignored)
+  kBf16c,  // every bf16 expert whose rows fit, whatever it saves, and every dense matrix it
+           // shrinks: as `convert --dtype bf16c --dense-dtype bf16c`; an error if the experts
+           // are not bf16 (so a request is never silently ignored)
 };
 
 // Parses --weight-packing (auto | none | bf16c); the error names the flag.
@@ -37,15 +38,16 @@ inline constexpr double kMinPackingSaving = 0.10;
 // The heuristic for one matrix with rows of `row_elements` weights, stored as `stored`: the
 // dtype it is held in for the CPU. auto: bf16 -> bf16c when the rows fit BF16C (whole 32-blocks,
 // at most kBf16cMaxRowElements) and that saves kMinPackingSaving of the bytes; bf16c: whenever
-// the rows fit; otherwise, and for every other dtype, as stored. Serves the dense matrices too.
+// the rows fit and shrink at all (as `convert --dense-dtype bf16c`); otherwise, and for every
+// other dtype, as stored. Serves the dense matrices.
 DType CpuMatrixDType(DType stored, int64_t row_elements, WeightPacking packing);
 
 // The heuristic: the dtype in which experts stored as `stored` are held for the CPU executor.
 // auto: bf16 -> bf16c when both row lengths fit BF16C (whole 32-blocks, at most
 // kBf16cMaxRowElements) and that saves kMinPackingSaving of the bytes; everything else as
 // stored (q8_0 / q4_0 are already compact, and BF16C's tables only pay on 16-bit floats).
-// bf16c: whenever the rows fit, whatever it saves (the user's override; an error when they do not
-// fit or the experts are not bf16). none: as stored.
+// bf16c: whenever the rows fit, whatever it saves, as `convert --dtype bf16c` (the user's
+// override; an error when they do not fit or the experts are not bf16). none: as stored.
 Expected<DType> CpuExpertDType(const ExpertLayout& stored, WeightPacking packing);
 
 // Tiers whose banks the CPU executor reads (and so may be packed).

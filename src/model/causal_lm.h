@@ -33,6 +33,9 @@ class CausalLM {
   // Weight bytes one decode step reads: every dense matrix, the embedding row, and top-k experts
   // per MoE layer (the floor of the bytes a token costs; benchmarks divide by it).
   virtual uint64_t DecodeBytesPerToken() const = 0;
+  // The weights (elements) behind those bytes: the same for every format, so another engine's
+  // bytes per token follow from its format (bf16: 2 bytes a weight; Q8_0: 34/32).
+  virtual uint64_t DecodeWeightsPerToken() const = 0;
   // The dtype of the routed experts' weights.
   virtual DType expert_dtype() const = 0;
 

@@ -88,21 +88,29 @@ Status DecoderLM::Forward(std::span<const int32_t> tokens, KvCache& cache, Logit
 
 namespace moetier {
 
-uint64_t DecoderLM::DecodeBytesPerToken() const {
-  uint64_t n = w_.embed.n_bytes / static_cast<uint64_t>(config_.vocab_size);  // one row
-  n += w_.lm_head.n_bytes;
+uint64_t DecoderLM::SumPerToken(FunctionRef<uint64_t(const TensorView&)> size) const {
+  uint64_t n = size(w_.embed) / static_cast<uint64_t>(config_.vocab_size);  // one row
+  n += size(w_.lm_head);
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const DecoderLayerWeights& lw = w_.layers[l];
-    n += lw.attn.q.n_bytes + lw.attn.k.n_bytes + lw.attn.v.n_bytes + lw.attn.o.n_bytes;
+    n += size(lw.attn.q) + size(lw.attn.k) + size(lw.attn.v) + size(lw.attn.o);
     if (lw.is_moe) {
       const ExpertWeights& e = experts_->Expert(static_cast<int64_t>(l), 0);
-      n += lw.router.n_bytes +
-           static_cast<uint64_t>(router_.top_k) * (e.gate.n_bytes + e.up.n_bytes + e.down.n_bytes);
+      n += size(lw.router) +
+           static_cast<uint64_t>(router_.top_k) * (size(e.gate) + size(e.up) + size(e.down));
     } else {
-      n += lw.dense.gate.n_bytes + lw.dense.up.n_bytes + lw.dense.down.n_bytes;
+      n += size(lw.dense.gate) + size(lw.dense.up) + size(lw.dense.down);
     }
   }
   return n;
+}
+
+uint64_t DecoderLM::DecodeBytesPerToken() const {
+  return SumPerToken([](const TensorView& v) { return static_cast<uint64_t>(v.n_bytes); });
+}
+
+uint64_t DecoderLM::DecodeWeightsPerToken() const {
+  return SumPerToken([](const TensorView& v) { return static_cast<uint64_t>(v.NumElements()); });
 }
 
 DType DecoderLM::expert_dtype() const {

@@ -45,11 +45,14 @@ class DecoderLM final : public CausalLM {
   Status Forward(std::span<const int32_t> tokens, KvCache& cache, LogitsFor which,
                  std::vector<float>& logits) override;
   uint64_t DecodeBytesPerToken() const override;
+  uint64_t DecodeWeightsPerToken() const override;
   DType expert_dtype() const override;
   void SetRouterLogitsSink(std::vector<std::vector<float>>* sink) override { router_sink_ = sink; }
   void SetPhaseTimes(PhaseTimes* times) override { ws_.set_times(times); }
 
  private:
+  // Sums size(view) over what a decode step streams (DecodeBytesPerToken's list).
+  uint64_t SumPerToken(FunctionRef<uint64_t(const TensorView&)> size) const;
   ModelConfig config_;
   std::unique_ptr<TensorStore> dense_;  // owns the memory maps the dense views point into
   DecoderWeights w_;

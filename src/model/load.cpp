@@ -49,11 +49,9 @@ void LogWarnings(const std::vector<std::string>& warnings) {
 }
 
 // Dense matrices are packed only with the cpu backend: offload and hybrid are to run them on the
-// GPU, which reads them as stored. And only when they are stored as the checkpoint declares (a
-// conversion with --dense-dtype chose their format already).
-bool PacksDense(Backend backend, const ModelConfig& config, WeightPacking packing) {
-  return backend == Backend::kCpu && packing != WeightPacking::kNone &&
-         !config.converted_dense_dtype;
+// GPU, which reads them as stored.
+bool PacksDense(Backend backend, WeightPacking packing) {
+  return backend == Backend::kCpu && packing != WeightPacking::kNone;
 }
 
 }  // namespace
@@ -106,19 +104,24 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
   report.read_mode = banks.read_mode;
   for (const auto& line : TierSummaryLines(*report.settled)) LogInfo("experts " + line);
 
-  ModelConfig config = s.config;
+  const ModelConfig config = s.config;
   std::unique_ptr<TensorStore> dense = s.TakeDense();
-  if (PacksDense(report.plan.backend, config, options.residency.packing)) {
-    std::set<std::string> routers;
-    for (const LayerBank& b : s.banks) routers.insert(s.spec->router_tensor_name(b.layer));
+  if (PacksDense(report.plan.backend, options.residency.packing)) {
+    // Not the routers (as convert leaves them), nor a checkpoint's expert tensors (in banks).
+    std::set<std::string> keep;
+    for (const LayerBank& b : s.banks) {
+      keep.insert(s.spec->router_tensor_name(b.layer));
+      for (int64_t e = 0; e < config.n_experts; ++e)
+        for (ExpertMatrix m : {ExpertMatrix::kGate, ExpertMatrix::kUp, ExpertMatrix::kDown})
+          keep.insert(s.spec->expert_tensor_name(b.layer, e, m));
+    }
     const auto t3 = std::chrono::steady_clock::now();
-    MT_ASSIGN_OR_RETURN(DensePacking d, PackDenseWeights(std::move(dense), routers,
+    MT_ASSIGN_OR_RETURN(DensePacking d, PackDenseWeights(std::move(dense), keep,
                                                          options.residency.packing, pack_pool));
     dense = std::move(d.store);
     LogWarnings(d.warnings);
     report.warnings.insert(report.warnings.end(), d.warnings.begin(), d.warnings.end());
     if (d.n_packed > 0) {
-      config.converted_dense_dtype = DType::kBF16C;
       char line[160];
       std::snprintf(line, sizeof line,
                     "dense: %d matrices packed as BF16C, %.2f -> %.2f GB (%.1f s)", d.n_packed,

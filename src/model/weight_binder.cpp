@@ -18,10 +18,14 @@ const TensorView* WeightBinder::Lookup(const std::string& name, const std::vecto
     return nullptr;
   }
   // A converted model's matrices may be in the dtype its index says convert chose; anything
-  // else must match config.json (a Hugging Face checkpoint always must).
-  const bool converted =
-      config_.converted_dense_dtype && v->dtype == *config_.converted_dense_dtype;
-  if (config_.declared_dtype && v->dtype != *config_.declared_dtype && !converted) {
+  // else must match config.json (a Hugging Face checkpoint always must). BF16C holds bf16's
+  // values exactly (packed by convert, or at load: model/dense_packing.h), so it passes
+  // wherever bf16 would.
+  const auto matches = [&](DType want) {
+    return v->dtype == want || (v->dtype == DType::kBF16C && want == DType::kBF16);
+  };
+  const bool converted = config_.converted_dense_dtype && matches(*config_.converted_dense_dtype);
+  if (config_.declared_dtype && !matches(*config_.declared_dtype) && !converted) {
     status_ = Status::Error(file + ": tensor '" + name + "' is " +
                             std::string(DTypeName(v->dtype)) + " but " + config_.source +
                             " declares " + std::string(DTypeName(*config_.declared_dtype)));

@@ -137,6 +137,76 @@ TEST(Plan, OutOfRangeSpecsAreErrorsNamingTheFlag) {
   EXPECT_NE(p.message().find("only 2 MoE layers"), std::string::npos) << p.message();
 }
 
+// Banks stored as bf16 of 100 bytes each, held packed in 80 for the CPU.
+std::vector<LayerBank> PackedBanks(int n) {
+  std::vector<LayerBank> b;
+  for (int i = 0; i < n; ++i) b.push_back({i, 100, DType::kBF16, 80, DType::kBF16C});
+  return b;
+}
+
+TEST(Plan, CpuLayersRecordThePackedBytesAndDType) {
+  auto p = Plan(Backend::kCpu, "auto", std::nullopt, std::nullopt, PackedBanks(4));
+  ASSERT_EQ(p.layers.size(), 4u);
+  for (const auto& l : p.layers) {
+    EXPECT_EQ(l.tier, L);
+    EXPECT_EQ(l.bytes, 80u) << l.layer;
+    EXPECT_EQ(l.dtype, DType::kBF16C) << l.layer;
+  }
+  EXPECT_EQ(p.BytesIn(Tier::kLocked), 320u);
+  // Unpacked banks (cpu_bytes 0) are held as stored.
+  auto q = Plan(Backend::kCpu, "auto", std::nullopt, std::nullopt,
+                {{0, 100, DType::kQ8_0}, {1, 100, DType::kQ8_0}});
+  for (const auto& l : q.layers) {
+    EXPECT_EQ(l.bytes, 100u);
+    EXPECT_EQ(l.dtype, DType::kQ8_0);
+  }
+}
+
+TEST(Plan, TheLockBudgetCountsPackedBytes) {
+  // 6 banks: 600 bytes stored, 480 packed. A 500-byte budget holds every packed bank.
+  auto p = Plan(Backend::kCpu, "auto", std::nullopt, 500, PackedBanks(6));
+  EXPECT_EQ(Tiers(p), (std::vector<Tier>(6, L)));
+  EXPECT_EQ(p.BytesIn(Tier::kLocked), 480u);
+  EXPECT_TRUE(p.warnings.empty());
+  // The same budget and banks held as stored: one layer has to go.
+  auto q = Plan(Backend::kCpu, "auto", std::nullopt, 500);
+  EXPECT_EQ(Tiers(q), (std::vector<Tier>{G, L, L, L, L, L}));
+  // A budget short of the packed bytes moves the fewest packed banks: 480 - 80 <= 400.
+  auto r = Plan(Backend::kCpu, "auto", std::nullopt, 400, PackedBanks(6));
+  EXPECT_EQ(Tiers(r), (std::vector<Tier>{G, L, L, L, L, L}));
+  EXPECT_EQ(r.BytesIn(Tier::kLocked), 400u);
+  EXPECT_EQ(r.layers[0].bytes, 80u);  // pageable banks are the CPU's too: still packed
+  EXPECT_EQ(r.layers[0].dtype, DType::kBF16C);
+  ASSERT_EQ(r.warnings.size(), 1u);
+}
+
+TEST(Plan, PinnedLayersKeepTheStoredFormatAndCpuLayersArePacked) {
+  // Offload with layers 1 and 4 on the CPU.
+  auto p = Plan(Backend::kOffload, "1,4", std::nullopt, std::nullopt, PackedBanks(6));
+  EXPECT_EQ(Tiers(p), (std::vector<Tier>{P, L, P, P, L, P}));
+  for (const auto& l : p.layers) {
+    const bool cpu = l.tier == L;
+    EXPECT_EQ(l.bytes, cpu ? 80u : 100u) << l.layer;
+    EXPECT_EQ(l.dtype, cpu ? DType::kBF16C : DType::kBF16) << l.layer;
+  }
+  EXPECT_EQ(p.BytesIn(Tier::kPinned), 400u);
+  EXPECT_EQ(p.BytesIn(Tier::kLocked), 160u);
+  // Auto backend with a GPU is hybrid: a 250-byte pin budget sends layers (their stored 100
+  // bytes each count against it) to the CPU, packed.
+  PlanInputs in;
+  in.gpu_available = true;
+  in.banks = PackedBanks(4);
+  in.budgets.pin_bytes = 250;
+  auto h = PlanResidency(in);
+  ASSERT_TRUE(h.ok()) << h.message();
+  EXPECT_EQ(h->backend, Backend::kHybrid);
+  EXPECT_EQ(Tiers(*h), (std::vector<Tier>{L, L, P, P}));
+  EXPECT_EQ(h->BytesIn(Tier::kPinned), 200u);
+  EXPECT_EQ(h->BytesIn(Tier::kLocked), 160u);
+  EXPECT_EQ(h->layers[0].dtype, DType::kBF16C);
+  EXPECT_EQ(h->layers[3].dtype, DType::kBF16);
+}
+
 TEST(Backend, Parse) {
   EXPECT_EQ(*ParseBackend("hybrid"), Backend::kHybrid);
   EXPECT_FALSE(ParseBackend("gpu").ok());

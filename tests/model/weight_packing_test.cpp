@@ -1,0 +1,421 @@
+// --weight-packing at load, end to end on the fixtures: `bf16c` holds every CPU bank (and, with
+// the cpu backend, the dense matrices but the routers) as BF16C and computes the logits of the
+// bf16 model (bit for bit where bf16 and bf16c run the same kernels); `auto` packs nothing on
+// rows this short; and a bank or matrix with a row BF16C cannot hold stays bf16 with a warning
+// naming it, rather than failing the load (dense matrices: PackDenseWeights on its own, since
+// no fixture has a dense row long enough to pack). A checkpoint's experts are packed once, into
+// their banks, not again as dense matrices.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+
+#include "core/dtype.h"
+#include "experts/expert_layout.h"
+#include "io/bank_index.h"
+#include "kernels/cpu/bf16c.h"
+#include "kernels/cpu/cpu_isa.h"
+#include "model/arch/arch.h"
+#include "model/causal_lm.h"
+#include "model/convert.h"
+#include "model/dense_packing.h"
+#include "model/model_source.h"
+#include "support/test_support.h"
+
+namespace moetier {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kFixtures[] = {"realvocab/qwen3_moe_tiny", "mixtral"};
+const std::vector<int32_t> kTokens = {1, 5, 9, 2, 7, 3, 11, 4};
+
+ConvertOptions Opts(DType experts, std::optional<DType> dense = std::nullopt) {
+  ConvertOptions o;
+  o.expert_dtype = experts;
+  o.dense_dtype = dense;
+  o.n_threads = 2;
+  return o;
+}
+
+struct Loaded {
+  std::unique_ptr<CausalLM> model;
+  std::vector<float> logits;  // of kTokens, every position
+};
+
+Loaded Load(const fs::path& dir, WeightPacking packing, Backend backend = Backend::kCpu,
+            const std::string& cpu_layers = "auto", bool verify = true) {
+  LoadOptions o = testing::WithThreads(2);
+  o.residency.backend = backend;
+  o.residency.cpu_layers = cpu_layers;
+  o.residency.packing = packing;
+  o.residency.verify = verify;
+  auto m = LoadCausalLM(dir, o);
+  EXPECT_TRUE(m.ok()) << dir << " " << WeightPackingName(packing) << ": " << m.message();
+  Loaded out;
+  if (!m.ok()) return out;
+  out.model = std::move(*m);
+  KvCache cache = out.model->NewCache(64);
+  EXPECT_TRUE(out.model->Forward(kTokens, cache, LogitsFor::kAllTokens, out.logits).ok());
+  return out;
+}
+
+// bf16 and bf16c run the very same arithmetic on these levels (matmul_avx2_impl.h); on the
+// AVX-512 ones bf16 has its own kernels, which sum in another order.
+bool SameKernels() {
+  using kernels::CpuIsa;
+  const CpuIsa isa = kernels::ActiveCpuIsa();
+  return isa == CpuIsa::kScalar || isa == CpuIsa::kAvx2 || isa == CpuIsa::kAvxVnni;
+}
+
+// Bit for bit where the kernels are the same, else within 1e-4 of the logits' range.
+void ExpectSameLogits(const std::vector<float>& want, const std::vector<float>& got) {
+  ASSERT_FALSE(want.empty());
+  ASSERT_EQ(want.size(), got.size());
+  if (SameKernels()) {
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
+    return;
+  }
+  const auto [lo, hi] = std::minmax_element(want.begin(), want.end());
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(want[i], got[i], 1e-4 * (*hi - *lo)) << i;
+}
+
+uint64_t BankBytes(const ModelConfig& c, DType t) {
+  return ExpertLayout{c.hidden_size, c.expert_intermediate_size, t}.bank_bytes(c.n_experts);
+}
+
+uint64_t ExpertBytes(const ModelConfig& c, DType t) {
+  return ExpertLayout{c.hidden_size, c.expert_intermediate_size, t}.expert_bytes();
+}
+
+int64_t RowDelta(int64_t k) {
+  return static_cast<int64_t>(DTypeRowBytes(DType::kBF16C, k)) -
+         static_cast<int64_t>(DTypeRowBytes(DType::kBF16, k));
+}
+
+// How many more bytes a decoded token streams when the dense matrices of checkpoint `hf` but the
+// routers (and `skip`) are held as BF16C rather than bf16, where that shrinks them: a token reads
+// one row of the embedding and every other dense matrix whole (the lm_head is the embedding when
+// tied).
+int64_t DenseBf16cDelta(const fs::path& hf, const ModelConfig& c, const std::string& skip = "") {
+  auto s = OpenModelSource(hf);
+  EXPECT_TRUE(s.ok()) << s.message();
+  if (!s.ok()) return 0;
+  std::set<std::string> routers;
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    if (c.layer_is_moe[static_cast<size_t>(l)]) routers.insert(s->spec->router_tensor_name(l));
+  int64_t delta = 0;
+  for (const auto& [name, t] : testing::ReadSafetensors(hf / "model.safetensors")) {
+    if (t.shape.size() != 2 || t.dtype != "BF16" || routers.count(name) > 0 || name == skip ||
+        name.find(".experts.") != std::string::npos)
+      continue;
+    const int64_t rows = t.shape[0], k = t.shape[1];
+    EXPECT_EQ(k % 32, 0) << name;
+    if (RowDelta(k) >= 0) continue;  // bf16c packs a dense matrix only if its rows shrink
+    if (name.find("embed_tokens") != std::string::npos) {
+      delta += RowDelta(k) * (c.tie_word_embeddings ? 1 + c.vocab_size : 1);
+    } else {
+      delta += rows * RowDelta(k);
+    }
+  }
+  return delta;
+}
+
+// Writes k bf16 values at `row` with 32 distinct high bytes (±2^(2m-40), m < 16), each k/32
+// times: any table of 16 leaves k/2 >= 16 exceptions, more than the 12 a BF16C row may have.
+// The values are tiny, so the model's output stays finite.
+void WriteUnpackableRow(char* row, int64_t k) {
+  ASSERT_EQ(k % 32, 0);
+  for (int64_t j = 0; j < k; ++j) {
+    const int m = static_cast<int>((j / 2) % 16);
+    const float v = (j % 2 ? -1.0f : 1.0f) * std::ldexp(1.0f, 2 * m - 40);
+    const uint16_t h = F32ToBf16(v);
+    std::memcpy(row + 2 * j, &h, 2);
+  }
+  std::vector<uint8_t> packed(DTypeRowBytes(DType::kBF16C, k));
+  ASSERT_LT(kernels::PackRowBf16c(reinterpret_cast<const uint16_t*>(row), k, packed.data()), 0);
+}
+
+void ExpectSettled(const CausalLM& m, DType want) {
+  const ResidencyReport& r = m.residency();
+  ASSERT_TRUE(r.settled.has_value());
+  ASSERT_EQ(static_cast<int64_t>(r.settled->size()), m.config().n_moe_layers());
+  for (const LayerResidency& l : *r.settled) {
+    EXPECT_EQ(l.dtype, want) << "layer " << l.layer;
+    EXPECT_EQ(l.bytes, BankBytes(m.config(), want)) << "layer " << l.layer;
+  }
+}
+
+TEST(WeightPackingLoad, Bf16cHoldsEveryBankPackedAndComputesBf16sLogits) {
+  for (const std::string& fixture : kFixtures) {
+    SCOPED_TRACE(fixture);
+    const fs::path hf = testing::HfFixture(fixture);
+    testing::TempDir tmp;
+    const fs::path b = tmp.path() / "b", c = tmp.path() / "c";
+    ASSERT_TRUE(ConvertCheckpoint(hf, b, Opts(DType::kBF16)).ok());
+    ASSERT_TRUE(ConvertCheckpoint(hf, c, Opts(DType::kBF16C, DType::kBF16C)).ok());
+    // The model converted to bf16c, held as stored: the bytes a packed token should stream.
+    const Loaded converted = Load(c, WeightPacking::kNone);
+    ASSERT_TRUE(converted.model);
+    ASSERT_EQ(converted.model->expert_dtype(), DType::kBF16C);
+    const uint64_t want_bytes = converted.model->DecodeBytesPerToken();
+
+    for (const fs::path& dir : {hf, b}) {
+      SCOPED_TRACE(dir);
+      const Loaded none = Load(dir, WeightPacking::kNone);
+      const Loaded packed = Load(dir, WeightPacking::kBf16c);
+      ASSERT_TRUE(none.model && packed.model);
+      const ModelConfig& config = packed.model->config();
+      ASSERT_NE(BankBytes(config, DType::kBF16C), BankBytes(config, DType::kBF16));
+
+      ExpectSettled(*none.model, DType::kBF16);
+      EXPECT_EQ(none.model->expert_dtype(), DType::kBF16);
+      EXPECT_EQ(none.model->residency().stored_dtype, DType::kBF16);
+
+      ExpectSettled(*packed.model, DType::kBF16C);
+      EXPECT_EQ(packed.model->expert_dtype(), DType::kBF16C);
+      const ResidencyReport& r = packed.model->residency();
+      EXPECT_EQ(r.stored_dtype, DType::kBF16);
+      for (const LayerResidency& l : r.plan.layers) {
+        EXPECT_EQ(l.dtype, DType::kBF16C) << "layer " << l.layer;
+        EXPECT_EQ(l.bytes, BankBytes(config, DType::kBF16C)) << "layer " << l.layer;
+      }
+      for (const std::string& w : r.warnings)
+        EXPECT_EQ(w.find("bf16c"), std::string::npos) << w;  // every row packed
+
+      ExpectSameLogits(none.logits, packed.logits);
+      // The cpu backend would also pack the dense matrices, as --dense-dtype bf16c does: none of
+      // these fixtures' (rows of 32-64 weights, which BF16C makes larger). A token streams what
+      // the bf16c conversion's does.
+      EXPECT_EQ(DenseBf16cDelta(hf, config), 0);
+      EXPECT_EQ(packed.model->DecodeBytesPerToken(), want_bytes);
+
+      // Offload with every layer on the CPU: the experts packed, the dense matrices as stored
+      // (the GPU reads those), so a token streams what the bf16c conversion's does.
+      const Loaded offload = Load(dir, WeightPacking::kBf16c, Backend::kOffload, "1.0");
+      ASSERT_TRUE(offload.model);
+      ExpectSettled(*offload.model, DType::kBF16C);
+      EXPECT_EQ(offload.model->DecodeBytesPerToken(), want_bytes);
+      ExpectSameLogits(none.logits, offload.logits);
+    }
+  }
+}
+
+TEST(WeightPackingLoad, AutoPacksNothingOnRowsThisShort) {
+  for (const std::string& fixture : kFixtures) {
+    SCOPED_TRACE(fixture);
+    const fs::path hf = testing::HfFixture(fixture);
+    testing::TempDir tmp;
+    const fs::path b = tmp.path() / "b";
+    ASSERT_TRUE(ConvertCheckpoint(hf, b, Opts(DType::kBF16)).ok());
+    for (const fs::path& dir : {hf, b}) {
+      SCOPED_TRACE(dir);
+      const Loaded none = Load(dir, WeightPacking::kNone);
+      const Loaded aut = Load(dir, WeightPacking::kAuto);
+      ASSERT_TRUE(none.model && aut.model);
+      ExpectSettled(*aut.model, DType::kBF16);
+      for (const LayerResidency& l : aut.model->residency().plan.layers)
+        EXPECT_EQ(l.dtype, DType::kBF16) << "layer " << l.layer;
+      EXPECT_EQ(aut.model->expert_dtype(), DType::kBF16);
+      // Nor the dense matrices: the same bytes, the same logits bit for bit on any ISA.
+      EXPECT_EQ(aut.model->DecodeBytesPerToken(), none.model->DecodeBytesPerToken());
+      EXPECT_EQ(aut.logits, none.logits);
+    }
+  }
+}
+
+// Checks a load of `dir` whose first MoE layer has a row BF16C cannot hold (expert 0's gate row
+// 0): that layer stays bf16 with a warning naming it, the others pack, the logits are bf16's.
+// `hf`: the fixture it was made from (for the shapes of its dense matrices).
+void ExpectBankFallback(const fs::path& dir, const fs::path& hf, bool verify) {
+  const Loaded none = Load(dir, WeightPacking::kNone, Backend::kCpu, "auto", verify);
+  const Loaded packed = Load(dir, WeightPacking::kBf16c, Backend::kCpu, "auto", verify);
+  ASSERT_TRUE(none.model && packed.model);
+  const ModelConfig& config = packed.model->config();
+  const ResidencyReport& r = packed.model->residency();
+  ASSERT_TRUE(r.settled.has_value());
+  ASSERT_GE(r.settled->size(), 2u);
+  const int64_t bad_layer = (*r.settled)[0].layer;
+  for (const LayerResidency& l : *r.settled) {
+    const DType want = l.layer == bad_layer ? DType::kBF16 : DType::kBF16C;
+    EXPECT_EQ(l.dtype, want) << "layer " << l.layer;
+    EXPECT_EQ(l.bytes, BankBytes(config, want)) << "layer " << l.layer;
+  }
+  EXPECT_EQ(r.plan.layers[0].dtype, DType::kBF16C);  // planned packed; settled as stored
+  const std::string named = "layer " + std::to_string(bad_layer) + " expert 0 gate row 0 ";
+  int n_named = 0;
+  for (const std::string& w : r.warnings) {
+    if (w.find(named) == std::string::npos) continue;
+    ++n_named;
+    EXPECT_NE(w.find("stays BF16"), std::string::npos) << w;
+  }
+  EXPECT_EQ(n_named, 1) << ::testing::PrintToString(r.warnings);
+  ExpectSameLogits(none.logits, packed.logits);
+  // A token streams bf16 experts in that layer and packed ones in the others.
+  const int64_t experts_delta = (config.n_moe_layers() - 1) * config.n_experts_per_token *
+                                (static_cast<int64_t>(ExpertBytes(config, DType::kBF16C)) -
+                                 static_cast<int64_t>(ExpertBytes(config, DType::kBF16)));
+  EXPECT_EQ(static_cast<int64_t>(packed.model->DecodeBytesPerToken()),
+            static_cast<int64_t>(none.model->DecodeBytesPerToken()) + experts_delta +
+                DenseBf16cDelta(hf, config));
+}
+
+TEST(WeightPackingLoad, ABankWithARowThatCannotPackStaysAsStoredWithAWarning) {
+  for (const std::string& fixture : kFixtures) {
+    SCOPED_TRACE(fixture);
+    const fs::path hf = testing::HfFixture(fixture);
+    testing::TempDir tmp;
+
+    // A converted model: the bank of the first MoE layer, corrupted in its data file.
+    const fs::path b = tmp.path() / "b";
+    ASSERT_TRUE(ConvertCheckpoint(hf, b, Opts(DType::kBF16)).ok());
+    auto idx = ParseBankIndex(testing::ReadFile(b / kBankIndexFileName), "index");
+    ASSERT_TRUE(idx.ok()) << idx.message();
+    ASSERT_FALSE(idx->banks.empty());
+    const BankIndexBank& bank = idx->banks[0];
+    ASSERT_EQ(bank.dtype, DType::kBF16);
+    const fs::path file = b / idx->files[bank.file].name;
+    std::string data = testing::ReadFile(file);
+    ASSERT_GE(data.size(), bank.offset + static_cast<uint64_t>(2 * bank.d_model));
+    WriteUnpackableRow(data.data() + bank.offset, bank.d_model);  // expert 0, gate, row 0
+    testing::WriteFile(file, data);
+    {
+      SCOPED_TRACE("converted");
+      ExpectBankFallback(b, hf, /*verify=*/false);
+    }
+
+    // A Hugging Face checkpoint: the same row of its safetensors.
+    const fs::path h = tmp.path() / "hf";
+    testing::CopyDir(hf, h);
+    auto s = OpenModelSource(h);
+    ASSERT_TRUE(s.ok()) << s.message();
+    auto tensors = testing::ReadSafetensors(h / "model.safetensors");
+    const std::string name = s->spec->expert_tensor_name(bank.layer, 0, ExpertMatrix::kGate);
+    ASSERT_EQ(tensors.count(name), 1u) << name;
+    testing::TensorSpec& t = tensors.at(name);
+    ASSERT_EQ(t.shape.back(), bank.d_model);
+    WriteUnpackableRow(t.bytes.data(), bank.d_model);
+    testing::WriteSafetensors(h / "model.safetensors", tensors);
+    {
+      SCOPED_TRACE("checkpoint");
+      ExpectBankFallback(h, hf, /*verify=*/true);
+    }
+  }
+}
+
+// An in-memory TensorStore of bf16 matrices, for PackDenseWeights.
+class MemoryStore final : public TensorStore {
+ public:
+  void Add(const std::string& name, std::vector<int64_t> shape, std::vector<uint16_t> bits) {
+    data_[name] = std::move(bits);
+    const auto& d = data_[name];
+    views_[name] = TensorView{DType::kBF16, std::move(shape), d.data(), d.size() * 2};
+  }
+  const TensorView* Find(const std::string& name) const override {
+    auto it = views_.find(name);
+    return it == views_.end() ? nullptr : &it->second;
+  }
+  std::string FileOf(const std::string& name) const override { return "memory:" + name; }
+  const std::string& description() const override { return description_; }
+  std::vector<std::string> Names() const override {
+    std::vector<std::string> n;
+    for (const auto& [name, v] : views_) n.push_back(name);
+    return n;
+  }
+
+ private:
+  std::map<std::string, std::vector<uint16_t>> data_;
+  std::map<std::string, TensorView> views_;
+  std::string description_ = "memory";
+};
+
+std::vector<uint16_t> RandomBf16(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 0.02f);
+  std::vector<uint16_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = F32ToBf16(d(rng));
+  return v;
+}
+
+TEST(DensePacking, PacksWhatShrinksKeepsTheRestAndFallsBackPerMatrix) {
+  constexpr int64_t kRows = 8, kWide = 512, kShort = 128;
+  auto store = std::make_unique<MemoryStore>();
+  const std::vector<uint16_t> wide = RandomBf16(kRows * kWide, 1);
+  std::vector<uint16_t> bad = RandomBf16(kRows * kWide, 2);
+  WriteUnpackableRow(reinterpret_cast<char*>(bad.data() + 3 * kWide), kWide);  // row 3
+  store->Add("wide", {kRows, kWide}, wide);
+  store->Add("router", {kRows, kWide}, RandomBf16(kRows * kWide, 3));
+  store->Add("short", {kRows, kShort}, RandomBf16(kRows * kShort, 4));
+  store->Add("norm", {kWide}, RandomBf16(kWide, 5));
+  store->Add("bad", {kRows, kWide}, bad);
+  ThreadPool pool(2);
+  auto r = PackDenseWeights(std::move(store), {"router"}, WeightPacking::kAuto, pool);
+  ASSERT_TRUE(r.ok()) << r.message();
+  const TensorStore& out = *r->store;
+  EXPECT_EQ(r->n_packed, 1);
+  EXPECT_EQ(r->bytes_before, static_cast<uint64_t>(kRows * kWide * 2));
+  EXPECT_EQ(r->bytes_after, kRows * DTypeRowBytes(DType::kBF16C, kWide));
+
+  // The packed matrix holds the very same values.
+  const TensorView* w = out.Find("wide");
+  ASSERT_NE(w, nullptr);
+  ASSERT_EQ(w->dtype, DType::kBF16C);
+  EXPECT_EQ(w->shape, (std::vector<int64_t>{kRows, kWide}));
+  EXPECT_EQ(w->n_bytes, r->bytes_after);
+  std::vector<uint16_t> row(kWide);
+  for (int64_t i = 0; i < kRows; ++i) {
+    kernels::UnpackRowBf16c(w->bytes() + i * DTypeRowBytes(DType::kBF16C, kWide), kWide,
+                            row.data());
+    EXPECT_TRUE(std::equal(row.begin(), row.end(), wide.begin() + i * kWide)) << "row " << i;
+  }
+  // Kept by name, too short to pay, 1-D, and the matrix with a row that cannot pack: as stored.
+  for (const char* name : {"router", "short", "norm", "bad"}) {
+    ASSERT_NE(out.Find(name), nullptr) << name;
+    EXPECT_EQ(out.Find(name)->dtype, DType::kBF16) << name;
+  }
+  EXPECT_EQ(out.Find("missing"), nullptr);
+  ASSERT_EQ(r->warnings.size(), 1u);
+  EXPECT_NE(r->warnings[0].find("'bad' row 3 "), std::string::npos) << r->warnings[0];
+  EXPECT_NE(r->warnings[0].find("stays BF16"), std::string::npos) << r->warnings[0];
+}
+
+// A Hugging Face checkpoint's store holds the experts' tensors beside the dense ones; the
+// experts are packed once, into their banks, never again as dense matrices (a second packed
+// copy of every expert that nothing reads). Seen through the one warning a row that cannot pack
+// must give.
+TEST(WeightPackingLoad, ACheckpointsExpertsAreNotPackedAgainAsDenseMatrices) {
+  for (const std::string& fixture : kFixtures) {
+    SCOPED_TRACE(fixture);
+    testing::TempDir tmp;
+    const fs::path h = tmp.path() / "hf";
+    testing::CopyDir(testing::HfFixture(fixture), h);
+    auto s = OpenModelSource(h);
+    ASSERT_TRUE(s.ok()) << s.message();
+    ASSERT_FALSE(s->banks.empty());
+    const int64_t layer = s->banks[0].layer;
+    auto tensors = testing::ReadSafetensors(h / "model.safetensors");
+    const std::string name = s->spec->expert_tensor_name(layer, 0, ExpertMatrix::kGate);
+    ASSERT_EQ(tensors.count(name), 1u) << name;
+    testing::TensorSpec& t = tensors.at(name);
+    WriteUnpackableRow(t.bytes.data(), t.shape.back());
+    testing::WriteSafetensors(h / "model.safetensors", tensors);
+
+    const Loaded packed = Load(h, WeightPacking::kBf16c);
+    ASSERT_TRUE(packed.model);
+    const std::vector<std::string>& warnings = packed.model->residency().warnings;
+    int n_unpackable = 0;
+    for (const std::string& w : warnings) {
+      EXPECT_EQ(w.find(name), std::string::npos) << "packed as a dense matrix: " << w;
+      if (w.find("pack as bf16c") != std::string::npos) ++n_unpackable;
+    }
+    EXPECT_EQ(n_unpackable, 1) << ::testing::PrintToString(warnings);
+  }
+}
+
+}  // namespace
+}  // namespace moetier
