@@ -129,9 +129,11 @@ TEST(ConvertBf16c, ComputesBf16sLogitsAndConvertsBack) {
     if (same_kernels) {
       EXPECT_EQ(0, std::memcmp(lb.data(), lc.data(), lb.size() * sizeof(float)));
     } else {
+      // fp32 sums in another order; on the AVX-512 BF16 level bf16's kernels also round the
+      // activations to bf16 (2^-9 relative; 3.4e-3 of the range measured on mixtral).
+      const double share = isa == CpuIsa::kAvx512Bf16 ? 1e-2 : 1e-4;
       const auto [lo, hi] = std::minmax_element(lb.begin(), lb.end());
-      for (size_t i = 0; i < lb.size(); ++i)
-        ASSERT_NEAR(lb[i], lc[i], 1e-4 * (*hi - *lo)) << i;  // fp32 sums in another order
+      for (size_t i = 0; i < lb.size(); ++i) ASSERT_NEAR(lb[i], lc[i], share * (*hi - *lo)) << i;
     }
     // The bytes a decoded token streams are the packed rows' (here larger: rows of 32-96
     // elements, where the 64-byte header outweighs what packing saves).

@@ -73,7 +73,10 @@ bool SameKernels() {
   return isa == CpuIsa::kScalar || isa == CpuIsa::kAvx2 || isa == CpuIsa::kAvxVnni;
 }
 
-// Bit for bit where the kernels are the same, else within 1e-4 of the logits' range.
+// Bit for bit where the kernels are the same, else within a share of the logits' range: 1e-4
+// where both sum fp32 products in another order; 1e-2 on the AVX-512 BF16 level, whose bf16
+// kernels round the activations to bf16 (relative error 2^-9 a value; measured 3.4e-3 of the
+// range on mixtral) while bf16c's run on fp32 activations.
 void ExpectSameLogits(const std::vector<float>& want, const std::vector<float>& got) {
   ASSERT_FALSE(want.empty());
   ASSERT_EQ(want.size(), got.size());
@@ -81,8 +84,9 @@ void ExpectSameLogits(const std::vector<float>& want, const std::vector<float>& 
     EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)));
     return;
   }
+  const double share = kernels::ActiveCpuIsa() == kernels::CpuIsa::kAvx512Bf16 ? 1e-2 : 1e-4;
   const auto [lo, hi] = std::minmax_element(want.begin(), want.end());
-  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(want[i], got[i], 1e-4 * (*hi - *lo)) << i;
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(want[i], got[i], share * (*hi - *lo)) << i;
 }
 
 uint64_t BankBytes(const ModelConfig& c, DType t) {
