@@ -42,9 +42,9 @@ Command AddPlanCommand(CLI::App& root) {
                         budget(p.budgets.pin_bytes).c_str(), p.budgets.pin_source.c_str(),
                         budget(p.budgets.lock_bytes).c_str(), p.budgets.lock_source.c_str());
             for (const auto& l : p.layers)
-              std::printf("layer %3lld  %-8s %10.3f GB\n", static_cast<long long>(l.layer),
-                          std::string(TierName(l.tier)).c_str(),
-                          static_cast<double>(l.bytes) / 1e9);
+              std::printf("layer %3lld  %-8s %10.3f GB  %s\n", static_cast<long long>(l.layer),
+                          std::string(TierName(l.tier)).c_str(), static_cast<double>(l.bytes) / 1e9,
+                          std::string(DTypeName(l.dtype)).c_str());
             for (const auto& line : TierSummaryLines(p.layers)) std::printf("%s\n", line.c_str());
             for (const auto& w : r->warnings) std::printf("warning: %s\n", w.c_str());
             return 0;
