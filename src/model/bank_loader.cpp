@@ -73,8 +73,8 @@ Status VerifyBank(const ModelSource& s, size_t i, const HostBank& bank, int64_t 
 //
 // A packed bank's stored bytes are read into one of kStagingBuffers reusable buffers, one bank
 // (as stored) each: the main thread fills one while this thread packs out of the other. The
-// buffers are the transient cost of packing — with 8 layers the peak is no more than holding
-// every bank as stored.
+// buffers are the transient cost of packing: the peak is 0.77 n + 2 banks for n bf16 layers,
+// below holding them as stored from n = 9 on (an 8-layer model peaks 2 % above it).
 class Finisher {
  public:
   static constexpr size_t kStagingBuffers = 2;
