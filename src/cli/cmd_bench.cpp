@@ -41,17 +41,9 @@ double Median(std::vector<double> v) {
 // The formats the MoE layers' experts are held in, "BF16C" or, when layers differ (a layer
 // that did not pack, banks pinned for the GPU), "BF16C+BF16" in layer order.
 std::string HeldDTypes(const CausalLM& lm) {
-  std::vector<DType> held;
-  if (lm.residency().settled)
-    for (const LayerResidency& l : *lm.residency().settled)
-      if (std::find(held.begin(), held.end(), l.dtype) == held.end()) held.push_back(l.dtype);
-  if (held.empty()) held.push_back(lm.expert_dtype());
-  std::string s;
-  for (DType d : held) {
-    if (!s.empty()) s += '+';
-    s += DTypeName(d);
-  }
-  return s;
+  const auto& settled = lm.residency().settled;
+  return settled && !settled->empty() ? moetier::HeldDTypes(*settled)
+                                      : std::string(DTypeName(lm.expert_dtype()));
 }
 
 int Run(const Opts& o) {

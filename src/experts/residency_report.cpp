@@ -43,28 +43,34 @@ nlohmann::ordered_json ResidencyReportJson(const ResidencyReport& r) {
   return j;
 }
 
+std::string HeldDTypes(const std::vector<LayerResidency>& layers) {
+  std::vector<DType> held;
+  for (const auto& l : layers)
+    if (std::find(held.begin(), held.end(), l.dtype) == held.end()) held.push_back(l.dtype);
+  std::string s;
+  for (DType d : held) {
+    if (!s.empty()) s += '+';
+    s += DTypeName(d);
+  }
+  return s;
+}
+
 std::vector<std::string> TierSummaryLines(const std::vector<LayerResidency>& layers) {
   std::vector<std::string> lines;
   for (Tier t : {Tier::kGpu, Tier::kPinned, Tier::kLocked, Tier::kPageable}) {
-    int64_t n = 0;
+    std::vector<LayerResidency> in_tier;
     uint64_t bytes = 0;
-    std::vector<DType> held;  // the formats held, in layer order
-    for (const auto& l : layers) {
-      if (l.tier != t) continue;
-      ++n;
-      bytes += l.bytes;
-      if (std::find(held.begin(), held.end(), l.dtype) == held.end()) held.push_back(l.dtype);
-    }
+    for (const auto& l : layers)
+      if (l.tier == t) {
+        in_tier.push_back(l);
+        bytes += l.bytes;
+      }
+    const auto n = static_cast<int64_t>(in_tier.size());
     if (n == 0) continue;
-    std::string dtypes;
-    for (DType d : held) {
-      if (!dtypes.empty()) dtypes += '+';
-      dtypes += DTypeName(d);
-    }
     char buf[160];
     std::snprintf(buf, sizeof buf, "%s: %lld layer%s, %.2f GB as %s",
                   std::string(TierName(t)).c_str(), static_cast<long long>(n), n == 1 ? "" : "s",
-                  static_cast<double>(bytes) / 1e9, dtypes.c_str());
+                  static_cast<double>(bytes) / 1e9, HeldDTypes(in_tier).c_str());
     lines.push_back(buf);
   }
   return lines;

@@ -21,12 +21,15 @@ struct ResidencyReport {
 };
 
 // {"plan":[{"layer":i,"tier":…,"bytes":n,"dtype":…}], "settled":[…],
-// "bytes":{"pinned":…,"locked":…,
-//  "pageable":…}, "stored_dtype":…, "pin_budget_bytes":n|null, "lock_budget_bytes":n|null, "vmlck_bytes":n}
+//  "bytes":{"pinned":…,"locked":…,"pageable":…}, "stored_dtype":…,
+//  "pin_budget_bytes":n|null, "lock_budget_bytes":n|null, "vmlck_bytes":n}
 // "bytes" sums the settled tiers when there are any, else the planned ones.
 nlohmann::ordered_json ResidencyReportJson(const ResidencyReport& r);
 
-// "pinned: 3 layers, 1.21 GB" for each tier in use (settled if present, else planned).
+// The distinct dtypes of `layers`, in layer order, joined by '+': "BF16C", "BF16C+BF16".
+std::string HeldDTypes(const std::vector<LayerResidency>& layers);
+
+// "pinned: 3 layers, 1.21 GB as BF16" for each tier in use (settled if present, else planned).
 std::vector<std::string> TierSummaryLines(const std::vector<LayerResidency>& layers);
 
 }  // namespace moetier

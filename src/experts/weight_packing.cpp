@@ -25,10 +25,10 @@ DType CpuMatrixDType(DType stored, int64_t row_elements, WeightPacking packing) 
       !IsValidRowLength(DType::kBF16C, row_elements))
     return stored;
   const uint64_t packed = DTypeRowBytes(DType::kBF16C, row_elements);
+  const uint64_t as_stored = DTypeRowBytes(DType::kBF16, row_elements);
   if (packing == WeightPacking::kBf16c)  // as `convert --dense-dtype bf16c`: never larger
-    return packed < DTypeRowBytes(DType::kBF16, row_elements) ? DType::kBF16C : stored;
-  const double saved = 1.0 - static_cast<double>(packed) /
-                                 static_cast<double>(DTypeRowBytes(DType::kBF16, row_elements));
+    return packed < as_stored ? DType::kBF16C : stored;
+  const double saved = 1.0 - static_cast<double>(packed) / static_cast<double>(as_stored);
   return saved >= kMinPackingSaving ? DType::kBF16C : stored;
 }
 

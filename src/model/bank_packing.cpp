@@ -8,21 +8,6 @@
 
 namespace moetier {
 
-namespace {
-
-// Packs the rows of one matrix; returns the first row that does not pack, or -1.
-int64_t PackMatrix(const TensorView& src, uint8_t* dst) {
-  const int64_t rows = src.shape[0], k = src.shape[1];
-  const uint64_t row_bytes = DTypeRowBytes(DType::kBF16C, k);
-  const auto* bits = static_cast<const uint16_t*>(src.data);
-  for (int64_t r = 0; r < rows; ++r)
-    if (kernels::PackRowBf16c(bits + r * k, k, dst + static_cast<uint64_t>(r) * row_bytes) < 0)
-      return r;
-  return -1;
-}
-
-}  // namespace
-
 Status PackExpertBank(const std::vector<ExpertWeights>& src, const ExpertLayout& to, uint8_t* dst,
                       int64_t layer, ThreadPool& pool) {
   if (to.dtype != DType::kBF16C)
@@ -48,7 +33,8 @@ Status PackExpertBank(const std::vector<ExpertWeights>& src, const ExpertLayout&
                 {"up", src[e].up, expert + to.up_offset()},
                 {"down", src[e].down, expert + to.down_offset()}};
     for (const auto& m : mats) {
-      const int64_t bad = PackMatrix(m.from, m.to);
+      const int64_t bad = kernels::PackRowsBf16c(static_cast<const uint16_t*>(m.from.data),
+                                                 m.from.shape[0], m.from.shape[1], m.to);
       if (bad < 0) continue;
       failed.store(true, std::memory_order_relaxed);
       std::lock_guard<std::mutex> l(mu);

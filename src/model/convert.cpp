@@ -278,13 +278,7 @@ Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::pat
   fs::remove(out_dir / kBankIndexFileName, ec);  // an old index must not describe new files
 
   // Every expert tensor goes into a bank; every other tensor is dense.
-  std::set<std::string> expert_names, routers;
-  for (const auto& b : s.banks) {
-    routers.insert(s.spec->router_tensor_name(b.layer));
-    for (int64_t e = 0; e < s.config.n_experts; ++e)
-      for (ExpertMatrix m : {ExpertMatrix::kGate, ExpertMatrix::kUp, ExpertMatrix::kDown})
-        expert_names.insert(s.spec->expert_tensor_name(b.layer, e, m));
-  }
+  const std::set<std::string> expert_names = ExpertTensorNames(s), routers = RouterTensorNames(s);
   // Dense tensors grouped by the layer they belong to (-1: not in a layer), so the output
   // streams layer by layer: each layer's dense weights, then its bank.
   std::vector<std::vector<std::string>> dense_by_layer(static_cast<size_t>(s.config.n_layers + 1));

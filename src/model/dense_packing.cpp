@@ -52,10 +52,15 @@ Expected<DensePacking> PackDenseWeights(std::unique_ptr<TensorStore> dense,
     std::atomic<int64_t> bad_row{-1};
     const auto* bits = static_cast<const uint16_t*>(v->data);
     pool.ParallelFor(static_cast<size_t>(rows), [&](size_t begin, size_t end, int) {
-      for (size_t r = begin; r < end && bad_row.load(std::memory_order_relaxed) < 0; ++r)
-        if (kernels::PackRowBf16c(bits + r * static_cast<size_t>(k), k,
-                                  buf.data() + r * row_bytes) < 0)
-          bad_row.store(static_cast<int64_t>(r));
+      const int64_t bad = kernels::PackRowsBf16c(bits + begin * static_cast<size_t>(k),
+                                                 static_cast<int64_t>(end - begin), k,
+                                                 buf.data() + begin * row_bytes);
+      if (bad < 0) return;
+      // The lowest bad row of any range, so the warning names the matrix's first.
+      const int64_t row = static_cast<int64_t>(begin) + bad;
+      int64_t seen = bad_row.load();
+      while ((seen < 0 || row < seen) && !bad_row.compare_exchange_weak(seen, row)) {
+      }
     });
     if (bad_row.load() >= 0) {
       out.warnings.push_back(

@@ -83,8 +83,11 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
                              ? options.residency.n_io_threads
                              : std::min(kDefaultIoThreads, ThreadPool::AvailableThreads());
   ThreadPool io_pool(io_threads);
-  // Packing is compute: every core this process may use, and only while the banks load.
-  const bool packs = options.residency.packing != WeightPacking::kNone;
+  // Packing is compute: every core this process may use, and only while the model loads.
+  const bool packs =
+      PacksDense(report.plan.backend, options.residency.packing) ||
+      std::any_of(report.plan.layers.begin(), report.plan.layers.end(),
+                  [&](const LayerResidency& l) { return l.dtype != s.layout.dtype; });
   ThreadPool pack_pool(packs ? ThreadPool::DefaultThreads() : 1);
   BankLoadOptions bank_options;
   bank_options.verify = options.residency.verify;
@@ -108,13 +111,8 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
   std::unique_ptr<TensorStore> dense = s.TakeDense();
   if (PacksDense(report.plan.backend, options.residency.packing)) {
     // Not the routers (as convert leaves them), nor a checkpoint's expert tensors (in banks).
-    std::set<std::string> keep;
-    for (const LayerBank& b : s.banks) {
-      keep.insert(s.spec->router_tensor_name(b.layer));
-      for (int64_t e = 0; e < config.n_experts; ++e)
-        for (ExpertMatrix m : {ExpertMatrix::kGate, ExpertMatrix::kUp, ExpertMatrix::kDown})
-          keep.insert(s.spec->expert_tensor_name(b.layer, e, m));
-    }
+    std::set<std::string> keep = ExpertTensorNames(s);
+    keep.merge(RouterTensorNames(s));
     const auto t3 = std::chrono::steady_clock::now();
     MT_ASSIGN_OR_RETURN(DensePacking d, PackDenseWeights(std::move(dense), keep,
                                                          options.residency.packing, pack_pool));

@@ -78,6 +78,21 @@ Status CheckIndexAgainstConfig(const ModelSource& s) {
 
 }  // namespace
 
+std::set<std::string> ExpertTensorNames(const ModelSource& s) {
+  std::set<std::string> names;
+  for (const auto& b : s.banks)
+    for (int64_t e = 0; e < s.config.n_experts; ++e)
+      for (ExpertMatrix m : {ExpertMatrix::kGate, ExpertMatrix::kUp, ExpertMatrix::kDown})
+        names.insert(s.spec->expert_tensor_name(b.layer, e, m));
+  return names;
+}
+
+std::set<std::string> RouterTensorNames(const ModelSource& s) {
+  std::set<std::string> names;
+  for (const auto& b : s.banks) names.insert(s.spec->router_tensor_name(b.layer));
+  return names;
+}
+
 std::unique_ptr<TensorStore> ModelSource::TakeDense() {
   if (hf) return std::move(hf);
   return std::move(converted);

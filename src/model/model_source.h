@@ -5,6 +5,8 @@
 
 #include <filesystem>
 #include <memory>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -32,6 +34,10 @@ struct ModelSource {
   // Hands the dense store to the model (the source is spent afterwards).
   std::unique_ptr<TensorStore> TakeDense();
 };
+
+// The tensor names of every MoE layer's experts (the banks' contents) and of its router.
+std::set<std::string> ExpertTensorNames(const ModelSource& s);
+std::set<std::string> RouterTensorNames(const ModelSource& s);
 
 // Parses config.json, finds the architecture, opens the weight files and checks that a
 // converted index agrees with config.json. Reads headers and the index only.

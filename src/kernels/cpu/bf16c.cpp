@@ -93,6 +93,13 @@ int PackRowBf16c(const uint16_t* bits, int64_t k, uint8_t* out) {
   return n_exceptions;
 }
 
+int64_t PackRowsBf16c(const uint16_t* bits, int64_t n_rows, int64_t k, uint8_t* out) {
+  const size_t row_bytes = DTypeRowBytes(DType::kBF16C, k);
+  for (int64_t r = 0; r < n_rows; ++r)
+    if (PackRowBf16c(bits + r * k, k, out + static_cast<size_t>(r) * row_bytes) < 0) return r;
+  return -1;
+}
+
 void UnpackRowBf16c(const uint8_t* row, int64_t k, uint16_t* bits) {
   for (int64_t i = 0; i < k; ++i) bits[i] = isa::Bf16cStoredBits(row, i);
   isa::Bf16cApplyExceptions(row, k, bits);

@@ -32,6 +32,10 @@ inline constexpr int kBf16cMaxExceptions = isa::kBf16cMaxExceptions;
 // need more than kBf16cMaxExceptions: such a row cannot be stored as BF16C.
 int PackRowBf16c(const uint16_t* bits, int64_t k, uint8_t* out);
 
+// Packs rows [0, n_rows) of k bf16 values (row stride k) into consecutive packed rows at `out`.
+// Returns the first row that cannot be packed (later rows are then not written), or -1.
+int64_t PackRowsBf16c(const uint16_t* bits, int64_t n_rows, int64_t k, uint8_t* out);
+
 // The exact inverse: the k bf16 values of a packed row.
 void UnpackRowBf16c(const uint8_t* row, int64_t k, uint16_t* bits);
 
