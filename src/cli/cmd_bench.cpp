@@ -97,6 +97,9 @@ int Run(const Opts& o) {
   // may hold bf16 as bf16c (the same values; decode_bytes_per_token counts the held bytes).
   j["dtype"] = std::string(DTypeName(lm.residency().stored_dtype));
   j["held_dtype"] = HeldDTypes(lm);
+  // Where the dense matrices stream from: "copy" (anonymous memory), "mapped" (the model file's
+  // mapping) or "" (another backend); see --dense-memory.
+  j["dense_memory"] = lm.residency().dense ? lm.residency().dense->memory : std::string();
   j["threads"] = threads;
   j["cpu_isa"] = std::string(kernels::CpuIsaName(kernels::ActiveCpuIsa()));  // kernel level used
   j["prompt_tokens"] = o.prompt_tokens;

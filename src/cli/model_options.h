@@ -21,6 +21,7 @@ struct ModelOptions {
   std::optional<double> pin_budget_gb, lock_budget_gb;
   std::string cpu_layers = "auto";
   std::string weight_packing = "auto";
+  std::string dense_memory = "auto";
   bool no_verify = false;
   std::string report_path;  // --report FILE
 };

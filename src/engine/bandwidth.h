@@ -12,7 +12,8 @@ namespace moetier {
 // Bytes read per measurement: far past any last-level cache (hundreds of MB at most today).
 inline constexpr size_t kBandwidthBufferBytes = size_t{2} << 30;
 
-// Median GB/s (1e9 bytes/s) of `repeats` passes over a buffer of `bytes`.
+// GB/s (1e9 bytes/s) over a buffer of `bytes`: the faster of two medians of `repeats` passes,
+// one reading with software prefetch as the kernels do, one without.
 double MeasureReadBandwidthGbps(ThreadPool& pool, size_t bytes = kBandwidthBufferBytes,
                                 int repeats = 5);
 

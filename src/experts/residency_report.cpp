@@ -39,6 +39,11 @@ nlohmann::ordered_json ResidencyReportJson(const ResidencyReport& r) {
   j["lock_budget_bytes"] = OptionalBytes(r.plan.budgets.lock_bytes);
   j["vmlck_bytes"] = r.vmlck_bytes;
   if (!r.read_mode.empty()) j["read_mode"] = r.read_mode;
+  if (r.dense)
+    j["dense"] = {{"memory", r.dense->memory},
+                  {"packed_matrices", r.dense->packed_matrices},
+                  {"copied_matrices", r.dense->copied_matrices},
+                  {"held_bytes", r.dense->held_bytes}};
   j["warnings"] = r.warnings;
   return j;
 }

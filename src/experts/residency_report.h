@@ -11,6 +11,15 @@
 
 namespace moetier {
 
+// The dense matrices the CPU streams, as held (model/dense_holding.h): packed as BF16C, copied
+// from the file mapping, and the anonymous bytes both take; `memory` is "copy" or "mapped".
+struct DenseReport {
+  int packed_matrices = 0;
+  int copied_matrices = 0;
+  uint64_t held_bytes = 0;
+  std::string memory;
+};
+
 struct ResidencyReport {
   ResidencyPlan plan;
   std::optional<std::vector<LayerResidency>> settled;  // absent for `moetier plan`
@@ -18,11 +27,14 @@ struct ResidencyReport {
   std::vector<std::string> warnings;                   // plan and settle warnings
   std::string read_mode;                               // "o_direct", "buffered", "mmap" or ""
   DType stored_dtype = DType::kBF16;  // the experts as stored; held as each layer's dtype says
+  std::optional<DenseReport> dense;   // cpu backend, after loading
 };
 
 // {"plan":[{"layer":i,"tier":…,"bytes":n,"dtype":…}], "settled":[…],
 //  "bytes":{"pinned":…,"locked":…,"pageable":…}, "stored_dtype":…,
-//  "pin_budget_bytes":n|null, "lock_budget_bytes":n|null, "vmlck_bytes":n}
+//  "pin_budget_bytes":n|null, "lock_budget_bytes":n|null, "vmlck_bytes":n,
+//  "dense":{"memory":…,"packed_matrices":n,"copied_matrices":n,"held_bytes":n} (when loaded
+//  with the cpu backend)}
 // "bytes" sums the settled tiers when there are any, else the planned ones.
 nlohmann::ordered_json ResidencyReportJson(const ResidencyReport& r);
 

@@ -5,7 +5,7 @@
 //
 // What is packed: the experts of CPU-run tiers (locked, pageable) — banks pinned for the GPU keep
 // the stored format, the one the device copies and computes with — and, with the cpu backend,
-// the dense matrices but the routers (model/dense_packing.h).
+// the dense matrices but the routers (model/dense_holding.h).
 #pragma once
 
 #include <string>

@@ -15,6 +15,7 @@
 #include "experts/weight_packing.h"
 #include "layers/kv_cache.h"
 #include "model/config.h"
+#include "model/dense_holding.h"
 
 namespace moetier {
 
@@ -68,7 +69,8 @@ struct ResidencyOptions {
   std::string cpu_layers = "auto";   // --moe-cpu-layers
   bool verify = true;                // checksums of a converted model (--no-verify skips)
   int n_io_threads = 0;              // threads reading banks (0: a default)
-  WeightPacking packing = WeightPacking::kAuto;  // --weight-packing
+  WeightPacking packing = WeightPacking::kAuto;   // --weight-packing
+  DenseMemory dense_memory = DenseMemory::kAuto;  // --dense-memory
 };
 
 struct LoadOptions {

@@ -9,7 +9,7 @@
 #include "experts/weight_packing.h"
 #include "model/bank_loader.h"
 #include "model/causal_lm.h"
-#include "model/dense_packing.h"
+#include "model/dense_holding.h"
 #include "model/model_source.h"
 
 namespace moetier {
@@ -48,10 +48,16 @@ void LogWarnings(const std::vector<std::string>& warnings) {
             " more like these (see --report)");
 }
 
-// Dense matrices are packed only with the cpu backend: offload and hybrid are to run them on the
-// GPU, which reads them as stored.
-bool PacksDense(Backend backend, WeightPacking packing) {
-  return backend == Backend::kCpu && packing != WeightPacking::kNone;
+// Dense matrices are held for the CPU (packed, copied) only with the cpu backend: offload and
+// hybrid are to run them on the GPU, which reads them as stored.
+bool HoldsDense(Backend backend) {
+  return backend == Backend::kCpu;
+}
+
+// The dense tensors a token reads one row of: the embedding table, unless it is the lm_head.
+std::set<std::string> GatheredTensorNames(const ModelSource& s) {
+  if (s.config.tie_word_embeddings) return {};
+  return {std::string(s.spec->embedding_tensor_name)};
 }
 
 }  // namespace
@@ -83,9 +89,9 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
                              ? options.residency.n_io_threads
                              : std::min(kDefaultIoThreads, ThreadPool::AvailableThreads());
   ThreadPool io_pool(io_threads);
-  // Packing is compute: every core this process may use, and only while the model loads.
+  // Packing and copying: every core this process may use, and only while the model loads.
   const bool packs =
-      PacksDense(report.plan.backend, options.residency.packing) ||
+      HoldsDense(report.plan.backend) ||
       std::any_of(report.plan.layers.begin(), report.plan.layers.end(),
                   [&](const LayerResidency& l) { return l.dtype != s.layout.dtype; });
   ThreadPool pack_pool(packs ? ThreadPool::DefaultThreads() : 1);
@@ -109,25 +115,43 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
 
   const ModelConfig config = s.config;
   std::unique_ptr<TensorStore> dense = s.TakeDense();
-  if (PacksDense(report.plan.backend, options.residency.packing)) {
-    // Not the routers (as convert leaves them), nor a checkpoint's expert tensors (in banks).
-    std::set<std::string> keep = ExpertTensorNames(s);
-    keep.merge(RouterTensorNames(s));
+  if (HoldsDense(report.plan.backend)) {
+    DenseHoldingOptions held;
+    held.packing = options.residency.packing;
+    held.memory = options.residency.dense_memory;
+    held.available_bytes = ReadHostMemoryInfo().available_bytes;
+    held.skip = ExpertTensorNames(s);  // a checkpoint's experts: in banks
+    held.keep_dtype = RouterTensorNames(s);
+    held.gathered = GatheredTensorNames(s);
     const auto t3 = std::chrono::steady_clock::now();
-    MT_ASSIGN_OR_RETURN(DensePacking d, PackDenseWeights(std::move(dense), keep,
-                                                         options.residency.packing, pack_pool));
+    MT_ASSIGN_OR_RETURN(DenseHolding d, HoldDenseWeights(std::move(dense), held, pack_pool));
     dense = std::move(d.store);
     LogWarnings(d.warnings);
     report.warnings.insert(report.warnings.end(), d.warnings.begin(), d.warnings.end());
-    if (d.n_packed > 0) {
-      char line[160];
-      std::snprintf(line, sizeof line,
-                    "dense: %d matrices packed as BF16C, %.2f -> %.2f GB (%.1f s)", d.n_packed,
-                    static_cast<double>(d.bytes_before) / 1e9,
-                    static_cast<double>(d.bytes_after) / 1e9,
+    report.dense = DenseReport{d.n_packed, d.n_copied, d.bytes_after + d.copied_bytes,
+                               d.copies ? "copy" : "mapped"};
+    if (d.n_packed > 0 || d.n_copied > 0) {
+      char line[200];
+      std::string what;
+      if (d.n_packed > 0) {
+        std::snprintf(line, sizeof line, "%d matrices packed as BF16C (%.2f -> %.2f GB)",
+                      d.n_packed, static_cast<double>(d.bytes_before) / 1e9,
+                      static_cast<double>(d.bytes_after) / 1e9);
+        what = line;
+      }
+      if (d.n_copied > 0) {
+        std::snprintf(line, sizeof line, "%d copied from the file mapping (%.2f GB)", d.n_copied,
+                      static_cast<double>(d.copied_bytes) / 1e9);
+        what += (what.empty() ? "" : ", ") + std::string(line);
+      }
+      std::snprintf(line, sizeof line, " (%.1f s)",
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t3).count());
-      LogInfo(line);
+      LogInfo("dense: " + what + line);
     }
+    if (!d.copies && options.residency.dense_memory == DenseMemory::kAuto)
+      LogInfo(
+          "dense: matrices read from the file mapping: too little RAM available to copy "
+          "them (--dense-memory copy forces it)");
   }
   MT_ASSIGN_OR_RETURN(
       std::unique_ptr<CausalLM> model,

@@ -19,7 +19,7 @@ const TensorView* WeightBinder::Lookup(const std::string& name, const std::vecto
   }
   // A converted model's matrices may be in the dtype its index says convert chose; anything
   // else must match config.json (a Hugging Face checkpoint always must). BF16C holds bf16's
-  // values exactly (packed by convert, or at load: model/dense_packing.h), so it passes
+  // values exactly (packed by convert, or at load: model/dense_holding.h), so it passes
   // wherever bf16 would.
   const auto matches = [&](DType want) {
     return v->dtype == want || (v->dtype == DType::kBF16C && want == DType::kBF16);

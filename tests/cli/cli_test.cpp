@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "experts/host_memory.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "model/causal_lm.h"
@@ -91,6 +92,10 @@ TEST(Cli, ErrorsAreOneLineAndNonZero) {
        "config.json: cannot open"},
       {"logits " + Model() + " --tokens 1 --out '" + tmp.path().string() + "/no/such/dir/f'",
        "cannot open for writing"},
+      {"logits " + Model() + " --tokens 1 --out x --dense-memory anon",
+       "--dense-memory: 'anon' is not one of auto, copy, mapped"},
+      {"logits " + Model() + " --tokens 1 --out x --weight-packing fast",
+       "--weight-packing: 'fast' is not one of auto, none, bf16c"},
   };
   for (const auto& c : cases) {
     auto r = RunCli(c.args);
@@ -204,6 +209,13 @@ TEST(Cli, BenchJsonHasTheKeysAndConsistentFigures) {
     ASSERT_TRUE(j.contains(key)) << key;
   EXPECT_EQ(j["threads"].get<int>(), 2);
   EXPECT_EQ(j["dtype"].get<std::string>(), "BF16");
+  // The cpu backend (auto without a GPU) says where dense weights streamed from (copied unless
+  // RAM is short); with a GPU the backend is hybrid and the key is empty.
+  ASSERT_TRUE(j.contains("dense_memory"));
+  const std::string dense = j["dense_memory"].get<std::string>();
+  if (!GpuAvailable()) {
+    EXPECT_TRUE(dense == "copy" || dense == "mapped") << dense;
+  }
   // The kernel level it ran: the process-wide choice (the test runs under the same environment).
   EXPECT_EQ(j["cpu_isa"].get<std::string>(), kernels::CpuIsaName(kernels::ActiveCpuIsa()));
   EXPECT_GT(j["prefill_tokens_per_s"].get<double>(), 0.0);

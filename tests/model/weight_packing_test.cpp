@@ -1,9 +1,9 @@
 // --weight-packing at load, end to end on the fixtures: `bf16c` holds every CPU bank (and, with
 // the cpu backend, the dense matrices but the routers) as BF16C and computes the logits of the
 // bf16 model (bit for bit where bf16 and bf16c run the same kernels); `auto` packs nothing on
-// rows this short; and a bank or matrix with a row BF16C cannot hold stays bf16 with a warning
-// naming it, rather than failing the load (dense matrices: PackDenseWeights on its own, since
-// no fixture has a dense row long enough to pack). A checkpoint's experts are packed once, into
+// rows this short; and a bank with a row BF16C cannot hold stays bf16 with a warning naming it,
+// rather than failing the load (dense matrices: dense_holding_test.cpp, on their own, since no
+// fixture has a dense row long enough to pack). A checkpoint's experts are packed once, into
 // their banks, not again as dense matrices.
 #include <gtest/gtest.h>
 
@@ -23,7 +23,6 @@
 #include "model/arch/arch.h"
 #include "model/causal_lm.h"
 #include "model/convert.h"
-#include "model/dense_packing.h"
 #include "model/model_source.h"
 #include "support/test_support.h"
 
@@ -128,21 +127,6 @@ int64_t DenseBf16cDelta(const fs::path& hf, const ModelConfig& c, const std::str
     }
   }
   return delta;
-}
-
-// Writes k bf16 values at `row` with 32 distinct high bytes (±2^(2m-40), m < 16), each k/32
-// times: any table of 16 leaves k/2 >= 16 exceptions, more than the 12 a BF16C row may have.
-// The values are tiny, so the model's output stays finite.
-void WriteUnpackableRow(char* row, int64_t k) {
-  ASSERT_EQ(k % 32, 0);
-  for (int64_t j = 0; j < k; ++j) {
-    const int m = static_cast<int>((j / 2) % 16);
-    const float v = (j % 2 ? -1.0f : 1.0f) * std::ldexp(1.0f, 2 * m - 40);
-    const uint16_t h = F32ToBf16(v);
-    std::memcpy(row + 2 * j, &h, 2);
-  }
-  std::vector<uint8_t> packed(DTypeRowBytes(DType::kBF16C, k));
-  ASSERT_LT(kernels::PackRowBf16c(reinterpret_cast<const uint16_t*>(row), k, packed.data()), 0);
 }
 
 void ExpectSettled(const CausalLM& m, DType want) {
@@ -286,7 +270,7 @@ TEST(WeightPackingLoad, ABankWithARowThatCannotPackStaysAsStoredWithAWarning) {
     const fs::path file = b / idx->files[bank.file].name;
     std::string data = testing::ReadFile(file);
     ASSERT_GE(data.size(), bank.offset + static_cast<uint64_t>(2 * bank.d_model));
-    WriteUnpackableRow(data.data() + bank.offset, bank.d_model);  // expert 0, gate, row 0
+    testing::WriteUnpackableRow(data.data() + bank.offset, bank.d_model);  // expert 0, gate, row 0
     testing::WriteFile(file, data);
     {
       SCOPED_TRACE("converted");
@@ -303,89 +287,13 @@ TEST(WeightPackingLoad, ABankWithARowThatCannotPackStaysAsStoredWithAWarning) {
     ASSERT_EQ(tensors.count(name), 1u) << name;
     testing::TensorSpec& t = tensors.at(name);
     ASSERT_EQ(t.shape.back(), bank.d_model);
-    WriteUnpackableRow(t.bytes.data(), bank.d_model);
+    testing::WriteUnpackableRow(t.bytes.data(), bank.d_model);
     testing::WriteSafetensors(h / "model.safetensors", tensors);
     {
       SCOPED_TRACE("checkpoint");
       ExpectBankFallback(h, hf, /*verify=*/true);
     }
   }
-}
-
-// An in-memory TensorStore of bf16 matrices, for PackDenseWeights.
-class MemoryStore final : public TensorStore {
- public:
-  void Add(const std::string& name, std::vector<int64_t> shape, std::vector<uint16_t> bits) {
-    data_[name] = std::move(bits);
-    const auto& d = data_[name];
-    views_[name] = TensorView{DType::kBF16, std::move(shape), d.data(), d.size() * 2};
-  }
-  const TensorView* Find(const std::string& name) const override {
-    auto it = views_.find(name);
-    return it == views_.end() ? nullptr : &it->second;
-  }
-  std::string FileOf(const std::string& name) const override { return "memory:" + name; }
-  const std::string& description() const override { return description_; }
-  std::vector<std::string> Names() const override {
-    std::vector<std::string> n;
-    for (const auto& [name, v] : views_) n.push_back(name);
-    return n;
-  }
-
- private:
-  std::map<std::string, std::vector<uint16_t>> data_;
-  std::map<std::string, TensorView> views_;
-  std::string description_ = "memory";
-};
-
-std::vector<uint16_t> RandomBf16(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 0.02f);
-  std::vector<uint16_t> v(static_cast<size_t>(n));
-  for (auto& x : v) x = F32ToBf16(d(rng));
-  return v;
-}
-
-TEST(DensePacking, PacksWhatShrinksKeepsTheRestAndFallsBackPerMatrix) {
-  constexpr int64_t kRows = 8, kWide = 512, kShort = 128;
-  auto store = std::make_unique<MemoryStore>();
-  const std::vector<uint16_t> wide = RandomBf16(kRows * kWide, 1);
-  std::vector<uint16_t> bad = RandomBf16(kRows * kWide, 2);
-  WriteUnpackableRow(reinterpret_cast<char*>(bad.data() + 3 * kWide), kWide);  // row 3
-  store->Add("wide", {kRows, kWide}, wide);
-  store->Add("router", {kRows, kWide}, RandomBf16(kRows * kWide, 3));
-  store->Add("short", {kRows, kShort}, RandomBf16(kRows * kShort, 4));
-  store->Add("norm", {kWide}, RandomBf16(kWide, 5));
-  store->Add("bad", {kRows, kWide}, bad);
-  ThreadPool pool(2);
-  auto r = PackDenseWeights(std::move(store), {"router"}, WeightPacking::kAuto, pool);
-  ASSERT_TRUE(r.ok()) << r.message();
-  const TensorStore& out = *r->store;
-  EXPECT_EQ(r->n_packed, 1);
-  EXPECT_EQ(r->bytes_before, static_cast<uint64_t>(kRows * kWide * 2));
-  EXPECT_EQ(r->bytes_after, kRows * DTypeRowBytes(DType::kBF16C, kWide));
-
-  // The packed matrix holds the very same values.
-  const TensorView* w = out.Find("wide");
-  ASSERT_NE(w, nullptr);
-  ASSERT_EQ(w->dtype, DType::kBF16C);
-  EXPECT_EQ(w->shape, (std::vector<int64_t>{kRows, kWide}));
-  EXPECT_EQ(w->n_bytes, r->bytes_after);
-  std::vector<uint16_t> row(kWide);
-  for (int64_t i = 0; i < kRows; ++i) {
-    kernels::UnpackRowBf16c(w->bytes() + i * DTypeRowBytes(DType::kBF16C, kWide), kWide,
-                            row.data());
-    EXPECT_TRUE(std::equal(row.begin(), row.end(), wide.begin() + i * kWide)) << "row " << i;
-  }
-  // Kept by name, too short to pay, 1-D, and the matrix with a row that cannot pack: as stored.
-  for (const char* name : {"router", "short", "norm", "bad"}) {
-    ASSERT_NE(out.Find(name), nullptr) << name;
-    EXPECT_EQ(out.Find(name)->dtype, DType::kBF16) << name;
-  }
-  EXPECT_EQ(out.Find("missing"), nullptr);
-  ASSERT_EQ(r->warnings.size(), 1u);
-  EXPECT_NE(r->warnings[0].find("'bad' row 3 "), std::string::npos) << r->warnings[0];
-  EXPECT_NE(r->warnings[0].find("stays BF16"), std::string::npos) << r->warnings[0];
 }
 
 // A Hugging Face checkpoint's store holds the experts' tensors beside the dense ones; the
@@ -406,7 +314,7 @@ TEST(WeightPackingLoad, ACheckpointsExpertsAreNotPackedAgainAsDenseMatrices) {
     const std::string name = s->spec->expert_tensor_name(layer, 0, ExpertMatrix::kGate);
     ASSERT_EQ(tensors.count(name), 1u) << name;
     testing::TensorSpec& t = tensors.at(name);
-    WriteUnpackableRow(t.bytes.data(), t.shape.back());
+    testing::WriteUnpackableRow(t.bytes.data(), t.shape.back());
     testing::WriteSafetensors(h / "model.safetensors", tensors);
 
     const Loaded packed = Load(h, WeightPacking::kBf16c);

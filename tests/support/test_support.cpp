@@ -10,7 +10,13 @@
 #include <random>
 #include <sstream>
 
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
 #include "io/safetensors.h"
+#include "kernels/cpu/bf16c.h"
 
 namespace moetier::testing {
 
@@ -106,6 +112,18 @@ CommandResult RunCli(const std::string& args, const std::string& stdin_path) {
   r.out = ReadFile(out);
   r.err = ReadFile(err);
   return r;
+}
+
+void WriteUnpackableRow(char* row, int64_t k) {
+  ASSERT_EQ(k % 32, 0);
+  for (int64_t j = 0; j < k; ++j) {
+    const int m = static_cast<int>((j / 2) % 16);
+    const float v = (j % 2 ? -1.0f : 1.0f) * std::ldexp(1.0f, 2 * m - 40);
+    const uint16_t h = F32ToBf16(v);
+    std::memcpy(row + 2 * j, &h, 2);
+  }
+  std::vector<uint8_t> packed(DTypeRowBytes(DType::kBF16C, k));
+  ASSERT_LT(kernels::PackRowBf16c(reinterpret_cast<const uint16_t*>(row), k, packed.data()), 0);
 }
 
 }  // namespace moetier::testing

@@ -63,4 +63,9 @@ struct CommandResult {
 // `stdin_path` (default: /dev/null).
 CommandResult RunCli(const std::string& args, const std::string& stdin_path = "/dev/null");
 
+// Writes k bf16 values at `row` with 32 distinct high bytes (±2^(2m-40), m < 16), each k/32
+// times: any table of 16 leaves k/2 >= 16 exceptions, more than the 12 a BF16C row may have, so
+// the row cannot be packed. The values are tiny, so a model's output stays finite.
+void WriteUnpackableRow(char* row, int64_t k);
+
 }  // namespace moetier::testing

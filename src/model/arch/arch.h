@@ -24,6 +24,9 @@ struct ArchSpec {
   // The Hugging Face name of a MoE layer's router matrix [n_experts, d_model], e.g.
   // "model.layers.3.mlp.gate.weight". convert keeps routers in their source dtype.
   std::string (*router_tensor_name)(int64_t layer);
+  // The token-embedding table's name, e.g. "model.embed_tokens.weight" (the lm_head too when
+  // config.json ties them).
+  std::string_view embedding_tensor_name;
   // Binds and validates the dense weights of `dense` and takes the routed experts from
   // `experts`; the model keeps both alive.
   Expected<std::unique_ptr<CausalLM>> (*create)(ModelConfig config,

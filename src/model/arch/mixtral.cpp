@@ -16,6 +16,8 @@ namespace moetier::arch {
 
 namespace {
 
+constexpr std::string_view kEmbeddingName = "model.embed_tokens.weight";
+
 ConfigDefaults MixtralDefaults() {
   ConfigDefaults d;
   d.norm_topk_prob = true;  // Mixtral always renormalises the top-k weights
@@ -41,7 +43,7 @@ Expected<std::unique_ptr<CausalLM>> CreateMixtral(ModelConfig c, std::unique_ptr
   const int64_t q_width = c.n_heads * hd, kv_width = c.n_kv_heads * hd;
 
   DecoderWeights w;
-  w.embed = b.Matrix("model.embed_tokens.weight", {c.vocab_size, H});
+  w.embed = b.Matrix(std::string(kEmbeddingName), {c.vocab_size, H});
   for (int64_t l = 0; l < c.n_layers && b.status().ok(); ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     DecoderLayerWeights lw;
@@ -76,7 +78,7 @@ std::string MixtralExpertName(int64_t layer, int64_t expert, ExpertMatrix which)
 
 const ArchSpec& MixtralSpec() {
   static const ArchSpec spec{"MixtralForCausalLM", &MixtralDefaults, &MixtralExpertName,
-                             &MixtralRouterName, &CreateMixtral};
+                             &MixtralRouterName,   kEmbeddingName,   &CreateMixtral};
   return spec;
 }
 

@@ -17,6 +17,8 @@ namespace moetier::arch {
 
 namespace {
 
+constexpr std::string_view kEmbeddingName = "model.embed_tokens.weight";
+
 ConfigDefaults Qwen3MoeDefaults() {
   ConfigDefaults d;
   d.norm_topk_prob = false;  // Qwen3MoeConfig's default
@@ -41,7 +43,7 @@ Expected<std::unique_ptr<CausalLM>> CreateQwen3Moe(ModelConfig c,
   const int64_t q_width = c.n_heads * hd, kv_width = c.n_kv_heads * hd;
 
   DecoderWeights w;
-  w.embed = b.Matrix("model.embed_tokens.weight", {c.vocab_size, H});
+  w.embed = b.Matrix(std::string(kEmbeddingName), {c.vocab_size, H});
   for (int64_t l = 0; l < c.n_layers && b.status().ok(); ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     DecoderLayerWeights lw;
@@ -90,7 +92,7 @@ std::string Qwen3MoeExpertName(int64_t layer, int64_t expert, ExpertMatrix which
 
 const ArchSpec& Qwen3MoeSpec() {
   static const ArchSpec spec{"Qwen3MoeForCausalLM", &Qwen3MoeDefaults, &Qwen3MoeExpertName,
-                             &Qwen3MoeRouterName, &CreateQwen3Moe};
+                             &Qwen3MoeRouterName,   kEmbeddingName,    &CreateQwen3Moe};
   return spec;
 }
 
