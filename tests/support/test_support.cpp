@@ -104,7 +104,11 @@ void CopyDir(const fs::path& src, const fs::path& dst) {
 CommandResult RunCli(const std::string& args, const std::string& stdin_path) {
   TempDir tmp;
   const fs::path out = tmp.path() / "out", err = tmp.path() / "err";
-  const std::string cmd = std::string("'") + MOETIER_CLI + "' " + args + " >'" + out.string() +
+  // The binary built beside the tests, unless MOETIER_CLI names another (test binaries carried
+  // to another machine, where the build tree's path does not exist).
+  const char* env = std::getenv("MOETIER_CLI");
+  const std::string cli = env != nullptr && *env != '\0' ? env : MOETIER_CLI;
+  const std::string cmd = "'" + cli + "' " + args + " >'" + out.string() +
                           "' 2>'" + err.string() + "' <'" + stdin_path + "'";
   const int status = std::system(cmd.c_str());
   CommandResult r;
