@@ -41,6 +41,7 @@
 #include "core/thread_pool.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/stream_read.h"
 
 using namespace moetier;
 using kernels::CpuIsa;
@@ -102,76 +103,11 @@ double MedianSeconds(int reps, Fn&& fn) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The plain streaming read: sums 64-bit words, four independent accumulators, widest vectors.
-
-// The kernels prefetch 2 KB ahead of their stream; on some machines that alone beats a plain
-// read loop, so the reference is the faster of the plain and the prefetching read.
-constexpr size_t kReadPrefetch = 2048;
-
-inline void PrefetchAhead(const uint8_t* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kReadPrefetch),
-               _MM_HINT_T0);
-}
-
-template <bool kPrefetch>
-__attribute__((target("avx512f"))) uint64_t ReadSumAvx512(const uint8_t* p, size_t n) {
-  __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
-  size_t i = 0;
-  for (; i + 256 <= n; i += 256) {
-    if (kPrefetch)
-      for (size_t j = 0; j < 256; j += 64) PrefetchAhead(p + i + j);
-    a = _mm512_add_epi64(a, _mm512_loadu_si512(p + i));
-    b = _mm512_add_epi64(b, _mm512_loadu_si512(p + i + 64));
-    c = _mm512_add_epi64(c, _mm512_loadu_si512(p + i + 128));
-    d = _mm512_add_epi64(d, _mm512_loadu_si512(p + i + 192));
-  }
-  alignas(64) uint64_t l[8];
-  _mm512_store_si512(l, _mm512_add_epi64(_mm512_add_epi64(a, b), _mm512_add_epi64(c, d)));
-  uint64_t s = 0;
-  for (uint64_t v : l) s += v;
-  for (; i < n; ++i) s += p[i];
-  return s;
-}
-
-template <bool kPrefetch>
-__attribute__((target("avx2"))) uint64_t ReadSumAvx2(const uint8_t* p, size_t n) {
-  __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
-  size_t i = 0;
-  for (; i + 128 <= n; i += 128) {
-    if (kPrefetch) {
-      PrefetchAhead(p + i);
-      PrefetchAhead(p + i + 64);
-    }
-    a = _mm256_add_epi64(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
-    b = _mm256_add_epi64(b, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
-    c = _mm256_add_epi64(c, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
-    d = _mm256_add_epi64(d, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
-  }
-  alignas(32) uint64_t l[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(l),
-                     _mm256_add_epi64(_mm256_add_epi64(a, b), _mm256_add_epi64(c, d)));
-  uint64_t s = l[0] + l[1] + l[2] + l[3];
-  for (; i < n; ++i) s += p[i];
-  return s;
-}
-
-uint64_t ReadSumPortable(const uint8_t* p, size_t n) {
-  uint64_t s = 0, w;
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    std::memcpy(&w, p + i, 8);
-    s += w;
-  }
-  for (; i < n; ++i) s += p[i];
-  return s;
-}
+// The streaming read (kernels/cpu/stream_read.h), with the widest vectors the CPU has whatever
+// --isa says: the limit every level's kernel is compared with.
 
 uint64_t ReadSum(const uint8_t* p, size_t n, bool prefetch) {
-  if (kernels::CpuSupports(CpuIsa::kAvx512))
-    return prefetch ? ReadSumAvx512<true>(p, n) : ReadSumAvx512<false>(p, n);
-  if (kernels::CpuSupports(CpuIsa::kAvx2))
-    return prefetch ? ReadSumAvx2<true>(p, n) : ReadSumAvx2<false>(p, n);
-  return ReadSumPortable(p, n);
+  return kernels::StreamReadSum(kernels::BestCpuIsa(), p, n, prefetch);
 }
 
 // Register-only fp32 FMA throughput (GFLOP/s per call of `iters` x 12 FMAs per lane group).

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/stream_read.h"
+
 namespace moetier {
 
 double MeasureReadBandwidthGbps(ThreadPool& pool, size_t bytes, int repeats) {
@@ -21,36 +23,23 @@ double MeasureReadBandwidthGbps(ThreadPool& pool, size_t bytes, int repeats) {
     for (size_t i = b; i < e; ++i) data[i] = i;
   });
   std::vector<uint64_t> sinks(static_cast<size_t>(pool.size()), 0);
-  // One pass: one sequential stream per thread, four cache lines a step, prefetched 2 KB ahead
-  // as the weight kernels prefetch, or not at all. Which is faster depends on the machine and
-  // the loop (dev VM, 2 threads: this loop 33 GB/s prefetched and 25 plain, kernel_bench's AVX2
-  // read 28 and 33.5), so both run, interleaved, and the faster median is the limit a kernel is
-  // held to. (Two instantiations: a run-time flag inside the loop cost ~15 %.)
-  auto pass = [&]<bool kPrefetch>() {
+  // One pass: one sequential stream per thread, read as the weight kernels read (the active
+  // level's widest vectors), prefetched 2 KB ahead as they prefetch, or not at all. Which is
+  // faster depends on the machine (dev VM, 2 threads, AVX2: 28 GB/s prefetched, 33.5 plain), so
+  // both run, interleaved, and the faster median is the limit a kernel is held to.
+  auto pass = [&](bool prefetch) {
     const auto t0 = std::chrono::steady_clock::now();
     pool.ParallelFor(n, [&](size_t b, size_t e, int t) {
-      constexpr size_t kPrefetchWords = 2048 / sizeof(uint64_t);
-      constexpr size_t kLineWords = 64 / sizeof(uint64_t);
-      constexpr size_t kStepWords = 4 * kLineWords;  // four lines a step: loads in flight
-      uint64_t acc = 0;
-      size_t i = b;
-      for (; i + kStepWords <= e; i += kStepWords) {
-        if constexpr (kPrefetch)
-          for (size_t l = 0; l < kStepWords; l += kLineWords)
-            __builtin_prefetch(data + i + l + kPrefetchWords);
-#pragma omp simd reduction(+ : acc)
-        for (size_t j = 0; j < kStepWords; ++j) acc += data[i + j];
-      }
-      for (; i < e; ++i) acc += data[i];
-      sinks[static_cast<size_t>(t)] += acc;
+      sinks[static_cast<size_t>(t)] += kernels::StreamReadSum(
+          reinterpret_cast<const uint8_t*>(data + b), (e - b) * sizeof(uint64_t), prefetch);
     });
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return static_cast<double>(n * sizeof(uint64_t)) / 1e9 / s;
   };
   std::vector<double> with, without;  // interleaved, so that both see the same machine
   for (int r = 0; r < repeats; ++r) {
-    with.push_back(pass.template operator()<true>());
-    without.push_back(pass.template operator()<false>());
+    with.push_back(pass(true));
+    without.push_back(pass(false));
   }
   ::munmap(p, n * sizeof(uint64_t));
   volatile uint64_t keep = sinks[0];  // the sums must be computed
