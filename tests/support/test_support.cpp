@@ -108,8 +108,8 @@ CommandResult RunCli(const std::string& args, const std::string& stdin_path) {
   // to another machine, where the build tree's path does not exist).
   const char* env = std::getenv("MOETIER_CLI");
   const std::string cli = env != nullptr && *env != '\0' ? env : MOETIER_CLI;
-  const std::string cmd = "'" + cli + "' " + args + " >'" + out.string() +
-                          "' 2>'" + err.string() + "' <'" + stdin_path + "'";
+  const std::string cmd = "'" + cli + "' " + args + " >'" + out.string() + "' 2>'" + err.string() +
+                          "' <'" + stdin_path + "'";
   const int status = std::system(cmd.c_str());
   CommandResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
