@@ -60,17 +60,20 @@ int Run(const Opts& o) {
     t = static_cast<int32_t>(rng() % static_cast<uint32_t>(lm.config().vocab_size));
 
   std::vector<double> prefill_tps, decode_tps;
-  PhaseTimes decode_times;  // summed over every run's decode steps (--profile)
+  PhaseTimes decode_times;   // summed over every run's decode steps (--profile)
+  PhaseTimes prefill_times;  // summed over every run's prompt (--profile)
   std::vector<float> logits;
   for (int r = 0; r < o.repeats; ++r) {
     std::fprintf(stderr, "bench: run %d/%d: prefill %lld tokens, decode %lld tokens\n", r + 1,
                  o.repeats, static_cast<long long>(o.prompt_tokens),
                  static_cast<long long>(o.gen_tokens));
     KvCache cache = lm.NewCache(ctx);
+    if (o.profile) lm.SetPhaseTimes(&prefill_times);
     auto t0 = std::chrono::steady_clock::now();
     Status s = lm.Forward(prompt, cache, LogitsFor::kLastToken, logits);
     if (!s.ok()) return ReportError(s.message());
     prefill_tps.push_back(static_cast<double>(o.prompt_tokens) / Seconds(t0));
+    lm.SetPhaseTimes(nullptr);
     int32_t next = ArgMax(logits);
     if (o.profile) lm.SetPhaseTimes(&decode_times);
     t0 = std::chrono::steady_clock::now();
@@ -113,22 +116,35 @@ int Run(const Opts& o) {
   j["read_bandwidth_gb_per_s"] = bw;
   j["decode_percent_of_read_bandwidth"] = bw > 0 ? 100.0 * gbps / bw : 0.0;
   if (o.profile) {
-    // Milliseconds per decoded token by phase; "other" is the forward's time outside them
-    // (norms, residual adds, embedding) and "sampling" the bench loop's argmax.
-    const double steps = static_cast<double>(o.gen_tokens * o.repeats);
-    nlohmann::ordered_json p;
-    double inside = 0;
-    for (size_t i = 0; i < kPhaseNames.size(); ++i) {
-      const double ms = 1e3 * decode_times.seconds[i] / steps;
-      p[kPhaseNames[i]] = ms;
-      if (static_cast<Phase>(i) != Phase::kForward) inside += ms;
-    }
-    const double forward_ms = 1e3 * decode_times[Phase::kForward] / steps;
-    p["other"] = forward_ms - inside;
-    p["step"] = 1e3 / decode;
-    j["decode_phase_ms_per_token"] = p;
-    for (const auto& [name, ms] : p.items())
-      std::fprintf(stderr, "bench: decode %-16s %7.3f ms/token\n", name.c_str(), ms.get<double>());
+    // Milliseconds by phase, per decoded token and per prompt; "other" is the forward's time
+    // outside the phases (norms, residual adds, embedding), "step" the whole decode step with
+    // the bench loop's argmax, "prompt" the whole prefill.
+    auto by_phase = [&](const PhaseTimes& times, double per, const char* total_name,
+                        double total_ms) {
+      nlohmann::ordered_json p;
+      double inside = 0;
+      for (size_t i = 0; i < kPhaseNames.size(); ++i) {
+        const double ms = 1e3 * times.seconds[i] / per;
+        p[kPhaseNames[i]] = ms;
+        if (static_cast<Phase>(i) != Phase::kForward) inside += ms;
+      }
+      p["other"] = 1e3 * times[Phase::kForward] / per - inside;
+      p[total_name] = total_ms;
+      return p;
+    };
+    const auto decode_p = by_phase(decode_times, static_cast<double>(o.gen_tokens * o.repeats),
+                                   "step", 1e3 / decode);
+    const auto prefill_p =
+        by_phase(prefill_times, static_cast<double>(o.repeats), "prompt",
+                 1e3 * static_cast<double>(o.prompt_tokens) / prefill);
+    j["decode_phase_ms_per_token"] = decode_p;
+    j["prefill_phase_ms_per_prompt"] = prefill_p;
+    for (const auto& [name, ms] : decode_p.items())
+      std::fprintf(stderr, "bench: decode  %-16s %8.3f ms/token\n", name.c_str(),
+                   ms.get<double>());
+    for (const auto& [name, ms] : prefill_p.items())
+      std::fprintf(stderr, "bench: prefill %-16s %8.3f ms/prompt\n", name.c_str(),
+                   ms.get<double>());
   }
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());

@@ -407,6 +407,59 @@ TEST_P(FormatTest, PoolPrepareEqualsSerialPrepare) {
   }
 }
 
+// The AVX-512 levels' fp32 kernels sum in the AVX2 level's order (matmul_avx512_impl.h,
+// HSumAvx2Order): f32, bf16 and f16 weights give the same bits on both, for every shape, tail
+// and token count (one token, and batches that take the converted-row tiles).
+TEST(FloatKernels, Avx512LevelsEqualAvx2BitForBit) {
+  if (!CpuSupports(CpuIsa::kAvx512)) {
+    std::printf("[  SKIPPED ] no avx512 here\n");
+    return;
+  }
+  std::mt19937 rng(std::random_device{}());
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const Shape& s : ShapesFor(dt)) {
+      const Weights w = MakeWeights(dt, s.rows, s.k, rng, Fill::kNormal);
+      const std::vector<float> x = RandomActivations(std::max<int64_t>(s.tokens, 5), s.k, rng);
+      for (int64_t tokens : {int64_t{1}, s.tokens, int64_t{5}}) {
+        const std::vector<float> want = RunDot(CpuIsa::kAvx2, w, x, tokens);
+        for (CpuIsa cpu_isa : {CpuIsa::kAvx512, CpuIsa::kAvx512Vnni}) {
+          if (!CpuSupports(cpu_isa)) continue;
+          const std::vector<float> got = RunDot(cpu_isa, w, x, tokens);
+          ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+              << CpuIsaName(cpu_isa) << " " << DTypeName(dt) << " rows " << s.rows << " k "
+              << s.k << " tokens " << tokens;
+        }
+      }
+    }
+  }
+}
+
+// On kAvx512 / kAvx512Vnni, BF16C batches run that level's fp32 tiles on decoded rows and one
+// token the AVX2 BF16C kernel: a token's results are the same bits either way.
+TEST(Bf16cKernels, Avx512BatchesEqualOneTokenAtATime) {
+  std::mt19937 rng(std::random_device{}());
+  bool ran = false;
+  for (CpuIsa cpu_isa : {CpuIsa::kAvx512, CpuIsa::kAvx512Vnni}) {
+    if (!CpuSupports(cpu_isa)) continue;
+    ran = true;
+    for (const Shape& s : ShapesFor(DType::kBF16C)) {
+      const int64_t tokens = std::max<int64_t>(s.tokens, Bf16cExpandMinTokens());
+      const Weights c = MakeWeights(DType::kBF16C, s.rows, s.k, rng, Fill::kRandomBytes);
+      const std::vector<float> x = RandomActivations(tokens, s.k, rng);
+      PreparedActivations p;
+      const std::vector<float> batch = RunDot(cpu_isa, c, x, tokens, &p);
+      ASSERT_EQ(p.isa(), cpu_isa);
+      for (int64_t t = 0; t < tokens; ++t) {
+        const std::vector<float> xt(x.begin() + t * s.k, x.begin() + (t + 1) * s.k);
+        const std::vector<float> one = RunDot(cpu_isa, c, xt, 1);
+        ASSERT_EQ(0, std::memcmp(one.data(), batch.data() + t * s.rows, one.size() * sizeof(float)))
+            << CpuIsaName(cpu_isa) << " rows " << s.rows << " k " << s.k << " token " << t;
+      }
+    }
+  }
+  if (!ran) std::printf("[  SKIPPED ] no avx512 level here\n");
+}
+
 // BF16C batches on levels with bf16 dot instructions expand rows for the bf16 kernels; there
 // they give exactly plain bf16's results (same rows, same kernels).
 TEST(Bf16cKernels, ExpandedBatchesEqualBf16) {
@@ -492,15 +545,24 @@ TEST(Bf16cKernels, EqualBf16BitForBit) {
   }
 }
 
-// Every SIMD level asked for BF16C hands it to the AVX2 kernels (its slot order is theirs).
+// Every SIMD level asked for BF16C with one token hands it to the AVX2 kernels (its slot order
+// is theirs); so does a gathered copy of fewer tokens than Bf16cExpandMinTokens.
 TEST(Bf16cKernels, SimdLevelsRunTheAvx2Kernels) {
   std::mt19937 rng(std::random_device{}());
-  const std::vector<float> x = RandomActivations(1, 64, rng);
+  const int64_t batch = Bf16cExpandMinTokens();
+  const std::vector<float> x = RandomActivations(batch, 64, rng);
+  const int32_t first[1] = {0};
   for (CpuIsa cpu_isa : SupportedIsas()) {
+    const CpuIsa want = cpu_isa == CpuIsa::kScalar ? CpuIsa::kScalar : CpuIsa::kAvx2;
     PreparedActivations p;
     p.Prepare(x.data(), 1, 64, DType::kBF16C, cpu_isa);
-    EXPECT_EQ(p.isa(), cpu_isa == CpuIsa::kScalar ? CpuIsa::kScalar : CpuIsa::kAvx2)
-        << CpuIsaName(cpu_isa);
+    EXPECT_EQ(p.isa(), want) << CpuIsaName(cpu_isa);
+    PreparedActivations all, one;
+    all.Prepare(x.data(), batch, 64, DType::kBF16C, cpu_isa);
+    one.Gather(all, first, 1);
+    if (all.kernel_dtype() == DType::kBF16C) {
+      EXPECT_EQ(one.isa(), want) << CpuIsaName(cpu_isa);
+    }
   }
 }
 

@@ -80,13 +80,15 @@ DType KernelDType(DType w, CpuIsa cpu_isa, int64_t n_tokens) {
   return w;
 }
 
-// The level that runs kernel dtype `w` when `cpu_isa` is asked for: BF16C's slot order is the
-// AVX2 kernels' (matmul_isa.h), so every SIMD level hands it to them; the AVX-512 levels could
-// only decode it through the scalar definition.
-CpuIsa IsaForWeights(DType w, CpuIsa cpu_isa) {
-  if (w == DType::kBF16C && cpu_isa != CpuIsa::kScalar && CpuSupports(CpuIsa::kAvx2))
-    return CpuIsa::kAvx2;
-  return cpu_isa;
+// The level that runs kernel dtype `w` for n_tokens tokens when `cpu_isa` is asked for: BF16C's
+// slot order is the AVX2 kernels' (matmul_isa.h), so every SIMD level hands it to them, but
+// for batches on kAvx512 / kAvx512Vnni: their fp32 tiles (4 rows x 3 tokens, against AVX2's
+// 1 x 3) run on rows the AVX2 code decodes to float32, with the same results bit for bit.
+CpuIsa IsaForWeights(DType w, CpuIsa cpu_isa, int64_t n_tokens) {
+  if (w != DType::kBF16C || cpu_isa == CpuIsa::kScalar || !CpuSupports(CpuIsa::kAvx2))
+    return cpu_isa;
+  const bool fp32_tiles = cpu_isa == CpuIsa::kAvx512 || cpu_isa == CpuIsa::kAvx512Vnni;
+  return fp32_tiles && n_tokens >= Bf16cExpandMinTokens() ? cpu_isa : CpuIsa::kAvx2;
 }
 
 // DotRows for BF16C rows and activations prepared for bf16 (KernelDType): kExpandRows rows at a
@@ -244,8 +246,9 @@ void PreparedActivations::Layout(const float* x, int64_t n_tokens, int64_t k, DT
                                  CpuIsa cpu_isa, Tiles tiles) {
   assert(IsWeightDType(w_dtype) && IsValidRowLength(w_dtype, k));
   if (!CpuSupports(cpu_isa)) cpu_isa = CpuIsa::kScalar;  // see SafeKernels
+  asked_isa_ = cpu_isa;
   kernel_dtype_ = KernelDType(w_dtype, cpu_isa, n_tokens);
-  cpu_isa = IsaForWeights(kernel_dtype_, cpu_isa);
+  cpu_isa = IsaForWeights(kernel_dtype_, cpu_isa, n_tokens);
   const isa::Kernels& kern = SafeKernels(cpu_isa);
   const isa::WFormat f = FormatOf(kernel_dtype_);
   w_dtype_ = w_dtype;
@@ -302,7 +305,8 @@ void PreparedActivations::Prepare(ThreadPool& pool, const float* x, int64_t n_to
 void PreparedActivations::Gather(const PreparedActivations& src, const int32_t* tokens, int64_t n) {
   w_dtype_ = src.w_dtype_;
   kernel_dtype_ = src.kernel_dtype_;
-  isa_ = src.isa_;
+  asked_isa_ = src.asked_isa_;
+  isa_ = IsaForWeights(kernel_dtype_, asked_isa_, n);
   view_ = src.view_;
   view_.n_tokens = n;
   view_.packed = nullptr;
@@ -460,6 +464,10 @@ const Kernels* AmxKernels() {
 void Avx2ExpandBf16cRows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k,
                          uint16_t* out) {  // never called: KernelDType needs kAvx2
   for (int64_t r = 0; r < n_rows; ++r) UnpackRowBf16c(w + r * row_bytes, k, out + r * k);
+}
+void Avx2Bf16cRowsToF32(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k,
+                        float* out, int64_t stride) {  // never called: IsaForWeights needs kAvx2
+  for (int64_t r = 0; r < n_rows; ++r) Bf16cRowToF32(w + r * row_bytes, k, out + r * stride);
 }
 }  // namespace moetier::kernels::isa
 #endif

@@ -42,10 +42,11 @@ inline constexpr int64_t kFloatPrefetchBytes = 2048;
 inline constexpr int64_t kFloatPrefetchBytesAmd = 1024;
 int64_t FloatStreamPrefetchBytes();
 
-// Tokens from which a BF16C product on a level with bf16 dot instructions (kAmx tiles,
-// kAvx512Bf16's vdpbf16ps) runs those: each task expands its rows to plain bf16 (kExpandRows at
-// a time, so they stay in L2) and hands them to the level's bf16 kernels, one pass over the rows
-// repaid over the batch's tokens. Fewer tokens (decode) stream the packed rows through the AVX2
+// Tokens from which a BF16C product on an AVX-512 level runs that level's kernels: on kAmx /
+// kAvx512Bf16 each task expands its rows to plain bf16 (kExpandRows at a time, so they stay in
+// L2) for the bf16 dot instructions; on kAvx512 / kAvx512Vnni the fp32 tiles (4 rows x 3
+// tokens, against the AVX2 level's 1 x 3) decode 4 rows at a time to float32. Either way one
+// pass over the rows is repaid over the batch's tokens. Fewer tokens (decode) stream the packed rows through the AVX2
 // kernels. MOETIER_BF16C_EXPAND_MIN_TOKENS=N overrides the constant.
 inline constexpr int64_t kBf16cExpandMinTokens = 4;
 int64_t Bf16cExpandMinTokens();
@@ -92,8 +93,10 @@ class PreparedActivations {
   // (also for formats used in place), in that order: the MoE executor quantizes a chunk's
   // tokens once and hands each expert the rows routed to it. Bit-identical to preparing the
   // gathered float rows, except that the copy keeps src's kernel_dtype() (a BF16C batch's few
-  // gathered tokens still expand rows for the bf16 kernels). `src` must outlive nothing: the
-  // copy is independent.
+  // gathered tokens still expand rows for the bf16 kernels) while its level follows its own
+  // token count (BF16C rows with fewer than Bf16cExpandMinTokens tokens stream through the
+  // AVX2 kernels: same layout, same results). `src` must outlive nothing: the copy is
+  // independent.
   void Gather(const PreparedActivations& src, const int32_t* tokens, int64_t n);
 
   int64_t n_tokens() const { return view_.n_tokens; }
@@ -121,6 +124,7 @@ class PreparedActivations {
   DType w_dtype_ = DType::kF32;
   DType kernel_dtype_ = DType::kF32;
   CpuIsa isa_ = CpuIsa::kScalar;
+  CpuIsa asked_isa_ = CpuIsa::kScalar;  // the level Prepare was asked for (supported)
   std::unique_ptr<uint8_t, FreeDeleter> storage_;  // kAlign-aligned
   size_t capacity_ = 0;
 };

@@ -111,6 +111,21 @@ __attribute__((always_inline)) inline void ForSteps(int64_t k, Step&& step, Pf&&
     if (left > 3 * kWidth) step(i + 3 * kWidth, 3, left - 3 * kWidth);
 }
 
+// The fp32 tiles' final sum, in the AVX2 kernels' order (matmul_avx2_impl.h): the two 16-lane
+// accumulators of a 32-element pass are that level's four 8-lane ones, [acc0 | acc1] and
+// [acc2 | acc3], summed as (acc0 + acc1) + (acc2 + acc3), then 8 lanes as (0 + 4, 1 + 5, 2 + 6,
+// 3 + 7), then (0 + 2) + (1 + 3). So every fp32-math result here equals the AVX2 level's bit
+// for bit, and BF16C decode (AVX2 kernels) and BF16C batches expanded for these tiles agree.
+inline float HSumAvx2Order(__m512 a01, __m512 a23) {
+  const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(a01), _mm512_extractf32x8_ps(a01, 1));
+  const __m256 b = _mm256_add_ps(_mm512_castps512_ps256(a23), _mm512_extractf32x8_ps(a23, 1));
+  const __m256 v = _mm256_add_ps(a, b);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
+  return _mm_cvtss_f32(s);
+}
+
 template <int kA>
 inline float HSumAcc(const __m512* a) {
   if constexpr (kA == 1) return HSum(a[0]);
@@ -180,8 +195,9 @@ __attribute__((always_inline)) inline void FloatTileOnce(const uint8_t* w, int64
         Prefetch(w + r * row_bytes + i * ElemBytes<F>() + b);
   };
   ForSteps<kFloatAcc, 16>(k, step, prefetch);
+  static_assert(kFloatAcc == 2, "HSumAvx2Order takes the two accumulators of a 32-element pass");
   MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
-      y[c * y_stride + r] = HSumAcc<kFloatAcc>(acc[r][c]);
+      y[c * y_stride + r] = HSumAvx2Order(acc[r][c][0], acc[r][c][1]);
 }
 
 // `n_tiles` tiles of R rows one after the other (decode runs a whole row range in one call).
@@ -203,10 +219,12 @@ void ConvertRows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k,
     }
 }
 
+// BF16C batches reach these kernels only where AVX2 is present (IsaForWeights in matmul.cpp):
+// its block decoder (slot order made for 256-bit unpacks) converts the rows.
 template <>
 void ConvertRows<WFormat::kBF16C>(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k,
                                   float* out, int64_t stride) {
-  for (int64_t r = 0; r < n_rows; ++r) Bf16cRowToF32(w + r * row_bytes, k, out + r * stride);
+  Avx2Bf16cRowsToF32(w, row_bytes, n_rows, k, out, stride);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -239,7 +257,7 @@ void Bf16Tile(const uint8_t* w, int64_t row_bytes, const uint8_t* xb, int64_t to
   };
   ForSteps<kFloatAcc, 32>(k, step, prefetch);
   MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
-      y[c * y_stride + r] = HSumAcc<kFloatAcc>(acc[r][c]);
+      y[c * y_stride + r] = HSumAvx2Order(acc[r][c][0], acc[r][c][1]);
 }
 #endif
 
@@ -472,8 +490,8 @@ template <WFormat F>
 void FloatRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t row_end,
                const Prepared& x, float* y, int64_t y_stride, float* scratch) {
   const int64_t k = x.k;
-  // BF16C is the AVX2 kernels' format (the dispatcher sends it there: its slot order suits
-  // 256-bit unpacks); here it is decoded by the scalar definition and run as f32 rows.
+  // BF16C is the AVX2 kernels' format (the dispatcher sends one token there: its slot order
+  // suits 256-bit unpacks); batches come here and run as float32 rows that code decodes.
   if (x.n_tokens == 1 && F != WFormat::kBF16C) {  // decode: the whole row range in one call
     if (row_end > row_begin)
       FloatTile<F, 1, 1>(w + row_begin * row_bytes, row_bytes, x.x, k, y + row_begin, y_stride,
