@@ -52,15 +52,22 @@ constexpr int kFloatAcc = 2;
 constexpr int kQuantAcc = 2;
 // How far ahead of the row being read to prefetch (see matmul_avx2_impl.h for the measurement).
 constexpr int64_t kPrefetchBytes = 2048;
+// Quantized decode prefetches further, but never past the end of the call's row range (what
+// lies there is another task's: fetching it here would read it from DRAM twice, and at 16
+// threads a task's run of down-projection rows is only ~7 KB). kernel_bench, one token, 1 GB,
+// avx512vnni, dev machine (Zen 4, 2 cores), GB/s at 1 / 2 threads, unclamped: 2048 ahead
+// q8_0 17.2-18.0 / 29.9-31.1, q4_0 16.0-16.6 / 28.7-30.0; 4096 ahead 19.4-20.0 / 31.8-32.1,
+// 18.0-18.2 / 30.5-31.2; 8192 ahead 20.1-20.5, 18.4-18.7 (one core).
+constexpr int64_t kQuantDecodePrefetchBytes = 4096;
 constexpr int64_t kQ4Group = 4;  // Q4_0 blocks per 512-bit step (nibble-interleaved layout)
 
 // Loops over tile rows, tokens and accumulators have compile-time trip counts and must unroll
 // fully, so that every accumulator lives in a register.
 #define MOETIER_UNROLL _Pragma("GCC unroll 16")
 
-inline void Prefetch(const uint8_t* p) {
+inline void Prefetch(const uint8_t* p, int64_t ahead = kPrefetchBytes) {
   // Through an integer: the address may lie past the end of the weights (prefetch never faults).
-  const char* a = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kPrefetchBytes);
+  const char* a = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + ahead);
   // Inline asm, not _mm_prefetch: GCC treats a helper that only prefetches as free of side
   // effects and deleted every call to it from the fp32 tiles (seen in GCC 12's output).
   __asm__ volatile("prefetcht0 %0" : : "m"(*a));
@@ -388,7 +395,8 @@ inline __m512i StepDot(const QuantStep& w, const uint8_t* xq, __m512i bias) {
 template <WFormat F, int R, int C>
 __attribute__((always_inline)) inline void QuantTileOnce(const uint8_t* w, int64_t row_bytes,
                                                          const uint8_t* xrec, int64_t token_bytes,
-                                                         int64_t k, float* y, int64_t y_stride) {
+                                                         int64_t k, float* y, int64_t y_stride,
+                                                         int64_t ahead, uintptr_t stop) {
   const QuantLayout lay = QuantLayoutFor(k, F == WFormat::kQ8_0 ? 1 : kQ4Group);
   const int64_t nb = k / kBlock;
   constexpr int64_t kStepBytes = StepBlocks<F>() * QBlockBytes<F>();  // weight bytes per step
@@ -417,8 +425,10 @@ __attribute__((always_inline)) inline void QuantTileOnce(const uint8_t* w, int64
   int64_t s = 0;
   for (; s + kQuantAcc <= n_full; s += kQuantAcc) {
     MOETIER_UNROLL for (int r = 0; r < R; ++r) for (int64_t b = 0; b < kQuantAcc * kStepBytes;
-                                                    b += 64)
-        Prefetch(w + r * row_bytes + s * kStepBytes + b);
+                                                    b += 64) {
+      const uint8_t* at = w + r * row_bytes + s * kStepBytes + b;
+      if (reinterpret_cast<uintptr_t>(at) + ahead < stop) Prefetch(at, ahead);
+    }
     step(s, 0, StepBlocks<F>());
     step(s + 1, 1, StepBlocks<F>());
   }
@@ -438,12 +448,14 @@ __attribute__((always_inline)) inline void QuantTileOnce(const uint8_t* w, int64
 }
 
 // `n_tiles` tiles of R rows one after the other (decode runs a whole row range in one call: a
-// call per 768-weight down-projection row cost ~10 % on AVX2).
+// call per 768-weight down-projection row cost ~10 % on AVX2), prefetching `ahead` bytes in
+// front of the rows being read but nothing at or past `stop` (an address).
 template <WFormat F, int R, int C>
 void QuantTile(const uint8_t* w, int64_t row_bytes, const uint8_t* xrec, int64_t token_bytes,
-               int64_t k, float* y, int64_t y_stride, int64_t n_tiles = 1) {
+               int64_t k, float* y, int64_t y_stride, int64_t n_tiles = 1,
+               int64_t ahead = kPrefetchBytes, uintptr_t stop = UINTPTR_MAX) {
   for (int64_t tile = 0; tile < n_tiles; ++tile, w += R * row_bytes, y += R)
-    QuantTileOnce<F, R, C>(w, row_bytes, xrec, token_bytes, k, y, y_stride);
+    QuantTileOnce<F, R, C>(w, row_bytes, xrec, token_bytes, k, y, y_stride, ahead, stop);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -561,7 +573,8 @@ void QuantRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t r
   if (x.n_tokens == 1) {  // decode: one row after the other (one stream), in one call
     if (row_end > row_begin)
       QuantTile<F, 1, 1>(w + row_begin * row_bytes, row_bytes, x.data, x.token_bytes, x.k,
-                         y + row_begin, y_stride, row_end - row_begin);
+                         y + row_begin, y_stride, row_end - row_begin, kQuantDecodePrefetchBytes,
+                         reinterpret_cast<uintptr_t>(w + row_end * row_bytes));
     return;
   }
   constexpr int64_t kRows = kQuantRows;
