@@ -96,10 +96,10 @@ TEST(CpuIsa, VendorMatchesProcCpuinfo) {
     if (line.rfind("vendor_id", 0) == 0) vendor = line.substr(line.find(':') + 2);
   if (vendor.empty()) GTEST_SKIP() << "no vendor_id in /proc/cpuinfo";
   EXPECT_EQ(CpuIsAmd(), vendor == "AuthenticAMD") << vendor;
-  EXPECT_EQ(FloatStreamPrefetchBytes(), std::getenv("MOETIER_FLOAT_PREFETCH_BYTES") != nullptr
-                                            ? FloatStreamPrefetchBytes()
-                                        : CpuIsAmd() ? kFloatPrefetchBytesAmd
-                                                     : kFloatPrefetchBytes);
+  if (std::getenv("MOETIER_FLOAT_PREFETCH_BYTES") != nullptr) return;
+  const int64_t amd =
+      CpuSupports(CpuIsa::kAvx512) ? kFloatPrefetchBytesAmdAvx512 : kFloatPrefetchBytesAmd;
+  EXPECT_EQ(FloatStreamPrefetchBytes(), CpuIsAmd() ? amd : kFloatPrefetchBytes);
 }
 
 }  // namespace

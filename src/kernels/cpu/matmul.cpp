@@ -215,7 +215,8 @@ int64_t FloatStreamPrefetchBytes() {
     const char* v = std::getenv("MOETIER_FLOAT_PREFETCH_BYTES");
     const int64_t n = v != nullptr ? std::atoll(v) : 0;
     if (n > 0) return std::clamp<int64_t>(n, 64, 16384);
-    return CpuIsAmd() ? kFloatPrefetchBytesAmd : kFloatPrefetchBytes;
+    if (!CpuIsAmd()) return kFloatPrefetchBytes;
+    return CpuSupports(CpuIsa::kAvx512) ? kFloatPrefetchBytesAmdAvx512 : kFloatPrefetchBytesAmd;
   }();
   return bytes;
 }

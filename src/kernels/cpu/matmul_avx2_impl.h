@@ -103,10 +103,12 @@ inline __m256 LoadTailX(const float* x, int64_t n) {
 }
 
 // `n_tiles` tiles of R rows one after the other (decode runs a whole row range in one call);
-// weights are prefetched `ahead` bytes in front of the rows being read.
+// weights are prefetched `ahead` bytes in front of the rows being read, but nothing at or past
+// `stop` (an address: the end of a decode call's row range, whose next bytes are another task's).
 template <WFormat F, int R, int C>
 void FloatTile(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
-               int64_t y_stride, int64_t n_tiles = 1, int64_t ahead = kPrefetchBytes) {
+               int64_t y_stride, int64_t n_tiles = 1, int64_t ahead = kPrefetchBytes,
+               uintptr_t stop = UINTPTR_MAX) {
   static_assert(kFloatAcc == 4, "the final sum below adds 4 accumulators");
   for (int64_t tile = 0; tile < n_tiles; ++tile, w += R * row_bytes, y += R) {
     __m256 acc[R][C][kFloatAcc];
@@ -129,7 +131,9 @@ void FloatTile(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, f
     for (; i + kIter <= k; i += kIter) {
       MOETIER_UNROLL for (int r = 0; r < R; ++r) for (int64_t b = 0; b < kIter * ElemBytes<F>();
                                                       b += 64)
-          Prefetch(w + r * row_bytes + i * ElemBytes<F>() + b, ahead);
+          if (reinterpret_cast<uintptr_t>(w + r * row_bytes + i * ElemBytes<F>() + b) + ahead <
+              stop)
+            Prefetch(w + r * row_bytes + i * ElemBytes<F>() + b, ahead);
       MOETIER_UNROLL for (int a = 0; a < kFloatAcc; ++a) step(i + 8 * a, a, 0);
     }
     // Fewer than kIter elements left: whole steps continue the cycle at accumulator 0, then the
@@ -236,6 +240,7 @@ class Bf16cExceptions {
 // 0..3), so BF16C gives bf16's results bit for bit.
 void Bf16cDecodeRows(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
                      int64_t n_rows, int64_t ahead) {
+  const uintptr_t stop = reinterpret_cast<uintptr_t>(w + n_rows * row_bytes);  // see FloatTile
   const int64_t nb = k / kBlock;
   for (int64_t r = 0; r < n_rows; ++r, w += row_bytes) {
     const __m256i table = Bf16cTable(w);
@@ -244,7 +249,7 @@ void Bf16cDecodeRows(const uint8_t* w, int64_t row_bytes, const float* x, int64_
                      _mm256_setzero_ps()};
     const uint8_t* blk = w + kBf16cHeader;
     for (int64_t b = 0; b < nb; ++b, blk += kBf16cBlock) {
-      Prefetch(blk, ahead);
+      if (reinterpret_cast<uintptr_t>(blk) + ahead < stop) Prefetch(blk, ahead);
       __m256 v[4];
       Bf16cDecode(table, blk, v);
       if (b == ex.next_block()) ex.Patch(b, v);
@@ -567,7 +572,8 @@ void FloatRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t r
                       row_end - row_begin, x.float_prefetch_bytes);
     } else {
       FloatTile<F, 1, 1>(w + row_begin * row_bytes, row_bytes, x.x, k, y + row_begin, y_stride,
-                         row_end - row_begin, x.float_prefetch_bytes);
+                         row_end - row_begin, x.float_prefetch_bytes,
+                         reinterpret_cast<uintptr_t>(w + row_end * row_bytes));
     }
     return;
   }
