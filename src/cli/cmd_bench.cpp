@@ -132,16 +132,14 @@ int Run(const Opts& o) {
       p[total_name] = total_ms;
       return p;
     };
-    const auto decode_p = by_phase(decode_times, static_cast<double>(o.gen_tokens * o.repeats),
-                                   "step", 1e3 / decode);
-    const auto prefill_p =
-        by_phase(prefill_times, static_cast<double>(o.repeats), "prompt",
-                 1e3 * static_cast<double>(o.prompt_tokens) / prefill);
+    const auto decode_p =
+        by_phase(decode_times, static_cast<double>(o.gen_tokens * o.repeats), "step", 1e3 / decode);
+    const auto prefill_p = by_phase(prefill_times, static_cast<double>(o.repeats), "prompt",
+                                    1e3 * static_cast<double>(o.prompt_tokens) / prefill);
     j["decode_phase_ms_per_token"] = decode_p;
     j["prefill_phase_ms_per_prompt"] = prefill_p;
     for (const auto& [name, ms] : decode_p.items())
-      std::fprintf(stderr, "bench: decode  %-16s %8.3f ms/token\n", name.c_str(),
-                   ms.get<double>());
+      std::fprintf(stderr, "bench: decode  %-16s %8.3f ms/token\n", name.c_str(), ms.get<double>());
     for (const auto& [name, ms] : prefill_p.items())
       std::fprintf(stderr, "bench: prefill %-16s %8.3f ms/prompt\n", name.c_str(),
                    ms.get<double>());
@@ -183,9 +181,9 @@ Command AddBenchCommand(CLI::App& root) {
                   "cache, so the figure is DRAM's)")
       ->check(CLI::Range(1.0, 1048576.0));
   cmd->add_flag("--profile", o->profile,
-                "Also time each phase of the decode step (attention, router, experts, lm_head, "
-                "...) and report milliseconds per token (stderr; JSON key "
-                "decode_phase_ms_per_token)");
+                "Also time each phase of the decode step and of the prefill (attention, router, "
+                "experts, lm_head, ...) and report milliseconds per decoded token and per prompt "
+                "(stderr; JSON keys decode_phase_ms_per_token, prefill_phase_ms_per_prompt)");
   return {cmd, [o]() -> int { return Run(*o); }};
 }
 

@@ -40,7 +40,7 @@ constexpr int kQuantAcc = 1;
 // How far ahead of the row being read to prefetch: 2 KB for quantized formats and prefill tiles
 // (best for quantized decode on both the AMD and the Intel machine measured; 1 KB once left Q4_0
 // at ~55 % of the read bandwidth); for float-format decode the dispatcher decides
-// (Prepared::float_prefetch_bytes, see FloatStreamPrefetchBytes in matmul.h: 1 KB on AMD, 2 KB
+// (Prepared::float_prefetch_bytes, see FloatStreamPrefetchBytes in matmul.h: 1-4 KB on AMD, 2 KB
 // elsewhere).
 constexpr int64_t kPrefetchBytes = 2048;
 

@@ -8,7 +8,8 @@
 // Arithmetic per output element (row r, token t), the same whatever the tile shape: the k range
 // is cut into steps (16 elements for fp32 math, 32 for vdpbf16ps, a pair of Q8_0 blocks or a
 // group of four Q4_0 blocks), step s goes into accumulator s mod A of that element, then the A
-// accumulators are summed in a fixed tree and the 16 lanes in another. Tiles (R rows x C
+// accumulators are summed in a fixed tree and the 16 lanes in another (fp32 math: in the AVX2
+// level's order, HSumAvx2Order, so results equal that level's bit for bit). Tiles (R rows x C
 // tokens) only decide which elements share loads: results depend neither on the row split
 // across threads nor on the number of tokens batched together.
 //
