@@ -128,7 +128,7 @@ class PreparedActivations {
   DType w_dtype_ = DType::kF32;
   DType kernel_dtype_ = DType::kF32;
   CpuIsa isa_ = CpuIsa::kScalar;
-  CpuIsa asked_isa_ = CpuIsa::kScalar;  // the level Prepare was asked for (supported)
+  CpuIsa asked_isa_ = CpuIsa::kScalar;             // the level Prepare was asked for (supported)
   std::unique_ptr<uint8_t, FreeDeleter> storage_;  // kAlign-aligned
   size_t capacity_ = 0;
 };
