@@ -466,8 +466,8 @@ void Avx2ExpandBf16cRows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, in
                          uint16_t* out) {  // never called: KernelDType needs kAvx2
   for (int64_t r = 0; r < n_rows; ++r) UnpackRowBf16c(w + r * row_bytes, k, out + r * k);
 }
-void Avx2Bf16cRowsToF32(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k,
-                        float* out, int64_t stride) {  // never called: IsaForWeights needs kAvx2
+void Avx2Bf16cRowsToF32(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k, float* out,
+                        int64_t stride) {  // never called: IsaForWeights needs kAvx2
   for (int64_t r = 0; r < n_rows; ++r) Bf16cRowToF32(w + r * row_bytes, k, out + r * stride);
 }
 }  // namespace moetier::kernels::isa
