@@ -10,8 +10,8 @@ void Avx2ExpandBf16cRows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, in
                          uint16_t* out) {
   ExpandBf16cRows(w, row_bytes, n_rows, k, out);
 }
-void Avx2Bf16cRowsToF32(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k,
-                        float* out, int64_t stride) {
+void Avx2Bf16cRowsToF32(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k, float* out,
+                        int64_t stride) {
   ConvertRows<WFormat::kBF16C>(w, row_bytes, n_rows, k, out, stride);
 }
 }  // namespace moetier::kernels::isa

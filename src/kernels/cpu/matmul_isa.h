@@ -207,8 +207,8 @@ void Avx2ExpandBf16cRows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, in
                          uint16_t* out);
 // The same rows decoded to float32 (row stride `stride` floats), exceptions applied: what the
 // AVX-512 levels' fp32 tiles read for BF16C batches (same conditions).
-void Avx2Bf16cRowsToF32(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k,
-                        float* out, int64_t stride);
+void Avx2Bf16cRowsToF32(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k, float* out,
+                        int64_t stride);
 
 // nullptr when the build has no code for that ISA (e.g. not an x86-64 build).
 const Kernels* ScalarKernels();
