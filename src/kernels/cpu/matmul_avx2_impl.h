@@ -129,11 +129,11 @@ void FloatTile(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, f
     constexpr int64_t kIter = 8 * kFloatAcc;  // elements per pass over the accumulators
     int64_t i = 0;
     for (; i + kIter <= k; i += kIter) {
-      MOETIER_UNROLL for (int r = 0; r < R; ++r) for (int64_t b = 0; b < kIter * ElemBytes<F>();
-                                                      b += 64)
-          if (reinterpret_cast<uintptr_t>(w + r * row_bytes + i * ElemBytes<F>() + b) + ahead <
-              stop)
-            Prefetch(w + r * row_bytes + i * ElemBytes<F>() + b, ahead);
+      MOETIER_UNROLL for (int r = 0; r < R; ++r) {
+        const uint8_t* pass = w + r * row_bytes + i * ElemBytes<F>();
+        for (int64_t b = 0; b < kIter * ElemBytes<F>(); b += 64)
+          if (reinterpret_cast<uintptr_t>(pass + b) + ahead < stop) Prefetch(pass + b, ahead);
+      }
       MOETIER_UNROLL for (int a = 0; a < kFloatAcc; ++a) step(i + 8 * a, a, 0);
     }
     // Fewer than kIter elements left: whole steps continue the cycle at accumulator 0, then the
