@@ -426,8 +426,8 @@ TEST(FloatKernels, Avx512LevelsEqualAvx2BitForBit) {
           if (!CpuSupports(cpu_isa)) continue;
           const std::vector<float> got = RunDot(cpu_isa, w, x, tokens);
           ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
-              << CpuIsaName(cpu_isa) << " " << DTypeName(dt) << " rows " << s.rows << " k "
-              << s.k << " tokens " << tokens;
+              << CpuIsaName(cpu_isa) << " " << DTypeName(dt) << " rows " << s.rows << " k " << s.k
+              << " tokens " << tokens;
         }
       }
     }
