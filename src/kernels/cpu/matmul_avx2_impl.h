@@ -48,7 +48,11 @@ constexpr int64_t kPrefetchBytes = 2048;
 // fully, so that every accumulator lives in a register.
 #define MOETIER_UNROLL _Pragma("GCC unroll 16")
 
-inline void Prefetch(const uint8_t* p, int64_t ahead = kPrefetchBytes) {
+// Nothing is prefetched at or past `stop` (an address: the end of a decode call's row range,
+// whose next bytes are another task's).
+inline void Prefetch(const uint8_t* p, int64_t ahead = kPrefetchBytes,
+                     uintptr_t stop = UINTPTR_MAX) {
+  if (reinterpret_cast<uintptr_t>(p) + ahead >= stop) return;
   // Through an integer: the address may lie past the end of the weights (prefetch never faults).
   const char* a = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + ahead);
   // Inline asm, not _mm_prefetch: GCC treats a helper that only prefetches as free of side
@@ -131,8 +135,7 @@ void FloatTile(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, f
     for (; i + kIter <= k; i += kIter) {
       MOETIER_UNROLL for (int r = 0; r < R; ++r) {
         const uint8_t* pass = w + r * row_bytes + i * ElemBytes<F>();
-        for (int64_t b = 0; b < kIter * ElemBytes<F>(); b += 64)
-          if (reinterpret_cast<uintptr_t>(pass + b) + ahead < stop) Prefetch(pass + b, ahead);
+        for (int64_t b = 0; b < kIter * ElemBytes<F>(); b += 64) Prefetch(pass + b, ahead, stop);
       }
       MOETIER_UNROLL for (int a = 0; a < kFloatAcc; ++a) step(i + 8 * a, a, 0);
     }
@@ -240,7 +243,7 @@ class Bf16cExceptions {
 // 0..3), so BF16C gives bf16's results bit for bit.
 void Bf16cDecodeRows(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
                      int64_t n_rows, int64_t ahead) {
-  const uintptr_t stop = reinterpret_cast<uintptr_t>(w + n_rows * row_bytes);  // see FloatTile
+  const uintptr_t stop = reinterpret_cast<uintptr_t>(w + n_rows * row_bytes);  // see Prefetch
   const int64_t nb = k / kBlock;
   for (int64_t r = 0; r < n_rows; ++r, w += row_bytes) {
     const __m256i table = Bf16cTable(w);
@@ -249,7 +252,7 @@ void Bf16cDecodeRows(const uint8_t* w, int64_t row_bytes, const float* x, int64_
                      _mm256_setzero_ps()};
     const uint8_t* blk = w + kBf16cHeader;
     for (int64_t b = 0; b < nb; ++b, blk += kBf16cBlock) {
-      if (reinterpret_cast<uintptr_t>(blk) + ahead < stop) Prefetch(blk, ahead);
+      Prefetch(blk, ahead, stop);
       __m256 v[4];
       Bf16cDecode(table, blk, v);
       if (b == ex.next_block()) ex.Patch(b, v);

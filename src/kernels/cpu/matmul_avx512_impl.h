@@ -66,7 +66,11 @@ constexpr int64_t kQ4Group = 4;  // Q4_0 blocks per 512-bit step (nibble-interle
 // fully, so that every accumulator lives in a register.
 #define MOETIER_UNROLL _Pragma("GCC unroll 16")
 
-inline void Prefetch(const uint8_t* p, int64_t ahead = kPrefetchBytes) {
+// Nothing is prefetched at or past `stop` (an address: the end of a decode call's row range,
+// whose next bytes are another task's).
+inline void Prefetch(const uint8_t* p, int64_t ahead = kPrefetchBytes,
+                     uintptr_t stop = UINTPTR_MAX) {
+  if (reinterpret_cast<uintptr_t>(p) + ahead >= stop) return;
   // Through an integer: the address may lie past the end of the weights (prefetch never faults).
   const char* a = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + ahead);
   // Inline asm, not _mm_prefetch: GCC treats a helper that only prefetches as free of side
@@ -426,10 +430,8 @@ __attribute__((always_inline)) inline void QuantTileOnce(const uint8_t* w, int64
   int64_t s = 0;
   for (; s + kQuantAcc <= n_full; s += kQuantAcc) {
     MOETIER_UNROLL for (int r = 0; r < R; ++r) for (int64_t b = 0; b < kQuantAcc * kStepBytes;
-                                                    b += 64) {
-      const uint8_t* at = w + r * row_bytes + s * kStepBytes + b;
-      if (reinterpret_cast<uintptr_t>(at) + ahead < stop) Prefetch(at, ahead);
-    }
+                                                    b += 64)
+        Prefetch(w + r * row_bytes + s * kStepBytes + b, ahead, stop);
     step(s, 0, StepBlocks<F>());
     step(s + 1, 1, StepBlocks<F>());
   }
