@@ -221,6 +221,15 @@ int64_t FloatStreamPrefetchBytes() {
   return bytes;
 }
 
+int64_t QuantStreamPrefetchBytes() {
+  static const int64_t bytes = [] {
+    const char* v = std::getenv("MOETIER_QUANT_PREFETCH_BYTES");
+    const int64_t n = v != nullptr ? std::atoll(v) : 0;
+    return n > 0 ? std::clamp<int64_t>(n, 64, 16384) : int64_t{0};
+  }();
+  return bytes;
+}
+
 uint8_t* PreparedActivations::Reserve(size_t bytes) {
   if (bytes > capacity_) {
     capacity_ = static_cast<size_t>(isa::RoundUp(static_cast<int64_t>(bytes), isa::kAlign));
@@ -262,6 +271,7 @@ void PreparedActivations::Layout(const float* x, int64_t n_tokens, int64_t k, DT
   view_.group = f == isa::WFormat::kQ4_0 ? kern.q4_0_group : 1;
   view_.run = f == isa::WFormat::kQ4_0 ? kern.q4_0_run : 0;
   view_.float_prefetch_bytes = FloatStreamPrefetchBytes();
+  view_.quant_prefetch_bytes = QuantStreamPrefetchBytes();
   const size_t records = static_cast<size_t>(
       isa::RoundUp(view_.token_bytes * n_tokens, isa::kAlign));  // 0 when used in place
   const int64_t packed = tiles == Tiles::kNone ? 0 : PackedBytes();

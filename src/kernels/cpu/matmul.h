@@ -45,6 +45,9 @@ inline constexpr int64_t kFloatPrefetchBytes = 2048;
 inline constexpr int64_t kFloatPrefetchBytesAmd = 1024;
 inline constexpr int64_t kFloatPrefetchBytesAmdAvx512 = 4096;
 int64_t FloatStreamPrefetchBytes();
+// Quantized decode's prefetch distance: MOETIER_QUANT_PREFETCH_BYTES=N (64 to 16384), else 0,
+// which lets each level use its own (2 KB AVX2, 4 KB AVX-512; Prepared::quant_prefetch_bytes).
+int64_t QuantStreamPrefetchBytes();
 
 // Tokens from which a BF16C product on an AVX-512 level runs that level's kernels: on kAmx /
 // kAvx512Bf16 each task expands its rows to plain bf16 (kExpandRows at a time, so they stay in

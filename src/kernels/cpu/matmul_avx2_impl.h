@@ -71,6 +71,50 @@ inline int64_t Min(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
 
+// Where a tile's results go: decode (one token, a run of rows) gathers 8 rows' results in a
+// register and writes them with one 256-bit store; other tiles store each element. A scalar
+// store after every decode row can make the next row's activation loads wait on it, and so on
+// the row's last DRAM read (see TileOut in matmul_avx512_impl.h for the measurement).
+template <int R, int C>
+class TileOut {
+ public:
+  TileOut(float* y, int64_t y_stride) : y_(y), y_stride_(y_stride) {}
+  TileOut(const TileOut&) = delete;
+  TileOut& operator=(const TileOut&) = delete;
+  __attribute__((always_inline)) void Put(int r, int c, float v) {
+    if constexpr (kGather) {
+      (void)r, (void)c;
+      const __m256i lane = _mm256_cmpeq_epi32(_mm256_set1_epi32(n_), Lanes());
+      held_ = _mm256_blendv_ps(held_, _mm256_set1_ps(v), _mm256_castsi256_ps(lane));
+      if (++n_ == 8) {
+        _mm256_storeu_ps(y_, held_);
+        y_ += 8;
+        n_ = 0;
+      }
+    } else {
+      y_[c * y_stride_ + r] = v;
+    }
+  }
+  // After each tile of R rows.
+  __attribute__((always_inline)) void NextTile() {
+    if constexpr (!kGather) y_ += R;
+  }
+  // After the last tile: writes what is still held.
+  __attribute__((always_inline)) void Flush() {
+    if constexpr (kGather)
+      if (n_ > 0)
+        _mm256_maskstore_ps(y_, _mm256_cmpgt_epi32(_mm256_set1_epi32(n_), Lanes()), held_);
+  }
+
+ private:
+  static constexpr bool kGather = R == 1 && C == 1;
+  static __m256i Lanes() { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
+  float* y_;
+  int64_t y_stride_;
+  __m256 held_ = _mm256_setzero_ps();
+  int n_ = 0;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Float formats, fp32 arithmetic.
 
@@ -114,7 +158,8 @@ void FloatTile(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, f
                int64_t y_stride, int64_t n_tiles = 1, int64_t ahead = kPrefetchBytes,
                uintptr_t stop = UINTPTR_MAX) {
   static_assert(kFloatAcc == 4, "the final sum below adds 4 accumulators");
-  for (int64_t tile = 0; tile < n_tiles; ++tile, w += R * row_bytes, y += R) {
+  TileOut<R, C> out(y, y_stride);
+  for (int64_t tile = 0; tile < n_tiles; ++tile, w += R * row_bytes, out.NextTile()) {
     __m256 acc[R][C][kFloatAcc];
     MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
         MOETIER_UNROLL for (int a = 0; a < kFloatAcc; ++a) acc[r][c][a] = _mm256_setzero_ps();
@@ -155,9 +200,10 @@ void FloatTile(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, f
     MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c) {
       const __m256 s = _mm256_add_ps(_mm256_add_ps(acc[r][c][0], acc[r][c][1]),
                                      _mm256_add_ps(acc[r][c][2], acc[r][c][3]));
-      y[c * y_stride + r] = HSum(s);
+      out.Put(r, c, HSum(s));
     }
   }
+  out.Flush();
 }
 
 // Converts rows to float32 in `out` (row stride `stride` floats): exact, so a tile over the
@@ -245,6 +291,7 @@ void Bf16cDecodeRows(const uint8_t* w, int64_t row_bytes, const float* x, int64_
                      int64_t n_rows, int64_t ahead) {
   const uintptr_t stop = reinterpret_cast<uintptr_t>(w + n_rows * row_bytes);  // see Prefetch
   const int64_t nb = k / kBlock;
+  TileOut<1, 1> out(y, 0);
   for (int64_t r = 0; r < n_rows; ++r, w += row_bytes) {
     const __m256i table = Bf16cTable(w);
     Bf16cExceptions ex(w, k);
@@ -259,8 +306,10 @@ void Bf16cDecodeRows(const uint8_t* w, int64_t row_bytes, const float* x, int64_
       MOETIER_UNROLL for (int a = 0; a < 4; ++a) acc[a] =
           _mm256_fmadd_ps(v[a], _mm256_loadu_ps(x + b * kBlock + 8 * a), acc[a]);
     }
-    y[r] = HSum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    out.Put(0, 0,
+            HSum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))));
   }
+  out.Flush();
 }
 
 template <>
@@ -353,11 +402,13 @@ inline __m256i Q8StepDot(const Q8Step& w, const uint8_t* xq, __m256i bias) {
 // down-projection row of 768 weights is only ~24 blocks, so a call per row cost ~10 %).
 template <int R, int C>
 void Q8Tile(const uint8_t* w, int64_t row_bytes, const uint8_t* xrec, int64_t token_bytes,
-            int64_t k, float* y, int64_t y_stride, int64_t n_tiles = 1) {
+            int64_t k, float* y, int64_t y_stride, int64_t n_tiles = 1,
+            int64_t ahead = kPrefetchBytes) {
   const QuantLayout lay = QuantLayoutFor(k, 1);
   const int64_t nb = k / kBlock;
   static_assert(kQuantAcc == 1, "one accumulator per output element (see kQuantAcc)");
-  for (int64_t tile = 0; tile < n_tiles; ++tile, w += R * row_bytes, y += R) {
+  TileOut<R, C> out(y, y_stride);
+  for (int64_t tile = 0; tile < n_tiles; ++tile, w += R * row_bytes, out.NextTile()) {
     __m256 acc[R][C];
     MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
         acc[r][c] = _mm256_setzero_ps();
@@ -379,14 +430,16 @@ void Q8Tile(const uint8_t* w, int64_t row_bytes, const uint8_t* xrec, int64_t to
     };
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) {  // two blocks per prefetch: 68 bytes, about a cache line
-      MOETIER_UNROLL for (int r = 0; r < R; ++r) Prefetch(w + r * row_bytes + b * kQ8_0Bytes);
+      MOETIER_UNROLL for (int r = 0; r < R; ++r)
+          Prefetch(w + r * row_bytes + b * kQ8_0Bytes, ahead);
       step(b);
       step(b + 1);
     }
     if (b < nb) step(b);
     MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
-        y[c * y_stride + r] = HSum(acc[r][c]);
+        out.Put(r, c, HSum(acc[r][c]));
   }
+  out.Flush();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -473,10 +526,12 @@ inline __m256 Q4RunScales(const uint8_t* run, int64_t n_blocks) {
 // tree; the integer dots are exact, so the result does not depend on R, C or the split.
 template <int R, int C>
 void Q4Tile(const uint8_t* w, int64_t row_bytes, const uint8_t* xrec, int64_t token_bytes,
-            int64_t k, float* y, int64_t y_stride, int64_t n_tiles = 1) {
+            int64_t k, float* y, int64_t y_stride, int64_t n_tiles = 1,
+            int64_t ahead = kPrefetchBytes) {
   const QuantLayout lay = QuantLayoutFor(k, kQ4StepBlocks, kQ4Run);
   const int64_t nb = k / kBlock;
-  for (int64_t tile = 0; tile < n_tiles; ++tile, w += R * row_bytes, y += R) {
+  TileOut<R, C> out(y, y_stride);
+  for (int64_t tile = 0; tile < n_tiles; ++tile, w += R * row_bytes, out.NextTile()) {
     __m256 acc[R][C];
     MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
         acc[r][c] = _mm256_setzero_ps();
@@ -512,15 +567,16 @@ void Q4Tile(const uint8_t* w, int64_t row_bytes, const uint8_t* xrec, int64_t to
     for (int64_t u = 0; u < n_full; ++u) {
       // Two prefetches per run, 72 bytes apart (about a cache line each).
       MOETIER_UNROLL for (int r = 0; r < R; ++r) {
-        Prefetch(w + r * row_bytes + u * kQ4RunBytes);
-        Prefetch(w + r * row_bytes + u * kQ4RunBytes + kQ4RunBytes / 2);
+        Prefetch(w + r * row_bytes + u * kQ4RunBytes, ahead);
+        Prefetch(w + r * row_bytes + u * kQ4RunBytes + kQ4RunBytes / 2, ahead);
       }
       run(u, kQ4Run);
     }
     if (nb > n_full * kQ4Run) run(n_full, nb - n_full * kQ4Run);
     MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
-        y[c * y_stride + r] = HSum(acc[r][c]);
+        out.Put(r, c, HSum(acc[r][c]));
   }
+  out.Flush();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -607,11 +663,12 @@ template <WFormat F>
 struct QuantTiles {
   template <int R, int C>
   static void Run(const uint8_t* w, int64_t row_bytes, const uint8_t* xrec, int64_t token_bytes,
-                  int64_t k, float* y, int64_t y_stride, int64_t n_tiles = 1) {
+                  int64_t k, float* y, int64_t y_stride, int64_t n_tiles = 1,
+                  int64_t ahead = kPrefetchBytes) {
     if constexpr (F == WFormat::kQ8_0) {
-      Q8Tile<R, C>(w, row_bytes, xrec, token_bytes, k, y, y_stride, n_tiles);
+      Q8Tile<R, C>(w, row_bytes, xrec, token_bytes, k, y, y_stride, n_tiles, ahead);
     } else {
-      Q4Tile<R, C>(w, row_bytes, xrec, token_bytes, k, y, y_stride, n_tiles);
+      Q4Tile<R, C>(w, row_bytes, xrec, token_bytes, k, y, y_stride, n_tiles, ahead);
     }
   }
 };
@@ -623,8 +680,11 @@ void QuantRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t r
   // their loads (each row's unpacked weights serve C tokens, each token's quants R rows).
   if (x.n_tokens == 1) {
     if (row_end > row_begin)
-      QuantTiles<F>::template Run<1, 1>(w + row_begin * row_bytes, row_bytes, x.data, x.token_bytes,
-                                        x.k, y + row_begin, y_stride, row_end - row_begin);
+      // A distance read at run time (Prepared::quant_prefetch_bytes says why).
+      QuantTiles<F>::template Run<1, 1>(
+          w + row_begin * row_bytes, row_bytes, x.data, x.token_bytes, x.k, y + row_begin, y_stride,
+          row_end - row_begin,
+          x.quant_prefetch_bytes > 0 ? x.quant_prefetch_bytes : kPrefetchBytes);
     return;
   }
   constexpr int64_t kRows = F == WFormat::kQ8_0 ? 3 : kQ4TileRows;

@@ -116,6 +116,12 @@ struct Prepared {
   // Bytes ahead of a one-token float-format stream (bf16/f16/f32 weights) that AVX2 decode
   // prefetches: the dispatcher's FloatStreamPrefetchBytes().
   int64_t float_prefetch_bytes = 2048;
+  // Bytes ahead of a one-token quantized stream (q8_0/q4_0 weights) that decode prefetches; 0:
+  // the level's own default. A value read at run time on purpose: with a compile-time distance
+  // GCC addressed the weight loads from the prefetch pointer (4 KB ahead, another page), and
+  // that code streamed q4_0 at 13-15 GB/s instead of 20-22 on one Zen 5 core in about half of
+  // the processes started (see QuantStreamPrefetchBytes in matmul.h).
+  int64_t quant_prefetch_bytes = 0;
   // Tile-ready copy of the same activations (the AMX level, AmxLayout below), or null. Built by
   // Kernels::pack after the records above; when set, dot_rows reads only this.
   const uint8_t* packed = nullptr;
