@@ -319,6 +319,28 @@ void CheckSplitsThreadsAndBatching(DType dt, int64_t k, std::mt19937& rng) {
       ASSERT_EQ(0, std::memcmp(y1.data(), whole.data() + t * rows, rows * sizeof(float)))
           << CpuIsaName(cpu_isa) << " " << DTypeName(dt) << " token " << t;
     }
+    // Decode over row ranges of every length and alignment (its results leave in groups of 8
+    // or 16 rows from a register): the same bits, and nothing written outside the range.
+    PreparedActivations p1;
+    p1.Prepare(x.data(), 1, k, dt, cpu_isa);
+    for (int64_t a = 0; a < rows; ++a)
+      for (int64_t b :
+           {a + 1, std::min<int64_t>(rows, a + 9), std::min<int64_t>(rows, a + 17), rows}) {
+        std::vector<float> y(static_cast<size_t>(rows), NAN);
+        DotRows(w.view, a, b, p1, y.data(), rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          if (r < a || r >= b) {
+            ASSERT_TRUE(std::isnan(y[static_cast<size_t>(r)]))
+                << CpuIsaName(cpu_isa) << " " << DTypeName(dt) << " rows [" << a << ", " << b
+                << ") wrote row " << r;
+          } else {
+            ASSERT_EQ(0, std::memcmp(&y[static_cast<size_t>(r)], &whole[static_cast<size_t>(r)],
+                                     sizeof(float)))
+                << CpuIsaName(cpu_isa) << " " << DTypeName(dt) << " rows [" << a << ", " << b
+                << ") row " << r;
+          }
+        }
+      }
   }
   // MatMul (the active ISA) with 1, 2 and 3 threads.
   std::vector<float> first;
