@@ -71,49 +71,23 @@ inline int64_t Min(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
 
-// Where a tile's results go: decode (one token, a run of rows) gathers 8 rows' results in a
-// register and writes them with one 256-bit store; other tiles store each element. A scalar
-// store after every decode row can make the next row's activation loads wait on it, and so on
-// the row's last DRAM read (see TileOut in matmul_avx512_impl.h for the measurement).
-template <int R, int C>
-class TileOut {
- public:
-  TileOut(float* y, int64_t y_stride) : y_(y), y_stride_(y_stride) {}
-  TileOut(const TileOut&) = delete;
-  TileOut& operator=(const TileOut&) = delete;
-  __attribute__((always_inline)) void Put(int r, int c, float v) {
-    if constexpr (kGather) {
-      (void)r, (void)c;
-      const __m256i lane = _mm256_cmpeq_epi32(_mm256_set1_epi32(n_), Lanes());
-      held_ = _mm256_blendv_ps(held_, _mm256_set1_ps(v), _mm256_castsi256_ps(lane));
-      if (++n_ == 8) {
-        _mm256_storeu_ps(y_, held_);
-        y_ += 8;
-        n_ = 0;
-      }
-    } else {
-      y_[c * y_stride_ + r] = v;
-    }
-  }
-  // After each tile of R rows.
-  __attribute__((always_inline)) void NextTile() {
-    if constexpr (!kGather) y_ += R;
-  }
-  // After the last tile: writes what is still held.
-  __attribute__((always_inline)) void Flush() {
-    if constexpr (kGather)
-      if (n_ > 0)
-        _mm256_maskstore_ps(y_, _mm256_cmpgt_epi32(_mm256_set1_epi32(n_), Lanes()), held_);
-  }
-
- private:
-  static constexpr bool kGather = R == 1 && C == 1;
+// TileOut's output vector (tile_out_impl.h).
+struct OutVec {
+  using T = __m256;
+  static constexpr int kLanes = 8;
+  static T Zero() { return _mm256_setzero_ps(); }
   static __m256i Lanes() { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
-  float* y_;
-  int64_t y_stride_;
-  __m256 held_ = _mm256_setzero_ps();
-  int n_ = 0;
+  static T Insert(T held, int lane, float v) {
+    const __m256i at = _mm256_cmpeq_epi32(_mm256_set1_epi32(lane), Lanes());
+    return _mm256_blendv_ps(held, _mm256_set1_ps(v), _mm256_castsi256_ps(at));
+  }
+  static void Store(float* y, T held) { _mm256_storeu_ps(y, held); }
+  static void StoreFirst(float* y, T held, int n) {
+    _mm256_maskstore_ps(y, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), Lanes()), held);
+  }
 };
+
+#include "kernels/cpu/tile_out_impl.h"
 
 // ---------------------------------------------------------------------------------------------
 // Float formats, fp32 arithmetic.

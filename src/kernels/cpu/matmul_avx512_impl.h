@@ -98,49 +98,19 @@ inline __mmask32 TailMask32(int64_t n) {
                  : static_cast<__mmask32>((uint64_t{1} << n) - 1u);
 }
 
-// Where a tile's results go: decode (one token, a run of rows) gathers 16 rows' results in a
-// register and writes them with one 512-bit store; other tiles store each element. A scalar
-// store after every decode row made the next row's activation loads wait for it on the dev
-// machine's Zen 5 (the load/store check matched them on some address bits, and the stored value
-// waits on the row's last DRAM read), so rows ran one memory latency apart: q4_0 decode on one
-// core streamed 11-14 GB/s instead of 20-23, depending on where a process's activations and
-// output landed. One store per 16 rows leaves that wait too rare to see.
-template <int R, int C>
-class TileOut {
- public:
-  TileOut(float* y, int64_t y_stride) : y_(y), y_stride_(y_stride) {}
-  TileOut(const TileOut&) = delete;
-  TileOut& operator=(const TileOut&) = delete;
-  __attribute__((always_inline)) void Put(int r, int c, float v) {
-    if constexpr (kGather) {
-      (void)r, (void)c;
-      held_ = _mm512_mask_broadcastss_ps(held_, static_cast<__mmask16>(1u << n_), _mm_set_ss(v));
-      if (++n_ == 16) {
-        _mm512_storeu_ps(y_, held_);
-        y_ += 16;
-        n_ = 0;
-      }
-    } else {
-      y_[c * y_stride_ + r] = v;
-    }
+// TileOut's output vector (tile_out_impl.h).
+struct OutVec {
+  using T = __m512;
+  static constexpr int kLanes = 16;
+  static T Zero() { return _mm512_setzero_ps(); }
+  static T Insert(T held, int lane, float v) {
+    return _mm512_mask_broadcastss_ps(held, static_cast<__mmask16>(1u << lane), _mm_set_ss(v));
   }
-  // After each tile of R rows.
-  __attribute__((always_inline)) void NextTile() {
-    if constexpr (!kGather) y_ += R;
-  }
-  // After the last tile: writes what is still held.
-  __attribute__((always_inline)) void Flush() {
-    if constexpr (kGather)
-      if (n_ > 0) _mm512_mask_storeu_ps(y_, TailMask16(n_), held_);
-  }
-
- private:
-  static constexpr bool kGather = R == 1 && C == 1;
-  float* y_;
-  int64_t y_stride_;
-  __m512 held_ = _mm512_setzero_ps();
-  int n_ = 0;
+  static void Store(float* y, T held) { _mm512_storeu_ps(y, held); }
+  static void StoreFirst(float* y, T held, int n) { _mm512_mask_storeu_ps(y, TailMask16(n), held); }
 };
+
+#include "kernels/cpu/tile_out_impl.h"
 
 // Runs step(i, a, n) over [0, k) in steps of kWidth elements: step s starts at s * kWidth,
 // goes to accumulator a = s mod kA and covers n = min(kWidth, k - i) elements. `a` is a
@@ -454,6 +424,31 @@ inline __m512i StepDot(const QuantStep& w, const uint8_t* xq, __m512i bias) {
   }
 }
 
+// Runs step(s, a, n_blocks) over a row's nb blocks in steps of StepBlocks<F>: full steps in
+// pairs into accumulators 0 and 1, prefetch(s) before each pair, then at most one full and one
+// partial step continuing the cycle. `a` is a compile-time constant at every call.
+template <WFormat F, typename Step, typename Pf>
+__attribute__((always_inline)) inline void ForQuantSteps(int64_t nb, Step&& step, Pf&& prefetch) {
+  static_assert(kQuantAcc == 2, "pairs of steps, one per accumulator");
+  const int64_t n_full = nb / StepBlocks<F>();  // steps with every block present
+  int64_t s = 0;
+  for (; s + 2 <= n_full; s += 2) {
+    prefetch(s);
+    step(s, 0, StepBlocks<F>());
+    step(s + 1, 1, StepBlocks<F>());
+  }
+  int a = 0;
+  if (s < n_full) {
+    step(s++, 0, StepBlocks<F>());
+    a = 1;
+  }
+  const int64_t rest = nb - s * StepBlocks<F>();
+  if (rest > 0) {
+    if (a == 0) step(s, 0, rest);
+    if (a == 1) step(s, 1, rest);
+  }
+}
+
 template <WFormat F, int R, int C>
 __attribute__((always_inline)) inline void QuantTileOnce(const uint8_t* w, int64_t row_bytes,
                                                          const uint8_t* xrec, int64_t token_bytes,
@@ -463,7 +458,7 @@ __attribute__((always_inline)) inline void QuantTileOnce(const uint8_t* w, int64
   const int64_t nb = k / kBlock;
   constexpr int64_t kStepBytes = StepBlocks<F>() * QBlockBytes<F>();  // weight bytes per step
   constexpr int64_t kStepQx = StepBlocks<F>() * kBlock;               // activation quants per step
-  static_assert(kQuantAcc == 2, "the loop tail and final sum below assume 2 accumulators");
+  static_assert(kQuantAcc == 2, "the final sum below adds 2 accumulators");
   __m512 acc[R][C][kQuantAcc];
   MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
       MOETIER_UNROLL for (int a = 0; a < kQuantAcc; ++a) acc[r][c][a] = _mm512_setzero_ps();
@@ -483,26 +478,12 @@ __attribute__((always_inline)) inline void QuantTileOnce(const uint8_t* w, int64
       }
     }
   };
-  const int64_t n_full = nb / StepBlocks<F>();  // steps with every block present
-  int64_t s = 0;
-  for (; s + kQuantAcc <= n_full; s += kQuantAcc) {
-    MOETIER_UNROLL for (int r = 0; r < R; ++r) for (int64_t b = 0; b < kQuantAcc * kStepBytes;
-                                                    b += 64)
-        Prefetch(w + r * row_bytes + s * kStepBytes + b, ahead, stop);
-    step(s, 0, StepBlocks<F>());
-    step(s + 1, 1, StepBlocks<F>());
-  }
-  // At most one full step and one partial step remain; they continue the accumulator cycle.
-  int a = 0;
-  if (s < n_full) {
-    step(s++, 0, StepBlocks<F>());
-    a = 1;
-  }
-  const int64_t rest = nb - s * StepBlocks<F>();
-  if (rest > 0) {
-    if (a == 0) step(s, 0, rest);
-    if (a == 1) step(s, 1, rest);
-  }
+  ForQuantSteps<F>(
+      nb, step, [&](int64_t s) __attribute__((always_inline)) {
+        MOETIER_UNROLL for (int r = 0; r < R; ++r) for (int64_t b = 0; b < kQuantAcc * kStepBytes;
+                                                        b += 64)
+            Prefetch(w + r * row_bytes + s * kStepBytes + b, ahead, stop);
+      });
   MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
       out.Put(r, c, HSum(_mm512_add_ps(acc[r][c][0], acc[r][c][1])));
 }
@@ -543,23 +524,11 @@ __attribute__((always_inline)) inline float QuantDecodeRow(const uint8_t* w, con
     if (a == 0) acc0 = _mm512_fmadd_ps(v, _mm512_mul_ps(ws.d, dx), acc0);
     if (a == 1) acc1 = _mm512_fmadd_ps(v, _mm512_mul_ps(ws.d, dx), acc1);
   };
-  const int64_t n_full = nb / StepBlocks<F>();
-  int64_t s = 0;
-  for (; s + 2 <= n_full; s += 2) {
-    for (int64_t b = 0; b < 2 * kStepBytes; b += 64) Prefetch(w + s * kStepBytes + b, ahead, stop);
-    step(s, 0, StepBlocks<F>());
-    step(s + 1, 1, StepBlocks<F>());
-  }
-  int a = 0;
-  if (s < n_full) {
-    step(s++, 0, StepBlocks<F>());
-    a = 1;
-  }
-  const int64_t rest = nb - s * StepBlocks<F>();
-  if (rest > 0) {
-    if (a == 0) step(s, 0, rest);
-    if (a == 1) step(s, 1, rest);
-  }
+  ForQuantSteps<F>(
+      nb, step, [&](int64_t s) __attribute__((always_inline)) {
+        for (int64_t b = 0; b < 2 * kStepBytes; b += 64)
+          Prefetch(w + s * kStepBytes + b, ahead, stop);
+      });
   return HSum(_mm512_add_ps(acc0, acc1));
 }
 
