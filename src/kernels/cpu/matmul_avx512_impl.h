@@ -452,8 +452,7 @@ __attribute__((always_inline)) inline void ForQuantSteps(int64_t nb, Step&& step
 template <WFormat F, int R, int C>
 __attribute__((always_inline)) inline void QuantTileOnce(const uint8_t* w, int64_t row_bytes,
                                                          const uint8_t* xrec, int64_t token_bytes,
-                                                         int64_t k, TileOut<R, C>& out,
-                                                         int64_t ahead, uintptr_t stop) {
+                                                         int64_t k, TileOut<R, C>& out) {
   const QuantLayout lay = QuantLayoutFor(k, F == WFormat::kQ8_0 ? 1 : kQ4Group);
   const int64_t nb = k / kBlock;
   constexpr int64_t kStepBytes = StepBlocks<F>() * QBlockBytes<F>();  // weight bytes per step
@@ -482,22 +481,18 @@ __attribute__((always_inline)) inline void QuantTileOnce(const uint8_t* w, int64
       nb, step, [&](int64_t s) __attribute__((always_inline)) {
         MOETIER_UNROLL for (int r = 0; r < R; ++r) for (int64_t b = 0; b < kQuantAcc * kStepBytes;
                                                         b += 64)
-            Prefetch(w + r * row_bytes + s * kStepBytes + b, ahead, stop);
+            Prefetch(w + r * row_bytes + s * kStepBytes + b);
       });
   MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
       out.Put(r, c, HSum(_mm512_add_ps(acc[r][c][0], acc[r][c][1])));
 }
 
-// `n_tiles` tiles of R rows one after the other (decode runs a whole row range in one call: a
-// call per 768-weight down-projection row cost ~10 % on AVX2), prefetching `ahead` bytes in
-// front of the rows being read but nothing at or past `stop` (an address).
+// One prefill tile of R rows x C tokens (decode runs QuantDecodeRows).
 template <WFormat F, int R, int C>
 void QuantTile(const uint8_t* w, int64_t row_bytes, const uint8_t* xrec, int64_t token_bytes,
-               int64_t k, float* y, int64_t y_stride, int64_t n_tiles = 1,
-               int64_t ahead = kPrefetchBytes, uintptr_t stop = UINTPTR_MAX) {
+               int64_t k, float* y, int64_t y_stride) {
   TileOut<R, C> out(y, y_stride);
-  for (int64_t tile = 0; tile < n_tiles; ++tile, w += R * row_bytes, out.NextTile())
-    QuantTileOnce<F, R, C>(w, row_bytes, xrec, token_bytes, k, out, ahead, stop);
+  QuantTileOnce<F, R, C>(w, row_bytes, xrec, token_bytes, k, out);
   out.Flush();
 }
 
