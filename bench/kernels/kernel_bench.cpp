@@ -267,8 +267,18 @@ std::string CpuModel() {
 
 int main(int argc, char** argv) {
   Options opt;
+  const char* kUsage =
+      "usage: kernel_bench [--gib G] [--reps R] [--threads N] [--isa all|a,b]"
+      " [--formats f32,bf16,f16,q8_0,q4_0,bf16c] [--prefill 32,128 | 0]"
+      " [--prefill-experts E]\n"
+      "  --prefill 0 skips the prefill measurements; see the top of kernel_bench.cpp for what"
+      " each figure means\n";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
     if (v == nullptr) {
       std::fprintf(stderr, "kernel_bench: %s needs a value\n", a.c_str());
@@ -287,14 +297,14 @@ int main(int argc, char** argv) {
       opt.formats = Split(v);
     else if (a == "--prefill") {
       opt.prefill_tokens.clear();
-      for (const std::string& s : Split(v)) opt.prefill_tokens.push_back(std::atoll(s.c_str()));
+      for (const std::string& s : Split(v)) {
+        const long long t = std::atoll(s.c_str());
+        if (t > 0) opt.prefill_tokens.push_back(t);  // 0: no prefill figures
+      }
     } else if (a == "--prefill-experts")
       opt.prefill_experts = std::max(1, std::atoi(v));
     else {
-      std::fprintf(stderr,
-                   "usage: kernel_bench [--gib G] [--reps R] [--threads N] [--isa all|a,b]"
-                   " [--formats f32,bf16,f16,q8_0,q4_0] [--prefill 32,128]"
-                   " [--prefill-experts E]\n");
+      std::fprintf(stderr, "kernel_bench: unknown option '%s'\n%s", a.c_str(), kUsage);
       return 2;
     }
   }

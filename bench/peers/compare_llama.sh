@@ -63,8 +63,16 @@ done
 if [ ! -f "$GGUF" ] || { [ "$NEED_HF" = 1 ] && [ ! -f "$HF/config.json" ]; }; then
   [ -n "$SYNTH" ] || { echo "compare_llama.sh: $GGUF or $HF missing; pass --synth TEMPLATE.gguf" >&2; exit 2; }
   SYNTH_SCRIPT=${SYNTH_SCRIPT:-$(dirname "$0")/../../../shared/peers/synth_model.py}
+  # The writer needs numpy; a python3 earlier on PATH (pyenv, a venv) may lack it where the
+  # system's has it (apt-get install python3-numpy).
+  PY=python3
+  if ! "$PY" -c 'import numpy' 2>/dev/null; then
+    if /usr/bin/python3 -c 'import numpy' 2>/dev/null; then PY=/usr/bin/python3; else
+      echo "compare_llama.sh: the synthetic model writer needs numpy: apt-get install -y python3-numpy" >&2; exit 2
+    fi
+  fi
   log "writing the synthetic model (gguf + hf) to $WORK"
-  python3 "$SYNTH_SCRIPT" "$SYNTH" "$WORK/q3moe-8L" --layers 8 --hf-dir "$HF" ${TOKDIR:+--tokenizer-dir "$TOKDIR"} >&2
+  "$PY" "$SYNTH_SCRIPT" "$SYNTH" "$WORK/q3moe-8L" --layers 8 --hf-dir "$HF" ${TOKDIR:+--tokenizer-dir "$TOKDIR"} >&2
 fi
 
 for dt in $DTYPES; do

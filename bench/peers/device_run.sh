@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # On the GPU machine (no package registry): builds llama.cpp from a carried source tarball,
 # writes the synthetic model, converts and quantizes it, then runs bench/peers/compare_llama.sh.
-# Expects in .devcarry/: moetier (built here, Release), libs/ (its shared libraries),
-# llama-src.tar.xz, template-meta.gguf.xz (the fixture GGUF's metadata, no tensors), synth_model.py.
+# Expects in .devcarry/ (bench/peers/make_devcarry.sh fills it): moetier (built here, Release),
+# libs/ (its shared libraries), llama-src.tar.xz, template-meta.gguf.xz (the fixture GGUF's
+# metadata, no tensors), synth_model.py.
 #   bench/peers/device_run.sh prep    # build + models (call 1)
 #   bench/peers/device_run.sh bench   # measurements (call 2, same machine)
-# DTYPES="q4_0" (default "bf16 q8_0 q4_0") limits both phases to those dtypes.
+#   bench/peers/device_run.sh rounds  # prep, then rounds until BUDGET_S (default 420) seconds
+#                                     # after the start; each round's summary is appended to
+#                                     # $OUT/summaries.md, everything else to $OUT/rounds.tgz
+#                                     # (a call brings back few files)
+# DTYPES="q4_0" (default "bf16 q8_0 q4_0") limits every phase to those dtypes.
 set -euo pipefail
 PHASE=${1:-all}
+START=$(date +%s)
 REPO=$PWD
 W=${DEVICE_WORK:-/tmp/moetier-peers}
 OUT=${OUT:-/tmp/out}
@@ -46,7 +52,21 @@ fi
 # benchmarks.md, rounds 51-52). Wait for the writeback before measuring (NO_SYNC=1 skips it, to
 # study that state).
 [ "${NO_SYNC:-0}" = 1 ] || sync
-if [ "$PHASE" != prep ]; then
+if [ "$PHASE" = rounds ]; then
+  # Rounds of ~35 s each on the 16-core Xeon; the call must end inside the device's 600 s.
+  BUDGET_S=${BUDGET_S:-420}
+  n=0
+  while [ $(( $(date +%s) - START )) -lt "$BUDGET_S" ]; do
+    n=$((n + 1))
+    R=$W/rounds/r$n
+    mkdir -p "$R"
+    bench/peers/compare_llama.sh --moetier "$MT" --llama-bin "$LB" --work "$W" --out "$R" --threads "$T" \
+      --dtypes "$DTYPES" > "$R/compare.log" 2>&1 || tail -20 "$R/compare.log" >&2
+    { echo "round $n ($(( $(date +%s) - START )) s after the start)"; cat "$R/summary.md" 2>/dev/null; echo; } |
+      tee -a "$OUT/summaries.md"
+  done
+  tar -C "$W" -czf "$OUT/rounds.tgz" rounds
+elif [ "$PHASE" != prep ]; then
   bench/peers/compare_llama.sh --moetier "$MT" --llama-bin "$LB" --work "$W" --out "$OUT" --threads "$T" \
     --dtypes "$DTYPES"
 fi
