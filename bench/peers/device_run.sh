@@ -23,16 +23,20 @@ T=${THREADS:-$(nproc)}
 DTYPES=${DTYPES:-bf16 q8_0 q4_0}
 mkdir -p "$W" "$OUT"
 LB=$W/llama/b/bin
+# Where prep's logs go: $OUT, except in the rounds phase, which keeps them with the rounds (in
+# rounds.tgz) so that the few files a call brings back are its summaries.
+PREP_LOGS=$OUT
+[ "$PHASE" = rounds ] && PREP_LOGS=$W/rounds/prep && mkdir -p "$PREP_LOGS"
 if [ "$PHASE" != bench ]; then
-  { nproc; lscpu || cat /proc/cpuinfo | head -30; free -g; df -h "$W"; } > "$OUT/machine.txt" 2>&1 || true
+  { nproc; lscpu || cat /proc/cpuinfo | head -30; free -g; df -h "$W"; } > "$PREP_LOGS/machine.txt" 2>&1 || true
   "$MT" --help > /dev/null
   if [ ! -x "$LB/llama-bench" ]; then
     # Python's tarfile/lzma, in case the image has no xz.
     python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
       .devcarry/llama-src.tar.xz "$W/llama"
     (cd "$W/llama" && cmake -S . -B b -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON > "$OUT/llama-cmake.log" 2>&1 &&
-     cmake --build b -j"$(nproc)" --target llama-bench llama-quantize > "$OUT/llama-build.log" 2>&1) &
+       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON > "$PREP_LOGS/llama-cmake.log" 2>&1 &&
+     cmake --build b -j"$(nproc)" --target llama-bench llama-quantize > "$PREP_LOGS/llama-build.log" 2>&1) &
     BUILD_PID=$!
   fi
   if [ ! -f "$W/q3moe-8L-hf/model.safetensors.done" ]; then
@@ -43,9 +47,10 @@ if [ "$PHASE" != bench ]; then
     touch "$W/q3moe-8L-hf/model.safetensors.done"
   fi
   [ -n "${BUILD_PID:-}" ] && wait "$BUILD_PID"
-  PREPARE_ONLY=1 bench/peers/compare_llama.sh --moetier "$MT" --llama-bin "$LB" --work "$W" --out "$OUT" --threads "$T" \
+  PREPARE_ONLY=1 bench/peers/compare_llama.sh --moetier "$MT" --llama-bin "$LB" --work "$W" --out "$PREP_LOGS" --threads "$T" \
     --dtypes "$DTYPES"
-  df -h "$W" >> "$OUT/machine.txt"
+  df -h "$W" >> "$PREP_LOGS/machine.txt"
+  [ "$PREP_LOGS" = "$OUT" ] || cp "$PREP_LOGS/machine.txt" "$OUT/"
 fi
 # The models just written (tens of GB) are still being written back to disk for a while; rounds
 # measured meanwhile ran moetier at 33-37 % of the read bandwidth on a fresh VM (docs/
