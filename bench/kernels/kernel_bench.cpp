@@ -298,6 +298,12 @@ int main(int argc, char** argv) {
     else if (a == "--prefill") {
       opt.prefill_tokens.clear();
       for (const std::string& s : Split(v)) {
+        if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) {
+          std::fprintf(stderr,
+                       "kernel_bench: --prefill takes token counts like 32,128 (or 0), not '%s'\n",
+                       s.c_str());
+          return 2;
+        }
         const long long t = std::atoll(s.c_str());
         if (t > 0) opt.prefill_tokens.push_back(t);  // 0: no prefill figures
       }

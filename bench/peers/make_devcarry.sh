@@ -9,9 +9,10 @@
 #   bench/peers/make_devcarry.sh [BUILD_DIR]   # default: build
 # then carry ".devcarry" in the device call.
 set -euo pipefail
-BUILD=${1:-build}
+BUILD=$(realpath -m "${1:-build}")  # relative to where it is called from
 LLAMA_SRC=${LLAMA_SRC:-$HOME/.cache/moetier-peers/llama.cpp}
 SHARED=${SHARED:-$(cd "$(dirname "$0")/../../.." && pwd)/shared}
+cd "$(dirname "$0")/../.."  # .devcarry/ goes in the repository root, where device calls start
 [ -x "$BUILD/bin/moetier" ] || { echo "make_devcarry.sh: no $BUILD/bin/moetier; build first (README)" >&2; exit 2; }
 [ -d "$LLAMA_SRC/gguf-py" ] || { echo "make_devcarry.sh: no llama.cpp source at $LLAMA_SRC; run $SHARED/peers/build-llama-cpp.sh" >&2; exit 2; }
 rm -rf .devcarry && mkdir -p .devcarry/libs
