@@ -1,4 +1,7 @@
 // moetier convert: a Hugging Face checkpoint (or a float conversion of one) → the bank format.
+#include <signal.h>
+
+#include <atomic>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -8,6 +11,30 @@
 #include "model/convert.h"
 
 namespace moetier::cli {
+
+namespace {
+
+// Set by SIGINT/SIGTERM; the conversion polls it between steps and stops, removing what it had
+// written. A signal handler may only touch a lock-free atomic, hence this process-wide flag.
+std::atomic<bool> g_convert_cancelled{false};
+
+void OnConvertSignal(int) {
+  g_convert_cancelled.store(true);
+}
+
+// Ctrl-C (or a TERM from a job scheduler) during a long conversion ends it cleanly: without
+// this the process would die with a half-written staging directory beside --out. A second
+// signal acts as usual (SA_RESETHAND), in case the first is not honoured soon enough.
+void StopOnSignals() {
+  struct sigaction sa {};
+  sa.sa_handler = OnConvertSignal;
+  sa.sa_flags = SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+}  // namespace
 
 Command AddConvertCommand(CLI::App& root) {
   struct Opts {
@@ -34,7 +61,12 @@ Command AddConvertCommand(CLI::App& root) {
                   "whose experts are bf16/bf16c/f16/f32 (its checksums are verified as it is "
                   "read)")
       ->required();
-  cmd->add_option("-o,--out", o->out, "Output directory (must be empty or new)")->required();
+  cmd->add_option(
+         "-o,--out", o->out,
+         "Output directory: new, empty, or an earlier conversion with --overwrite. Written "
+         "in a temporary directory that becomes --out only when complete; a failed or "
+         "interrupted conversion leaves --out as it was")
+      ->required();
   const std::vector<std::string> dtypes(kConvertDTypeFlags.begin(), kConvertDTypeFlags.end());
   cmd->add_option("--dtype", o->dtype,
                   "Expert weights: bf16 (copied from a bf16 checkpoint, rounded from f16/f32), "
@@ -58,7 +90,9 @@ Command AddConvertCommand(CLI::App& root) {
   cmd->add_option("-t,--threads", o->n_threads,
                   "Threads converting and quantizing (default: every core this process may use)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_flag("--overwrite", o->overwrite, "Replace the files of an earlier conversion in --out");
+  cmd->add_flag("--overwrite", o->overwrite,
+                "Replace an earlier conversion in --out (everything in that directory), once the "
+                "new one is complete");
   return {cmd, [o]() -> int {
             ConvertOptions opts;
             opts.shard_bytes =
@@ -68,8 +102,13 @@ Command AddConvertCommand(CLI::App& root) {
             // IsMember has already refused anything else.
             opts.expert_dtype = ConvertDTypeFromFlag(o->dtype).value_or(DType::kBF16);
             if (o->dense_dtype != "same") opts.dense_dtype = ConvertDTypeFromFlag(o->dense_dtype);
+            opts.cancel = &g_convert_cancelled;
+            StopOnSignals();
             auto r = ConvertCheckpoint(o->model, o->out, opts);
-            if (!r.ok()) return ReportError(r.message());
+            if (!r.ok()) {
+              const int code = ReportError(r.message());
+              return g_convert_cancelled.load() ? 128 + SIGINT : code;
+            }
             std::fprintf(stderr,
                          "wrote %s: %d data file(s), %.2f GB, %d expert banks (%s), %d dense "
                          "tensors (%d converted)\n",

@@ -12,36 +12,10 @@
 #include "experts/settle.h"
 #include "io/converted_model.h"
 #include "model/bank_packing.h"
-#include "model/weight_binder.h"
 
 namespace moetier {
 
 namespace {
-
-// Views of layer `layer`'s experts in a Hugging Face checkpoint's maps, after checking each
-// tensor's presence, dtype and shape.
-Expected<std::vector<ExpertWeights>> CheckpointExperts(const ModelSource& s, int64_t layer) {
-  const ExpertLayout& lay = s.layout;
-  const int64_t E = s.config.n_experts;
-  WeightBinder b(*s.hf, s.config);
-  std::vector<ExpertWeights> src(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E && b.status().ok(); ++e) {
-    auto& w = src[static_cast<size_t>(e)];
-    w.gate = b.Matrix(s.spec->expert_tensor_name(layer, e, ExpertMatrix::kGate),
-                      {lay.width, lay.d_model});
-    w.up =
-        b.Matrix(s.spec->expert_tensor_name(layer, e, ExpertMatrix::kUp), {lay.width, lay.d_model});
-    w.down = b.Matrix(s.spec->expert_tensor_name(layer, e, ExpertMatrix::kDown),
-                      {lay.d_model, lay.width});
-    for (const TensorView* v : {&w.gate, &w.up, &w.down})
-      if (b.status().ok() && v->dtype != lay.dtype)
-        return Status::Error(s.hf->description() + ": layer " + std::to_string(layer) + " expert " +
-                             std::to_string(e) + " is " + std::string(DTypeName(v->dtype)) +
-                             " but the other experts are " + std::string(DTypeName(lay.dtype)));
-  }
-  MT_RETURN_IF_ERROR(b.status());
-  return src;
-}
 
 // Copies experts (views into a checkpoint) into `bank`, in layout `lay`.
 void CopyExperts(const std::vector<ExpertWeights>& src, const ExpertLayout& lay, HostBank& bank,

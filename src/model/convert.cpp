@@ -7,18 +7,23 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <set>
 #include <string>
+#include <system_error>
 #include <vector>
 
+#include "core/log.h"
 #include "core/progress.h"
 #include "core/thread_pool.h"
 #include "io/bank_index.h"
 #include "kernels/cpu/bf16c.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quant.h"
+#include "model/decoder_lm.h"
 #include "model/model_source.h"
 #include "model/weight_binder.h"
 
@@ -220,6 +225,712 @@ Expected<const uint8_t*> VerifiedSourceBank(const ConvertedModel& m, int64_t lay
   return Status::Error(m.description() + ": no bank for layer " + std::to_string(layer));
 }
 
+// ---------------------------------------------------------------------------------------------
+// What is converted: checked from the headers, before anything is written.
+
+Status CheckTargetDTypes(const ConvertOptions& options) {
+  for (const std::optional<DType> d :
+       {std::optional<DType>(options.expert_dtype), options.dense_dtype})
+    if (d && *d != DType::kBF16 && !IsBlockFormat(*d))
+      return Status::Error("convert: cannot store weights as " + std::string(DTypeName(*d)) +
+                           "; choose bf16, bf16c, q8_0 or q4_0");
+  return OkStatus();
+}
+
+// The experts' rows must fit the dtype written (`lay`), and quantized source experts can only be
+// copied into their own dtype (to re-encode the dense matrices or re-shard): never quantized
+// twice.
+Status CheckExpertTarget(const ModelSource& s, const ExpertLayout& lay) {
+  if (s.banks.empty()) return OkStatus();
+  const TensorStore& src = s.dense();
+  if (!lay.valid()) {
+    // Named by the first matrix whose rows do not fit.
+    const bool gate = !IsValidRowLength(lay.dtype, lay.d_model);
+    const std::string name = s.spec->expert_tensor_name(
+        s.banks[0].layer, 0, gate ? ExpertMatrix::kGate : ExpertMatrix::kDown);
+    return Status::Error(src.FileOf(name) + ": expert tensor '" + name + "' has rows of " +
+                         std::to_string(gate ? lay.d_model : lay.width) + " elements (" +
+                         (gate ? "hidden_size" : "the expert width") +
+                         "), not a multiple of 32, so it cannot be stored as " +
+                         std::string(DTypeName(lay.dtype)) + "; use --dtype bf16");
+  }
+  const DType in = s.layout.dtype;
+  if (!IsFloatDType(in) && in != lay.dtype)
+    return Status::Error(src.description() + ": experts are " + std::string(DTypeName(in)) +
+                         "; convert re-encodes BF16, F16 or F32 experts and copies quantized "
+                         "ones as they are (--dtype " +
+                         std::string(DTypeName(in)) + "); for " +
+                         std::string(DTypeName(lay.dtype)) +
+                         " convert from the Hugging Face checkpoint or a bf16 conversion of it");
+  return OkStatus();
+}
+
+// Checks every tensor the loader reads as the loader checks it (presence, dtype, shape): the
+// dense ones through the architecture's own list (ArchSpec::bind_dense), a checkpoint's experts
+// through CheckpointExperts (a converted source's banks were checked against config.json when
+// it was opened). Returns the names of the dense tensors the architecture reads.
+Expected<std::set<std::string>> CheckLoadable(const ModelSource& s) {
+  WeightBinder binder(s.dense(), s.config);
+  s.spec->bind_dense(s.config, binder);
+  MT_RETURN_IF_ERROR(binder.status());
+  if (s.hf)
+    for (const LayerBank& b : s.banks) MT_RETURN_IF_ERROR(CheckpointExperts(s, b.layer).status());
+  return binder.requested();
+}
+
+// A buffer that older checkpoints saved though the model recomputes it from config.json (a
+// rotary embedding's inverse frequencies, from rope_theta and head_dim). It carries no weight,
+// so it is dropped with a warning rather than refused: refusing would turn away checkpoints
+// that load and run correctly everywhere else.
+bool IsDerivedBuffer(const std::string& name) {
+  return name.ends_with(".rotary_emb.inv_freq");
+}
+
+// The source's dense tensors that the output keeps: those the architecture reads (`read`). Any
+// other tensor that is not a routed expert of a bank — an expert past the config's count, a
+// layer past num_hidden_layers, an unknown name — means config.json and the weights disagree,
+// and is refused rather than dropped: the loader would ignore it, so a conversion that kept or
+// dropped it silently would hide a config that describes another model.
+Expected<std::vector<std::string>> KeptDenseNames(const ModelSource& s,
+                                                  const std::set<std::string>& read) {
+  const TensorStore& src = s.dense();
+  const std::set<std::string> experts = ExpertTensorNames(s);
+  std::vector<std::string> kept;
+  for (const std::string& name : src.Names()) {
+    if (read.count(name)) {
+      kept.push_back(name);
+    } else if (IsDerivedBuffer(name)) {
+      LogWarn(src.FileOf(name) + ": tensor '" + name +
+              "' is recomputed from config.json when the model loads; not converted");
+    } else if (!experts.count(name)) {
+      return Status::Error(src.FileOf(name) + ": tensor '" + name + "' is not part of the " +
+                           s.config.architecture + " that " + s.config.source + " describes (" +
+                           std::to_string(s.config.n_layers) + " layers, " +
+                           std::to_string(s.config.n_experts) +
+                           " experts); fix config.json or remove the tensor");
+    }
+  }
+  return kept;
+}
+
+// Dense tensors are re-encoded only from float: a quantized tensor of a converted source can
+// only be copied, since re-encoding it would quantize twice (and the index would claim a dtype
+// it does not have).
+Status CheckDenseTargets(const ModelSource& s, const std::vector<std::string>& kept,
+                         const ConvertOptions& options, const std::set<std::string>& routers) {
+  if (!options.dense_dtype) return OkStatus();
+  const TensorStore& src = s.dense();
+  for (const std::string& name : kept) {
+    const TensorView* v = src.Find(name);
+    if (IsFloatDType(v->dtype) || *options.dense_dtype == v->dtype || v->shape.size() != 2 ||
+        routers.count(name))
+      continue;
+    return Status::Error(src.FileOf(name) + ": tensor '" + name + "' is already " +
+                         std::string(DTypeName(v->dtype)) + " and cannot be re-encoded as " +
+                         std::string(DTypeName(*options.dense_dtype)) +
+                         " (that would quantize it twice): pass --dense-dtype same, or "
+                         "convert from the Hugging Face checkpoint");
+  }
+  return OkStatus();
+}
+
+// The layer a dense tensor belongs to ("model.layers.<n>."), or -1 for the others (embeddings,
+// final norm, lm_head).
+int64_t LayerOf(const std::string& name, int64_t n_layers) {
+  constexpr std::string_view kPrefix = "model.layers.";
+  if (!name.starts_with(kPrefix)) return -1;
+  const int64_t layer = std::strtoll(name.c_str() + kPrefix.size(), nullptr, 10);
+  return layer >= 0 && layer < n_layers ? layer : -1;
+}
+
+// What a conversion writes, decided before anything is written.
+struct ConvertPlan {
+  ExpertLayout out_layout;           // the banks written
+  std::optional<DType> dense_dtype;  // what the index records as convert's dense choice
+  std::set<std::string> routers;     // kept in their source dtype
+  // Dense tensors by the layer they belong to ([0]: none), so the output streams layer by
+  // layer: each layer's dense weights, then its bank.
+  std::vector<std::vector<std::string>> dense_by_layer;
+  uint64_t total_bytes = 0;  // source bytes read: what progress counts
+};
+
+Expected<ConvertPlan> PlanConversion(const ModelSource& s, const ConvertOptions& options) {
+  ConvertPlan p;
+  p.out_layout = ExpertLayout{s.layout.d_model, s.layout.width, options.expert_dtype};
+  MT_RETURN_IF_ERROR(CheckExpertTarget(s, p.out_layout));
+  MT_ASSIGN_OR_RETURN(const std::set<std::string> read, CheckLoadable(s));
+  MT_ASSIGN_OR_RETURN(const std::vector<std::string> kept, KeptDenseNames(s, read));
+  p.routers = RouterTensorNames(s);
+  MT_RETURN_IF_ERROR(CheckDenseTargets(s, kept, options, p.routers));
+  // With --dense-dtype same, what a converted source recorded stays true of the output.
+  p.dense_dtype =
+      options.dense_dtype || !s.converted ? options.dense_dtype : s.converted->index().dense_dtype;
+  p.dense_by_layer.resize(static_cast<size_t>(s.config.n_layers + 1));
+  for (const std::string& name : kept) {
+    p.dense_by_layer[static_cast<size_t>(LayerOf(name, s.config.n_layers) + 1)].push_back(name);
+    p.total_bytes += s.dense().Find(name)->n_bytes;
+  }
+  for (const LayerBank& b : s.banks) p.total_bytes += b.bytes;
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Where the output goes: --out, checked before any weight is read.
+
+std::string OutFlag(const fs::path& out) {
+  return "--out " + out.string();
+}
+
+// `p` without a trailing separator ("a/b/" → "a/b"), so its filename and parent are the
+// directory's own.
+fs::path WithoutTrailingSeparator(fs::path p) {
+  return p.has_filename() || !p.has_parent_path() ? p : p.parent_path();
+}
+
+// True when `inner` is `outer` or lies below it (both absolute, symlinks resolved).
+bool IsWithin(const fs::path& inner, const fs::path& outer) {
+  auto i = inner.begin();
+  for (auto o = outer.begin(); o != outer.end(); ++o, ++i)
+    if (i == inner.end() || *i != *o) return false;
+  return true;
+}
+
+// The entries of `dir`; `what` names it in the error.
+Expected<std::vector<fs::path>> ListDirectory(const fs::path& dir, const std::string& what) {
+  std::error_code ec;
+  std::vector<fs::path> entries;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    entries.push_back(it->path());
+  if (ec) return Status::Error(what + ": cannot list: " + ec.message());
+  return entries;
+}
+
+// The converted directory, written as a whole or not at all.
+struct OutputTarget {
+  fs::path flag;        // --out as given, for messages
+  fs::path path;        // --out absolute, symlinks resolved: the directory that gets the result
+  bool exists = false;  // an empty directory, or an earlier conversion --overwrite replaces
+};
+
+// An existing --out must be an empty directory, or an earlier conversion and --overwrite.
+Status CheckExistingOutput(const fs::path& dir, const std::string& flag, bool overwrite) {
+  std::error_code ec;
+  const bool empty = fs::is_empty(dir, ec);
+  if (ec) return Status::Error(flag + ": cannot list: " + ec.message());
+  if (empty) return OkStatus();
+  const bool converted = fs::exists(dir / kBankIndexFileName, ec);
+  if (!converted)
+    return Status::Error(flag + ": not empty and not an earlier conversion (no " +
+                         std::string(kBankIndexFileName) + "); choose an empty or new directory");
+  if (!overwrite)
+    return Status::Error(flag +
+                         ": not empty (an earlier conversion); pass --overwrite to replace it, or "
+                         "choose an empty or new directory");
+  return OkStatus();
+}
+
+// A new --out is created under its nearest existing ancestor, which must be a directory.
+Status CheckNewOutputParent(const fs::path& out, const std::string& flag) {
+  for (fs::path p = out.parent_path(); !p.empty(); p = p.parent_path()) {
+    std::error_code ec;
+    const fs::file_status st = fs::status(p, ec);
+    if (st.type() == fs::file_type::directory) return OkStatus();
+    if (st.type() != fs::file_type::not_found)
+      return Status::Error(flag + ": " + p.string() + " is not a directory" +
+                           (ec ? " (" + ec.message() + ")" : std::string()) +
+                           "; choose another output directory");
+    if (p == p.parent_path()) break;
+  }
+  return Status::Error(flag + ": no existing directory above it; choose another output directory");
+}
+
+// --out is neither --model nor inside it, nor (when it is replaced) around it.
+Status CheckApartFromModel(const OutputTarget& t, const fs::path& model_dir) {
+  std::error_code ec;
+  const fs::path model = fs::canonical(model_dir, ec);
+  if (ec) return Status::Error(model_dir.string() + ": cannot resolve --model: " + ec.message());
+  const std::string flag = OutFlag(t.flag);
+  if (t.path == model) return Status::Error(flag + ": --out must differ from --model");
+  if (IsWithin(t.path, model))
+    return Status::Error(flag + ": inside --model " + model_dir.string() +
+                         "; choose an output directory outside the model");
+  if (t.exists && IsWithin(model, t.path))
+    return Status::Error(flag + ": holds --model " + model_dir.string() +
+                         ", which replacing --out would delete; choose another output directory");
+  return OkStatus();
+}
+
+// Resolves and checks --out without writing anything: a symlink loop, a path through a file, a
+// file, a FIFO or a directory holding something else is refused here, before any weight is
+// read. Whether --out can be written is found when the staging directory is created.
+Expected<OutputTarget> ResolveOutput(const fs::path& out, const fs::path& model_dir,
+                                     bool overwrite) {
+  const std::string flag = OutFlag(out);
+  if (out.empty()) return Status::Error("--out: empty path; name the output directory");
+  std::error_code ec;
+  const fs::file_status link = fs::symlink_status(out, ec);
+  const fs::file_status st = fs::status(out, ec);
+  if (ec && st.type() != fs::file_type::not_found)
+    return Status::Error(flag + ": " + ec.message() + "; choose another output directory");
+  OutputTarget t;
+  t.flag = out;
+  if (st.type() == fs::file_type::not_found) {
+    if (link.type() == fs::file_type::symlink)
+      return Status::Error(flag +
+                           ": a symbolic link to a path that does not exist; point it at a "
+                           "directory or remove it");
+    const fs::path abs = WithoutTrailingSeparator(fs::absolute(out, ec).lexically_normal());
+    if (ec) return Status::Error(flag + ": " + ec.message());
+    MT_RETURN_IF_ERROR(CheckNewOutputParent(abs, flag));
+    t.path = WithoutTrailingSeparator(fs::weakly_canonical(abs, ec));
+    if (ec) return Status::Error(flag + ": " + ec.message() + "; choose another output directory");
+  } else {
+    if (st.type() != fs::file_type::directory)
+      return Status::Error(flag +
+                           ": exists and is not a directory; choose a new or empty directory");
+    t.path = fs::canonical(out, ec);
+    if (ec) return Status::Error(flag + ": " + ec.message() + "; choose another output directory");
+    MT_RETURN_IF_ERROR(CheckExistingOutput(t.path, flag, overwrite));
+    t.exists = true;
+  }
+  MT_RETURN_IF_ERROR(CheckApartFromModel(t, model_dir));
+  return t;
+}
+
+// fsync of a directory, so the renames in it survive a crash. Best effort: some filesystems
+// refuse it, and the files themselves are already synced.
+void SyncDirectory(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// The directory a conversion is written into until it is complete. A new --out is staged beside
+// it (<out>.tmp-<pid> in the same parent), and publishing is one atomic rename. An existing
+// --out (empty, or an earlier conversion) is staged inside it, which works too where --out is a
+// mount point or its parent is not writable; publishing then replaces its contents, the index
+// last. Unless Publish succeeded, the destructor removes the staging directory and the parents
+// of a new --out that Create made: whatever ends a conversion (an error, an exception, an
+// interruption), --out is left as it was.
+class StagingDir {
+ public:
+  explicit StagingDir(OutputTarget out) : out_(std::move(out)) {}
+  ~StagingDir();
+  StagingDir(const StagingDir&) = delete;
+  StagingDir& operator=(const StagingDir&) = delete;
+
+  // Creates the directory: the first write, so an unwritable --out fails here.
+  Status Create();
+  const fs::path& path() const { return path_; }
+  // Makes the staged conversion --out.
+  Status Publish();
+
+ private:
+  Status CreateParents();
+  Status ReplaceContents();
+
+  OutputTarget out_;
+  fs::path path_;
+  bool created_ = false;
+  fs::path first_created_parent_;  // the topmost parent of a new --out that Create made, if any
+  bool published_ = false;
+};
+
+StagingDir::~StagingDir() {
+  if (published_) return;
+  std::error_code ec;
+  if (created_) fs::remove_all(path_, ec);
+  if (first_created_parent_.empty()) return;
+  // Only the empty directories Create made: fs::remove refuses anything else.
+  for (fs::path p = out_.path.parent_path(); !p.empty(); p = p.parent_path()) {
+    if (!fs::remove(p, ec) || p == first_created_parent_ || p == p.parent_path()) break;
+  }
+}
+
+Status StagingDir::CreateParents() {
+  const fs::path parent = out_.path.parent_path();
+  std::error_code ec;
+  for (fs::path p = parent; !p.empty() && p != p.parent_path(); p = p.parent_path()) {
+    if (fs::exists(p, ec) || ec) break;
+    first_created_parent_ = p;
+  }
+  fs::create_directories(parent, ec);
+  if (ec)
+    return Status::Error(OutFlag(out_.flag) + ": cannot create " + parent.string() + ": " +
+                         ec.message() + "; choose a writable location");
+  return OkStatus();
+}
+
+Status StagingDir::Create() {
+  const std::string pid = std::to_string(::getpid());
+  if (out_.exists) {
+    path_ = out_.path / (".moetier-convert.tmp-" + pid);
+  } else {
+    MT_RETURN_IF_ERROR(CreateParents());
+    path_ = out_.path.parent_path() / (out_.path.filename().string() + ".tmp-" + pid);
+  }
+  std::error_code ec;
+  created_ = fs::create_directory(path_, ec);
+  if (!created_)
+    return Status::Error(OutFlag(out_.flag) + ": cannot create " + path_.string() + ": " +
+                         (ec ? ec.message() + "; choose a writable location"
+                             : std::string("it exists (left by an interrupted run?); remove it")));
+  return OkStatus();
+}
+
+Status StagingDir::Publish() {
+  if (out_.exists) {
+    MT_RETURN_IF_ERROR(ReplaceContents());
+  } else {
+    std::error_code ec;
+    fs::rename(path_, out_.path, ec);
+    if (ec)
+      return Status::Error(OutFlag(out_.flag) + ": cannot rename " + path_.string() +
+                           " to it: " + ec.message());
+    SyncDirectory(out_.path.parent_path());
+  }
+  published_ = true;
+  return OkStatus();
+}
+
+// The earlier conversion's index goes first and the new one last, so an index is never beside
+// files it does not describe, even if this stops halfway.
+Status StagingDir::ReplaceContents() {
+  const std::string flag = OutFlag(out_.flag);
+  std::error_code ec;
+  const fs::path index = out_.path / kBankIndexFileName;
+  fs::remove(index, ec);
+  if (ec) return Status::Error(flag + ": cannot remove " + index.string() + ": " + ec.message());
+  MT_ASSIGN_OR_RETURN(const std::vector<fs::path> old, ListDirectory(out_.path, flag));
+  for (const fs::path& p : old) {
+    if (p.filename() == path_.filename()) continue;
+    fs::remove_all(p, ec);
+    if (ec) return Status::Error(flag + ": cannot remove " + p.string() + ": " + ec.message());
+  }
+  MT_ASSIGN_OR_RETURN(std::vector<fs::path> staged, ListDirectory(path_, path_.string()));
+  std::stable_partition(staged.begin(), staged.end(),
+                        [](const fs::path& p) { return p.filename() != kBankIndexFileName; });
+  for (const fs::path& p : staged) {
+    fs::rename(p, out_.path / p.filename(), ec);
+    if (ec)
+      return Status::Error(flag + ": cannot move " + p.string() + " into it: " + ec.message());
+  }
+  fs::remove(path_, ec);
+  created_ = false;  // emptied and removed: nothing left to clean up
+  SyncDirectory(out_.path);
+  return OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing.
+
+// Where row r of an expert sits, in the order convert writes them: gate's width rows, up's
+// width rows, then down's d_model rows.
+struct ExpertRow {
+  ExpertMatrix matrix;
+  int64_t row;
+};
+ExpertRow LocateExpertRow(const ExpertLayout& lay, int64_t r) {
+  if (r < lay.width) return {ExpertMatrix::kGate, r};
+  if (r < 2 * lay.width) return {ExpertMatrix::kUp, r - lay.width};
+  return {ExpertMatrix::kDown, r - 2 * lay.width};
+}
+
+// Converts row r (LocateExpertRow) of expert `w` into the expert's bytes at `expert_out`, laid
+// out as `lay`. Returns ConvertRows' answer: -1, or the row BF16C cannot hold.
+int64_t ConvertExpertRow(const ExpertWeights& w, const ExpertLayout& lay, int64_t r,
+                         uint8_t* expert_out, float* scratch) {
+  const ExpertRow at = LocateExpertRow(lay, r);
+  const auto row = static_cast<size_t>(at.row);
+  switch (at.matrix) {
+    case ExpertMatrix::kGate:
+      return ConvertRows(
+          w.gate, lay.d_model, at.row, 1, lay.dtype,
+          expert_out + lay.gate_offset() + row * DTypeRowBytes(lay.dtype, lay.d_model), scratch);
+    case ExpertMatrix::kUp:
+      return ConvertRows(w.up, lay.d_model, at.row, 1, lay.dtype,
+                         expert_out + lay.up_offset() + row * DTypeRowBytes(lay.dtype, lay.d_model),
+                         scratch);
+    default:
+      return ConvertRows(w.down, lay.width, at.row, 1, lay.dtype,
+                         expert_out + lay.down_offset() + row * DTypeRowBytes(lay.dtype, lay.width),
+                         scratch);
+  }
+}
+
+// Writes a planned conversion's weights into a directory, layer by layer (each layer's dense
+// tensors, then its bank), and returns the index that describes them. The steps share the
+// threads' scratch rows, one chunk buffer and the progress line; each checks for cancellation
+// before it starts.
+class WeightWriter {
+ public:
+  WeightWriter(const ModelSource& s, const ConvertPlan& plan, const ConvertOptions& options,
+               const fs::path& dir, ThreadPool& pool)
+      : s_(s),
+        src_(s.dense()),
+        plan_(plan),
+        options_(options),
+        in_(s.layout),
+        lay_(plan.out_layout),
+        out_(dir, options.shard_bytes),
+        pool_(pool),
+        scratch_(static_cast<size_t>(pool.size())),
+        progress_("converting", plan.total_bytes) {}
+
+  Expected<BankIndex> Run();
+  int n_dense_converted() const { return n_dense_converted_; }
+
+ private:
+  Status CheckCancelled() const;
+  void Advance(uint64_t source_bytes, const std::string& detail);
+  Status WriteDense(const std::string& name);
+  Status CopyTensor(const std::string& name, const TensorView& v);
+  Status ConvertTensor(const std::string& name, const TensorView& v, DType to);
+  Status WriteBank(const LayerBank& lb);
+  Expected<std::vector<ExpertWeights>> SourceExperts(int64_t layer) const;
+  int64_t ConvertExperts(const std::vector<ExpertWeights>& experts, int64_t e0, int64_t n);
+  Status ExpertRowError(int64_t layer, int64_t expert, int64_t r) const;
+
+  const ModelSource& s_;
+  const TensorStore& src_;
+  const ConvertPlan& plan_;
+  const ConvertOptions& options_;
+  const ExpertLayout& in_;   // the source's expert layout
+  const ExpertLayout& lay_;  // the one written
+  DataWriter out_;
+  ThreadPool& pool_;
+  // Per thread: one source row in float32 (each step sizes them for its rows).
+  std::vector<std::vector<float>> scratch_;
+  std::vector<uint8_t> chunk_;  // one parallel step's output
+  Progress progress_;
+  uint64_t done_ = 0;
+  BankIndex index_;
+  int n_dense_converted_ = 0;
+};
+
+Expected<BankIndex> WeightWriter::Run() {
+  index_.architecture = s_.config.architecture;
+  index_.expert_dtype = lay_.dtype;
+  index_.dense_dtype = plan_.dense_dtype;
+  size_t next_bank = 0;
+  for (int64_t layer = -1; layer < s_.config.n_layers; ++layer) {
+    for (const std::string& name : plan_.dense_by_layer[static_cast<size_t>(layer + 1)])
+      MT_RETURN_IF_ERROR(WriteDense(name));
+    if (next_bank < s_.banks.size() && s_.banks[next_bank].layer == layer)
+      MT_RETURN_IF_ERROR(WriteBank(s_.banks[next_bank++]));
+  }
+  MT_RETURN_IF_ERROR(out_.Finish());
+  progress_.Finish();
+  index_.files = out_.files();
+  return std::move(index_);
+}
+
+Status WeightWriter::CheckCancelled() const {
+  if (options_.cancel != nullptr && options_.cancel->load(std::memory_order_relaxed))
+    return Status::Error("convert: interrupted; the partial output was removed");
+  return OkStatus();
+}
+
+void WeightWriter::Advance(uint64_t source_bytes, const std::string& detail) {
+  done_ += source_bytes;
+  progress_.Update(done_, detail);
+}
+
+Status WeightWriter::WriteDense(const std::string& name) {
+  MT_RETURN_IF_ERROR(CheckCancelled());
+  const TensorView& v = *src_.Find(name);
+  const DType to = DenseTarget(name, v, options_.dense_dtype, plan_.routers);
+  if (to == v.dtype) return CopyTensor(name, v);
+  MT_RETURN_IF_ERROR(ConvertTensor(name, v, to));
+  ++n_dense_converted_;
+  return OkStatus();
+}
+
+// As in the source: straight from its map.
+Status WeightWriter::CopyTensor(const std::string& name, const TensorView& v) {
+  BankIndexTensor t{name, v.dtype, v.shape, 0, 0, v.n_bytes, XXH64(v.data, v.n_bytes, 0)};
+  MT_RETURN_IF_ERROR(out_.Begin(v.n_bytes, &t.file, &t.offset));
+  MT_RETURN_IF_ERROR(out_.Write(v.data, v.n_bytes));
+  index_.tensors.push_back(std::move(t));
+  Advance(v.n_bytes, name);
+  return OkStatus();
+}
+
+// A [rows, k] matrix as `to`, in chunks of rows, each chunk's rows shared among the threads.
+Status WeightWriter::ConvertTensor(const std::string& name, const TensorView& v, DType to) {
+  const int64_t rows = v.shape[0], k = v.shape[1];
+  const size_t out_row = DTypeRowBytes(to, k);
+  const size_t in_row = v.n_bytes / static_cast<size_t>(std::max<int64_t>(rows, 1));
+  BankIndexTensor t{name, to, v.shape, 0, 0, static_cast<uint64_t>(rows) * out_row, 0};
+  MT_RETURN_IF_ERROR(out_.Begin(t.bytes, &t.file, &t.offset));
+  const int64_t rows_per_chunk =
+      std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / std::max<size_t>(out_row, 1)));
+  for (auto& sc : scratch_) sc.resize(static_cast<size_t>(k));
+  Hasher hash;
+  for (int64_t r0 = 0; r0 < rows; r0 += rows_per_chunk) {
+    MT_RETURN_IF_ERROR(CheckCancelled());
+    const int64_t n = std::min(rows_per_chunk, rows - r0);
+    chunk_.resize(static_cast<size_t>(n) * out_row);
+    std::atomic<int64_t> bad_row{-1};
+    pool_.ParallelFor(static_cast<size_t>(n), [&](size_t b, size_t e, int thread) {
+      const int64_t bad =
+          ConvertRows(v, k, r0 + static_cast<int64_t>(b), static_cast<int64_t>(e - b), to,
+                      chunk_.data() + b * out_row, scratch_[static_cast<size_t>(thread)].data());
+      if (bad >= 0) bad_row.store(bad);
+    });
+    if (bad_row.load() >= 0) return Bf16cRowError(src_.FileOf(name), name, bad_row, false);
+    hash.Update(chunk_.data(), chunk_.size());
+    MT_RETURN_IF_ERROR(out_.Write(chunk_.data(), chunk_.size()));
+    Advance(static_cast<uint64_t>(n) * in_row, name);
+  }
+  t.xxh64 = hash.Digest();
+  index_.tensors.push_back(std::move(t));
+  return OkStatus();
+}
+
+// Views of `layer`'s experts in the source: the checkpoint's tensors, or a converted source's
+// bank once its checksum matches.
+Expected<std::vector<ExpertWeights>> WeightWriter::SourceExperts(int64_t layer) const {
+  if (s_.hf) return CheckpointExperts(s_, layer);
+  MT_ASSIGN_OR_RETURN(const uint8_t* bank, VerifiedSourceBank(*s_.converted, layer));
+  std::vector<ExpertWeights> experts;
+  for (int64_t e = 0; e < s_.config.n_experts; ++e) experts.push_back(in_.Views(bank, e));
+  return experts;
+}
+
+// Converts experts [e0, e0 + n) into chunk_, every row of them shared among the threads, and
+// zeroes each expert's padding up to the stride. Returns -1, or the index (among the chunk's
+// rows, n × (2 width + d_model)) of a row BF16C cannot hold.
+int64_t WeightWriter::ConvertExperts(const std::vector<ExpertWeights>& experts, int64_t e0,
+                                     int64_t n) {
+  const int64_t rows_per_expert = 2 * lay_.width + lay_.d_model;
+  const size_t stride = lay_.stride_bytes();
+  chunk_.resize(static_cast<size_t>(n) * stride);
+  std::atomic<int64_t> bad_row{-1};
+  pool_.ParallelFor(static_cast<size_t>(n * rows_per_expert), [&](size_t b, size_t e, int thread) {
+    float* sc = scratch_[static_cast<size_t>(thread)].data();
+    for (size_t i = b; i < e; ++i) {
+      const int64_t x = static_cast<int64_t>(i) / rows_per_expert;
+      const int64_t r = static_cast<int64_t>(i) % rows_per_expert;
+      uint8_t* base = chunk_.data() + static_cast<size_t>(x) * stride;
+      if (ConvertExpertRow(experts[static_cast<size_t>(e0 + x)], lay_, r, base, sc) >= 0)
+        bad_row.store(static_cast<int64_t>(i));
+    }
+  });
+  for (int64_t x = 0; x < n; ++x)
+    std::memset(chunk_.data() + static_cast<size_t>(x) * stride + lay_.expert_bytes(), 0,
+                stride - lay_.expert_bytes());
+  return bad_row.load();
+}
+
+Status WeightWriter::ExpertRowError(int64_t layer, int64_t expert, int64_t r) const {
+  const ExpertRow at = LocateExpertRow(lay_, r);
+  const std::string name = s_.spec->expert_tensor_name(layer, expert, at.matrix);
+  return Bf16cRowError(s_.converted ? s_.converted->description() : src_.FileOf(name), name, at.row,
+                       true);
+}
+
+// One MoE layer's bank, a chunk of experts at a time: each chunk converted by every thread,
+// then hashed and written in order.
+Status WeightWriter::WriteBank(const LayerBank& lb) {
+  MT_RETURN_IF_ERROR(CheckCancelled());
+  BankIndexBank b;
+  b.layer = lb.layer;
+  b.n_experts = s_.config.n_experts;
+  b.bytes = lay_.bank_bytes(b.n_experts);
+  b.width = lay_.width;
+  b.d_model = lay_.d_model;
+  b.dtype = lay_.dtype;
+  b.expert_stride_bytes = lay_.stride_bytes();
+  MT_ASSIGN_OR_RETURN(const std::vector<ExpertWeights> experts, SourceExperts(b.layer));
+  MT_RETURN_IF_ERROR(out_.Begin(b.bytes, &b.file, &b.offset));
+  for (auto& sc : scratch_) sc.resize(static_cast<size_t>(std::max(lay_.d_model, lay_.width)));
+  const int64_t per_chunk = std::max<int64_t>(
+      1, static_cast<int64_t>(kChunkBytes / std::max<uint64_t>(lay_.stride_bytes(), 1)));
+  const int64_t rows_per_expert = 2 * lay_.width + lay_.d_model;
+  Hasher hash;
+  for (int64_t e0 = 0; e0 < b.n_experts; e0 += per_chunk) {
+    MT_RETURN_IF_ERROR(CheckCancelled());
+    const int64_t n = std::min(per_chunk, b.n_experts - e0);
+    if (const int64_t i = ConvertExperts(experts, e0, n); i >= 0)
+      return ExpertRowError(b.layer, e0 + i / rows_per_expert, i % rows_per_expert);
+    hash.Update(chunk_.data(), chunk_.size());
+    MT_RETURN_IF_ERROR(out_.Write(chunk_.data(), chunk_.size()));
+    Advance(static_cast<uint64_t>(n) * in_.stride_bytes(), "layer " + std::to_string(b.layer));
+  }
+  b.xxh64 = hash.Digest();
+  index_.banks.push_back(b);
+  return OkStatus();
+}
+
+// Copies the files beside the weights (tokenizer, templates, configs) into `dir`.
+Status CopySideFiles(const fs::path& model_dir, const fs::path& dir) {
+  MT_ASSIGN_OR_RETURN(const std::vector<fs::path> entries,
+                      ListDirectory(model_dir, "--model " + model_dir.string()));
+  for (const fs::path& p : entries) {
+    std::error_code ec;
+    if (!fs::is_regular_file(p, ec) || !IsSideFile(p)) continue;
+    const fs::path dst = dir / p.filename();
+    fs::copy_file(p, dst, fs::copy_options::overwrite_existing, ec);
+    if (ec) return Status::Error(p.string() + ": cannot copy into --out: " + ec.message());
+    // Owner-writable whatever the source's mode (a read-only snapshot), so the converted
+    // directory's config can be edited like any other.
+    fs::permissions(dst, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::add, ec);
+  }
+  return OkStatus();
+}
+
+// Writes the index into `dir`, synced: written after the synced data files, an index on disk
+// always describes complete files.
+Status WriteIndex(const BankIndex& index, const fs::path& dir) {
+  const fs::path path = dir / kBankIndexFileName;
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr)
+    return Status::Error(path.string() + ": cannot create: " + std::strerror(errno));
+  const std::string text = SerializeBankIndex(index);
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  ok = std::fflush(f) == 0 && ok;
+  ok = ::fsync(::fileno(f)) == 0 && ok;
+  if (std::fclose(f) != 0 || !ok)
+    return Status::Error(path.string() + ": write failed: " + std::strerror(errno));
+  return OkStatus();
+}
+
+ConvertSummary Summarize(const BankIndex& index, int n_dense_converted, DType expert_dtype) {
+  ConvertSummary sum;
+  for (const auto& f : index.files) sum.bytes_written += f.bytes;
+  sum.n_files = static_cast<int>(index.files.size());
+  sum.n_banks = static_cast<int>(index.banks.size());
+  sum.n_tensors = static_cast<int>(index.tensors.size());
+  sum.n_dense_converted = n_dense_converted;
+  sum.expert_dtype = expert_dtype;
+  return sum;
+}
+
+// The conversion, in its steps. Everything up to the staging directory reads headers only (and
+// the few norms the architecture binds), so a refused model or --out costs no time and leaves
+// nothing; from there every failure ends in ~StagingDir.
+Expected<ConvertSummary> Convert(const fs::path& model_dir, const fs::path& out_dir,
+                                 const ConvertOptions& options) {
+  MT_RETURN_IF_ERROR(CheckTargetDTypes(options));
+  MT_ASSIGN_OR_RETURN(ModelSource s, OpenModelSource(model_dir));
+  MT_ASSIGN_OR_RETURN(OutputTarget target, ResolveOutput(out_dir, model_dir, options.overwrite));
+  MT_ASSIGN_OR_RETURN(const ConvertPlan plan, PlanConversion(s, options));
+  // A converted source's dense tensors are checked against its index now; each bank is checked
+  // as it is read.
+  if (s.converted) MT_RETURN_IF_ERROR(s.converted->VerifyDenseChecksums());
+  ThreadPool pool(options.n_threads);  // before anything is written: a pool that fails leaves none
+  StagingDir staging(std::move(target));
+  MT_RETURN_IF_ERROR(staging.Create());
+  WeightWriter writer(s, plan, options, staging.path(), pool);
+  MT_ASSIGN_OR_RETURN(const BankIndex index, writer.Run());
+  MT_RETURN_IF_ERROR(CopySideFiles(model_dir, staging.path()));
+  MT_RETURN_IF_ERROR(WriteIndex(index, staging.path()));
+  MT_RETURN_IF_ERROR(staging.Publish());
+  return Summarize(index, writer.n_dense_converted(), plan.out_layout.dtype);
+}
+
 }  // namespace
 
 std::optional<DType> ConvertDTypeFromFlag(std::string_view flag) {
@@ -232,288 +943,16 @@ std::optional<DType> ConvertDTypeFromFlag(std::string_view flag) {
 
 Expected<ConvertSummary> ConvertCheckpoint(const fs::path& hf_dir, const fs::path& out_dir,
                                            const ConvertOptions& options) {
-  for (const std::optional<DType> d :
-       {std::optional<DType>(options.expert_dtype), options.dense_dtype})
-    if (d && *d != DType::kBF16 && !IsBlockFormat(*d))
-      return Status::Error("convert: cannot store weights as " + std::string(DTypeName(*d)) +
-                           "; choose bf16, bf16c, q8_0 or q4_0");
-  MT_ASSIGN_OR_RETURN(ModelSource s, OpenModelSource(hf_dir));
-  // The source's tensors: a Hugging Face checkpoint, or a converted model (its dense tensors;
-  // its banks are read through VerifiedSourceBank and ExpertLayout::Views).
-  const TensorStore& src = s.dense();
-  const bool from_converted = s.converted != nullptr;
-  // `in` is the checkpoint's expert layout, `lay` the one written.
-  const ExpertLayout& in = s.layout;
-  const ExpertLayout lay{in.d_model, in.width, options.expert_dtype};
-  if (!s.banks.empty() && !lay.valid()) {
-    // Named by the first matrix whose rows do not fit, before anything is written.
-    const bool gate = !IsValidRowLength(lay.dtype, lay.d_model);
-    const std::string name = s.spec->expert_tensor_name(
-        s.banks[0].layer, 0, gate ? ExpertMatrix::kGate : ExpertMatrix::kDown);
-    return Status::Error(src.FileOf(name) + ": expert tensor '" + name + "' has rows of " +
-                         std::to_string(gate ? lay.d_model : lay.width) + " elements (" +
-                         (gate ? "hidden_size" : "the expert width") +
-                         "), not a multiple of 32, so it cannot be stored as " +
-                         std::string(DTypeName(lay.dtype)) + "; use --dtype bf16");
+  // The steps report failures as Status; this turns anything thrown below them (an allocation,
+  // a thread that cannot start) into one too. The staging directory is gone by then.
+  const std::string where = "convert --model " + hf_dir.string() + " --out " + out_dir.string();
+  try {
+    return Convert(hf_dir, out_dir, options);
+  } catch (const std::exception& e) {
+    return Status::Error(where + ": " + e.what() + "; --out was left as it was");
+  } catch (...) {
+    return Status::Error(where + ": unexpected failure; --out was left as it was");
   }
-  // Quantized experts (a converted source) can be copied into the same dtype (to re-encode the
-  // dense matrices or re-shard), never quantized again.
-  if (!s.banks.empty() && !IsFloatDType(in.dtype) && in.dtype != lay.dtype)
-    return Status::Error(src.description() + ": experts are " + std::string(DTypeName(in.dtype)) +
-                         "; convert re-encodes BF16, F16 or F32 experts and copies quantized "
-                         "ones as they are (--dtype " +
-                         std::string(DTypeName(in.dtype)) + "); for " +
-                         std::string(DTypeName(lay.dtype)) +
-                         " convert from the Hugging Face checkpoint or a bf16 conversion of it");
-  if (fs::exists(out_dir) && !fs::is_directory(out_dir))
-    return Status::Error(out_dir.string() + ": exists and is not a directory");
-  if (fs::exists(out_dir) && !fs::is_empty(out_dir) && !options.overwrite)
-    return Status::Error(out_dir.string() +
-                         ": not empty; choose an empty --out directory or pass --overwrite");
-  if (fs::exists(out_dir) && fs::equivalent(out_dir, hf_dir))
-    return Status::Error(out_dir.string() + ": --out must differ from --model");
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) return Status::Error(out_dir.string() + ": cannot create: " + ec.message());
-  fs::remove(out_dir / kBankIndexFileName, ec);  // an old index must not describe new files
-
-  // Every expert tensor goes into a bank; every other tensor is dense.
-  const std::set<std::string> expert_names = ExpertTensorNames(s), routers = RouterTensorNames(s);
-  // Dense tensors grouped by the layer they belong to (-1: not in a layer), so the output
-  // streams layer by layer: each layer's dense weights, then its bank.
-  std::vector<std::vector<std::string>> dense_by_layer(static_cast<size_t>(s.config.n_layers + 1));
-  uint64_t total = 0;  // progress counts the checkpoint's bytes read
-  for (const auto& name : src.Names()) {
-    if (expert_names.count(name)) continue;
-    int64_t layer = -1;
-    if (name.rfind("model.layers.", 0) == 0) layer = std::strtoll(name.c_str() + 13, nullptr, 10);
-    if (layer < -1 || layer >= s.config.n_layers) layer = -1;
-    dense_by_layer[static_cast<size_t>(layer + 1)].push_back(name);
-    total += src.Find(name)->n_bytes;
-  }
-  for (const auto& b : s.banks) total += b.bytes;
-
-  // A converted source: every byte read is checked against its index first (its dense tensors
-  // here, each bank before it is converted), so a damaged file is an error, not a model.
-  if (from_converted) MT_RETURN_IF_ERROR(s.converted->VerifyDenseChecksums());
-  // With --dense-dtype same, what the source recorded stays true of the output.
-  const std::optional<DType> dense_dtype = options.dense_dtype || !from_converted
-                                               ? options.dense_dtype
-                                               : s.converted->index().dense_dtype;
-
-  BankIndex index;
-  index.architecture = s.config.architecture;
-  index.expert_dtype = lay.dtype;
-  index.dense_dtype = dense_dtype;
-  DataWriter out(out_dir, options.shard_bytes);
-  Progress progress("converting", total);
-  uint64_t done = 0;
-  size_t next_bank = 0;
-  WeightBinder binder(src, s.config);
-  ThreadPool pool(options.n_threads);
-  // Per thread: one source row in float32 (rows are at most max(d_model, width) long for
-  // experts; dense tensors resize it before their parallel step).
-  std::vector<std::vector<float>> scratch(static_cast<size_t>(pool.size()));
-  std::vector<uint8_t> chunk;  // reused: one parallel step's output
-  int n_dense_converted = 0;
-
-  for (int64_t group = -1; group < s.config.n_layers; ++group) {
-    for (const auto& name : dense_by_layer[static_cast<size_t>(group + 1)]) {
-      const TensorView* v = src.Find(name);
-      if (!IsWeightDType(v->dtype) || (!from_converted && !IsFloatDType(v->dtype)))
-        return Status::Error(src.FileOf(name) + ": tensor '" + name + "' has dtype " +
-                             std::string(DTypeName(v->dtype)) +
-                             "; weights must be BF16, F16 or F32");
-      const DType to = DenseTarget(name, *v, options.dense_dtype, routers);
-      // A quantized tensor of a converted source can only be copied: re-encoding it would
-      // quantize twice. (The index would also claim a dtype it does not have.)
-      if (!IsFloatDType(v->dtype) && options.dense_dtype && *options.dense_dtype != v->dtype &&
-          v->shape.size() == 2 && !routers.count(name))
-        return Status::Error(src.FileOf(name) + ": tensor '" + name + "' is already " +
-                             std::string(DTypeName(v->dtype)) + " and cannot be re-encoded as " +
-                             std::string(DTypeName(*options.dense_dtype)) +
-                             " (that would quantize it twice): pass --dense-dtype same, or "
-                             "convert from the Hugging Face checkpoint");
-      if (to == v->dtype) {  // as in the checkpoint: straight from its map
-        BankIndexTensor t{
-            name, v->dtype, v->shape, 0, 0, v->n_bytes, XXH64(v->data, v->n_bytes, 0)};
-        MT_RETURN_IF_ERROR(out.Begin(v->n_bytes, &t.file, &t.offset));
-        MT_RETURN_IF_ERROR(out.Write(v->data, v->n_bytes));
-        index.tensors.push_back(std::move(t));
-        done += v->n_bytes;
-        continue;
-      }
-      // [rows, k] converted in chunks of rows, each chunk's rows shared among the threads.
-      const int64_t rows = v->shape[0], k = v->shape[1];
-      const size_t out_row = DTypeRowBytes(to, k);
-      const size_t in_row = v->n_bytes / static_cast<size_t>(std::max<int64_t>(rows, 1));
-      BankIndexTensor t{name, to, v->shape, 0, 0, static_cast<uint64_t>(rows) * out_row, 0};
-      MT_RETURN_IF_ERROR(out.Begin(t.bytes, &t.file, &t.offset));
-      const int64_t rows_per_chunk =
-          std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / std::max<size_t>(out_row, 1)));
-      for (auto& sc : scratch) sc.resize(static_cast<size_t>(k));
-      Hasher hash;
-      for (int64_t r0 = 0; r0 < rows; r0 += rows_per_chunk) {
-        const int64_t n = std::min(rows_per_chunk, rows - r0);
-        chunk.resize(static_cast<size_t>(n) * out_row);
-        std::atomic<int64_t> bad_row{-1};
-        pool.ParallelFor(static_cast<size_t>(n), [&](size_t b, size_t e, int thread) {
-          const int64_t bad =
-              ConvertRows(*v, k, r0 + static_cast<int64_t>(b), static_cast<int64_t>(e - b), to,
-                          chunk.data() + b * out_row, scratch[static_cast<size_t>(thread)].data());
-          if (bad >= 0) bad_row.store(bad);
-        });
-        if (bad_row.load() >= 0) return Bf16cRowError(src.FileOf(name), name, bad_row, false);
-        hash.Update(chunk.data(), chunk.size());
-        MT_RETURN_IF_ERROR(out.Write(chunk.data(), chunk.size()));
-        done += static_cast<uint64_t>(n) * in_row;
-        progress.Update(done, name);
-      }
-      t.xxh64 = hash.Digest();
-      index.tensors.push_back(std::move(t));
-      ++n_dense_converted;
-    }
-    if (next_bank < s.banks.size() && s.banks[next_bank].layer == group) {
-      const LayerBank& lb = s.banks[next_bank++];
-      BankIndexBank b;
-      b.layer = lb.layer;
-      b.n_experts = s.config.n_experts;
-      b.bytes = lay.bank_bytes(b.n_experts);
-      b.width = lay.width;
-      b.d_model = lay.d_model;
-      b.dtype = lay.dtype;
-      b.expert_stride_bytes = lay.stride_bytes();
-      MT_RETURN_IF_ERROR(out.Begin(b.bytes, &b.file, &b.offset));
-      const uint8_t* src_bank = nullptr;  // a converted source's bank, checked
-      if (from_converted) {
-        MT_ASSIGN_OR_RETURN(src_bank, VerifiedSourceBank(*s.converted, b.layer));
-      }
-      for (auto& sc : scratch) sc.resize(static_cast<size_t>(std::max(lay.d_model, lay.width)));
-      Hasher hash;
-      // Experts are converted a chunk at a time: the chunk's rows (gate, up, down of each
-      // expert) are shared among the threads, then the chunk is hashed and written in order.
-      const int64_t per_chunk = std::max<int64_t>(
-          1, static_cast<int64_t>(kChunkBytes / std::max<uint64_t>(lay.stride_bytes(), 1)));
-      const int64_t rows_per_expert = 2 * lay.width + lay.d_model;
-      std::vector<ExpertWeights> experts;
-      for (int64_t e0 = 0; e0 < b.n_experts; e0 += per_chunk) {
-        const int64_t n = std::min(per_chunk, b.n_experts - e0);
-        experts.assign(static_cast<size_t>(n), ExpertWeights{});
-        for (int64_t i = 0; i < n; ++i) {
-          ExpertWeights& w = experts[static_cast<size_t>(i)];
-          if (src_bank != nullptr) {
-            w = in.Views(src_bank, e0 + i);
-            continue;
-          }
-          for (ExpertMatrix m : {ExpertMatrix::kGate, ExpertMatrix::kUp, ExpertMatrix::kDown}) {
-            const std::string name = s.spec->expert_tensor_name(b.layer, e0 + i, m);
-            const std::vector<int64_t> shape = m == ExpertMatrix::kDown
-                                                   ? std::vector<int64_t>{in.d_model, in.width}
-                                                   : std::vector<int64_t>{in.width, in.d_model};
-            const TensorView v = binder.Matrix(name, shape);
-            MT_RETURN_IF_ERROR(binder.status());
-            if (v.dtype != in.dtype)
-              return Status::Error(src.FileOf(name) + ": expert tensors of mixed dtypes (" +
-                                   std::string(DTypeName(v.dtype)) + " and " +
-                                   std::string(DTypeName(in.dtype)) + ")");
-            (m == ExpertMatrix::kGate ? w.gate : m == ExpertMatrix::kUp ? w.up : w.down) = v;
-          }
-        }
-        chunk.resize(static_cast<size_t>(n) * lay.stride_bytes());
-        std::atomic<int64_t> bad_row{-1};  // index i below of a row BF16C cannot hold
-        pool.ParallelFor(static_cast<size_t>(n * rows_per_expert), [&](size_t b0, size_t b1,
-                                                                       int thread) {
-          float* sc = scratch[static_cast<size_t>(thread)].data();
-          for (size_t i = b0; i < b1; ++i) {
-            const int64_t e = static_cast<int64_t>(i) / rows_per_expert;
-            int64_t r = static_cast<int64_t>(i) % rows_per_expert;
-            const ExpertWeights& w = experts[static_cast<size_t>(e)];
-            uint8_t* base = chunk.data() + static_cast<size_t>(e) * lay.stride_bytes();
-            int64_t bad;
-            if (r < lay.width) {
-              bad = ConvertRows(
-                  w.gate, lay.d_model, r, 1, lay.dtype,
-                  base + lay.gate_offset() + r * DTypeRowBytes(lay.dtype, lay.d_model), sc);
-            } else if ((r -= lay.width) < lay.width) {
-              bad = ConvertRows(w.up, lay.d_model, r, 1, lay.dtype,
-                                base + lay.up_offset() + r * DTypeRowBytes(lay.dtype, lay.d_model),
-                                sc);
-            } else {
-              r -= lay.width;
-              bad = ConvertRows(w.down, lay.width, r, 1, lay.dtype,
-                                base + lay.down_offset() + r * DTypeRowBytes(lay.dtype, lay.width),
-                                sc);
-            }
-            if (bad >= 0) bad_row.store(static_cast<int64_t>(i));
-          }
-        });
-        if (const int64_t i = bad_row.load(); i >= 0) {
-          int64_t row = i % rows_per_expert;  // gate rows, then up rows, then down rows
-          ExpertMatrix m = ExpertMatrix::kGate;
-          if (row >= lay.width) {
-            row -= lay.width;
-            m = ExpertMatrix::kUp;
-          }
-          if (row >= lay.width) {
-            row -= lay.width;
-            m = ExpertMatrix::kDown;
-          }
-          const std::string name = s.spec->expert_tensor_name(b.layer, e0 + i / rows_per_expert, m);
-          return Bf16cRowError(src_bank != nullptr ? s.converted->description() : src.FileOf(name),
-                               name, row, true);
-        }
-        for (int64_t i = 0; i < n; ++i)  // zero each expert's padding up to the stride
-          std::memset(
-              chunk.data() + static_cast<size_t>(i) * lay.stride_bytes() + lay.expert_bytes(), 0,
-              lay.stride_bytes() - lay.expert_bytes());
-        hash.Update(chunk.data(), chunk.size());
-        MT_RETURN_IF_ERROR(out.Write(chunk.data(), chunk.size()));
-        done += static_cast<uint64_t>(n) * in.stride_bytes();
-        progress.Update(done, "layer " + std::to_string(b.layer));
-      }
-      b.xxh64 = hash.Digest();
-      index.banks.push_back(b);
-    }
-    progress.Update(done);
-  }
-  MT_RETURN_IF_ERROR(out.Finish());
-  progress.Finish();
-  index.files = out.files();
-
-  for (const auto& e : fs::directory_iterator(hf_dir)) {
-    if (!e.is_regular_file() || !IsSideFile(e.path())) continue;
-    fs::copy_file(e.path(), out_dir / e.path().filename(), fs::copy_options::overwrite_existing,
-                  ec);
-    if (ec)
-      return Status::Error((out_dir / e.path().filename()).string() +
-                           ": cannot copy: " + ec.message());
-    // Keep the copies writable by their owner whatever the source's mode, so --overwrite works.
-    fs::permissions(out_dir / e.path().filename(), fs::perms::owner_read | fs::perms::owner_write,
-                    fs::perm_options::add, ec);
-  }
-  // The index goes last, through a rename: a conversion that stops early leaves no index, so it
-  // can never be mistaken for a complete model.
-  const fs::path tmp = out_dir / (std::string(kBankIndexFileName) + ".tmp");
-  {
-    FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (f == nullptr) return Status::Error(tmp.string() + ": cannot create");
-    const std::string text = SerializeBankIndex(index);
-    const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-    if (std::fclose(f) != 0 || !ok) return Status::Error(tmp.string() + ": write failed");
-  }
-  fs::rename(tmp, out_dir / kBankIndexFileName, ec);
-  if (ec)
-    return Status::Error((out_dir / kBankIndexFileName).string() +
-                         ": cannot write: " + ec.message());
-
-  ConvertSummary sum;
-  for (const auto& f : index.files) sum.bytes_written += f.bytes;
-  sum.n_files = static_cast<int>(index.files.size());
-  sum.n_banks = static_cast<int>(index.banks.size());
-  sum.n_tensors = static_cast<int>(index.tensors.size());
-  sum.n_dense_converted = n_dense_converted;
-  sum.expert_dtype = lay.dtype;
-  return sum;
 }
 
 }  // namespace moetier

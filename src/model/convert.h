@@ -17,6 +17,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -29,7 +30,9 @@ namespace moetier {
 
 struct ConvertOptions {
   uint64_t shard_bytes = 8ull << 30;  // start a new data file past this size (--shard-gib)
-  bool overwrite = false;             // replace a previous conversion in the output directory
+  // Replace an earlier conversion in the output directory (all of that directory's contents),
+  // once the new one is complete. Without it the directory must be new or empty.
+  bool overwrite = false;
   // --dtype: the experts' dtype, kBF16, kBF16C, kQ8_0 or kQ4_0. The block formats need row
   // lengths (d_model for gate/up, the expert width for down) that are multiples of 32; BF16C
   // also rows of at most 12 weights outside their 16 most common sign/exponent classes (any
@@ -41,6 +44,9 @@ struct ConvertOptions {
   // as do matrices whose rows are not whole 32-blocks when the target is a block format.
   std::optional<DType> dense_dtype;
   int n_threads = 0;  // converting threads (--threads); <= 0: every core this process may use
+  // Polled between steps (a tensor, a chunk of rows or experts); once true, the conversion stops
+  // with an error and leaves nothing behind. Set by the CLI's SIGINT/SIGTERM handler.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 struct ConvertSummary {
@@ -58,6 +64,14 @@ inline constexpr std::array<std::string_view, 4> kConvertDTypeFlags = {"bf16", "
 // "bf16" → kBF16, "bf16c" → kBF16C, "q8_0" → kQ8_0, "q4_0" → kQ4_0; nullopt for anything else.
 std::optional<DType> ConvertDTypeFromFlag(std::string_view flag);
 
+// Converts the model in `hf_dir` into `out_dir`, which must not exist, be empty, or hold an
+// earlier conversion and options.overwrite. The model is checked as the loader checks it — every
+// tensor it reads present with the dtype and shape config.json implies, and no tensor that
+// config.json does not account for — and --out is checked, before anything is written. The
+// output is written into a staging directory that becomes `out_dir` only once complete: a
+// failure of any kind (a refused tensor, a checksum mismatch in a converted source, a write
+// error, an interruption, an exception) returns an error and leaves `out_dir` as it was.
+// Nothing is thrown.
 Expected<ConvertSummary> ConvertCheckpoint(const std::filesystem::path& hf_dir,
                                            const std::filesystem::path& out_dir,
                                            const ConvertOptions& options);

@@ -4,6 +4,7 @@
 
 #include "io/json_file.h"
 #include "io/mapped_file.h"
+#include "model/weight_binder.h"
 
 namespace moetier {
 
@@ -93,13 +94,41 @@ std::set<std::string> RouterTensorNames(const ModelSource& s) {
   return names;
 }
 
+Expected<std::vector<ExpertWeights>> CheckpointExperts(const ModelSource& s, int64_t layer) {
+  const ExpertLayout& lay = s.layout;
+  const int64_t E = s.config.n_experts;
+  WeightBinder b(*s.hf, s.config);
+  std::vector<ExpertWeights> src(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E && b.status().ok(); ++e) {
+    auto& w = src[static_cast<size_t>(e)];
+    w.gate = b.Matrix(s.spec->expert_tensor_name(layer, e, ExpertMatrix::kGate),
+                      {lay.width, lay.d_model});
+    w.up =
+        b.Matrix(s.spec->expert_tensor_name(layer, e, ExpertMatrix::kUp), {lay.width, lay.d_model});
+    w.down = b.Matrix(s.spec->expert_tensor_name(layer, e, ExpertMatrix::kDown),
+                      {lay.d_model, lay.width});
+    for (const TensorView* v : {&w.gate, &w.up, &w.down})
+      if (b.status().ok() && v->dtype != lay.dtype)
+        return Status::Error(s.hf->description() + ": layer " + std::to_string(layer) + " expert " +
+                             std::to_string(e) + " is " + std::string(DTypeName(v->dtype)) +
+                             " but the other experts are " + std::string(DTypeName(lay.dtype)));
+  }
+  MT_RETURN_IF_ERROR(b.status());
+  return src;
+}
+
 std::unique_ptr<TensorStore> ModelSource::TakeDense() {
   if (hf) return std::move(hf);
   return std::move(converted);
 }
 
 Expected<ModelSource> OpenModelSource(const std::filesystem::path& dir) {
-  if (!std::filesystem::is_directory(dir))
+  std::error_code ec;  // a symlink loop or an unreadable path is an error, not an exception
+  const std::filesystem::file_status st = std::filesystem::status(dir, ec);
+  if (ec && st.type() != std::filesystem::file_type::not_found)
+    return Status::Error(dir.string() + ": cannot open: " + ec.message() +
+                         "; --model takes a model directory");
+  if (st.type() != std::filesystem::file_type::directory)
     return Status::Error(dir.string() + ": not a directory; --model takes a model directory");
   ModelSource s;
   s.dir = dir;

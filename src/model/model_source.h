@@ -39,6 +39,11 @@ struct ModelSource {
 std::set<std::string> ExpertTensorNames(const ModelSource& s);
 std::set<std::string> RouterTensorNames(const ModelSource& s);
 
+// Views of MoE layer `layer`'s experts in a Hugging Face checkpoint's maps (s.hf), after
+// checking each tensor's presence, dtype and shape, and that all share s.layout's dtype. Reads
+// headers only. The loader copies banks from these; convert checks every layer first.
+Expected<std::vector<ExpertWeights>> CheckpointExperts(const ModelSource& s, int64_t layer);
+
 // Parses config.json, finds the architecture, opens the weight files and checks that a
 // converted index agrees with config.json. Reads headers and the index only.
 Expected<ModelSource> OpenModelSource(const std::filesystem::path& dir);

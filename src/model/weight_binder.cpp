@@ -3,6 +3,7 @@
 namespace moetier {
 
 const TensorView* WeightBinder::Lookup(const std::string& name, const std::vector<int64_t>& shape) {
+  requested_.insert(name);
   if (!status_.ok()) return nullptr;
   const TensorView* v = checkpoint_.Find(name);
   if (v == nullptr) {

@@ -3,6 +3,7 @@
 // first failure so an architecture file can list its tensors plainly and check once at the end.
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,9 @@ class WeightBinder {
 
   // The first failure, or OK.
   const Status& status() const { return status_; }
+  // Every name Matrix and Vector were asked for, found or not: once status() is OK after an
+  // architecture bound its weights, the tensors it reads (convert refuses the others).
+  const std::set<std::string>& requested() const { return requested_; }
 
  private:
   const TensorView* Lookup(const std::string& name, const std::vector<int64_t>& shape);
@@ -33,6 +37,7 @@ class WeightBinder {
   const TensorStore& checkpoint_;
   const ModelConfig& config_;
   Status status_;
+  std::set<std::string> requested_;
 };
 
 }  // namespace moetier

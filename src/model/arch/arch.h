@@ -11,7 +11,12 @@
 #include "core/thread_pool.h"
 #include "io/tensor_store.h"
 #include "model/causal_lm.h"
+#include "model/weight_binder.h"
 #include "ops/expert_source.h"
+
+namespace moetier {
+struct DecoderWeights;  // model/decoder_lm.h
+}  // namespace moetier
 
 namespace moetier::arch {
 
@@ -27,8 +32,13 @@ struct ArchSpec {
   // The token-embedding table's name, e.g. "model.embed_tokens.weight" (the lm_head too when
   // config.json ties them).
   std::string_view embedding_tensor_name;
-  // Binds and validates the dense weights of `dense` and takes the routed experts from
-  // `experts`; the model keeps both alive.
+  // The dense weights the config implies (every tensor but the routed experts), each checked
+  // by `binder` for presence, dtype and shape; the first failure is in binder.status() and the
+  // names read in binder.requested(). The one list of them: create binds through it, and
+  // convert calls it to refuse, before writing, what loading would refuse.
+  DecoderWeights (*bind_dense)(const ModelConfig& config, WeightBinder& binder);
+  // Binds and validates the dense weights of `dense` (bind_dense) and takes the routed experts
+  // from `experts`; the model keeps both alive.
   Expected<std::unique_ptr<CausalLM>> (*create)(ModelConfig config,
                                                 std::unique_ptr<TensorStore> dense,
                                                 std::unique_ptr<ExpertSource> experts,

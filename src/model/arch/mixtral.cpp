@@ -33,12 +33,8 @@ std::string MixtralRouterName(int64_t layer) {
   return "model.layers." + std::to_string(layer) + ".block_sparse_moe.gate.weight";
 }
 
-Expected<std::unique_ptr<CausalLM>> CreateMixtral(ModelConfig c, std::unique_ptr<TensorStore> dense,
-                                                  std::unique_ptr<ExpertSource> experts,
-                                                  int n_threads) {
-  // Mixtral has no switch for this; a config that says otherwise is not a Mixtral we know.
-  c.norm_topk_prob = true;
-  WeightBinder b(*dense, c);
+// ArchSpec::bind_dense: every dense tensor the forward reads.
+DecoderWeights BindMixtralDense(const ModelConfig& c, WeightBinder& b) {
   const int64_t H = c.hidden_size, hd = c.head_dim;
   const int64_t q_width = c.n_heads * hd, kv_width = c.n_kv_heads * hd;
 
@@ -59,6 +55,16 @@ Expected<std::unique_ptr<CausalLM>> CreateMixtral(ModelConfig c, std::unique_ptr
   }
   w.final_norm = b.Vector("model.norm.weight", H);
   w.lm_head = c.tie_word_embeddings ? w.embed : b.Matrix("lm_head.weight", {c.vocab_size, H});
+  return w;
+}
+
+Expected<std::unique_ptr<CausalLM>> CreateMixtral(ModelConfig c, std::unique_ptr<TensorStore> dense,
+                                                  std::unique_ptr<ExpertSource> experts,
+                                                  int n_threads) {
+  // Mixtral has no switch for this; a config that says otherwise is not a Mixtral we know.
+  c.norm_topk_prob = true;
+  WeightBinder b(*dense, c);
+  DecoderWeights w = BindMixtralDense(c, b);
   MT_RETURN_IF_ERROR(b.status());
 
   const RouterOptions router{c.n_experts, c.n_experts_per_token, true};
@@ -78,7 +84,8 @@ std::string MixtralExpertName(int64_t layer, int64_t expert, ExpertMatrix which)
 
 const ArchSpec& MixtralSpec() {
   static const ArchSpec spec{"MixtralForCausalLM", &MixtralDefaults, &MixtralExpertName,
-                             &MixtralRouterName,   kEmbeddingName,   &CreateMixtral};
+                             &MixtralRouterName,   kEmbeddingName,   &BindMixtralDense,
+                             &CreateMixtral};
   return spec;
 }
 

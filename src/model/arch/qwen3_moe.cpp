@@ -34,11 +34,8 @@ std::string Qwen3MoeRouterName(int64_t layer) {
   return "model.layers." + std::to_string(layer) + ".mlp.gate.weight";
 }
 
-Expected<std::unique_ptr<CausalLM>> CreateQwen3Moe(ModelConfig c,
-                                                   std::unique_ptr<TensorStore> dense,
-                                                   std::unique_ptr<ExpertSource> experts,
-                                                   int n_threads) {
-  WeightBinder b(*dense, c);
+// ArchSpec::bind_dense: every dense tensor the forward reads.
+DecoderWeights BindQwen3MoeDense(const ModelConfig& c, WeightBinder& b) {
   const int64_t H = c.hidden_size, hd = c.head_dim;
   const int64_t q_width = c.n_heads * hd, kv_width = c.n_kv_heads * hd;
 
@@ -73,6 +70,15 @@ Expected<std::unique_ptr<CausalLM>> CreateQwen3Moe(ModelConfig c,
   }
   w.final_norm = b.Vector("model.norm.weight", H);
   w.lm_head = c.tie_word_embeddings ? w.embed : b.Matrix("lm_head.weight", {c.vocab_size, H});
+  return w;
+}
+
+Expected<std::unique_ptr<CausalLM>> CreateQwen3Moe(ModelConfig c,
+                                                   std::unique_ptr<TensorStore> dense,
+                                                   std::unique_ptr<ExpertSource> experts,
+                                                   int n_threads) {
+  WeightBinder b(*dense, c);
+  DecoderWeights w = BindQwen3MoeDense(c, b);
   MT_RETURN_IF_ERROR(b.status());
 
   const RouterOptions router{c.n_experts, c.n_experts_per_token, c.norm_topk_prob};
@@ -92,7 +98,8 @@ std::string Qwen3MoeExpertName(int64_t layer, int64_t expert, ExpertMatrix which
 
 const ArchSpec& Qwen3MoeSpec() {
   static const ArchSpec spec{"Qwen3MoeForCausalLM", &Qwen3MoeDefaults, &Qwen3MoeExpertName,
-                             &Qwen3MoeRouterName,   kEmbeddingName,    &CreateQwen3Moe};
+                             &Qwen3MoeRouterName,   kEmbeddingName,    &BindQwen3MoeDense,
+                             &CreateQwen3Moe};
   return spec;
 }
 
