@@ -383,7 +383,7 @@ std::string OutFlag(const fs::path& out) {
 
 // `p` without a trailing separator ("a/b/" → "a/b"), so its filename and parent are the
 // directory's own.
-fs::path WithoutTrailingSeparator(fs::path p) {
+fs::path WithoutTrailingSeparator(const fs::path& p) {
   return p.has_filename() || !p.has_parent_path() ? p : p.parent_path();
 }
 
