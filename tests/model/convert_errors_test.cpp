@@ -380,10 +380,9 @@ TEST_F(ConvertFailures, DamagedConvertedSource) {
   ExpectRefused({idx.files[last.file].name, "layer " + std::to_string(last.layer), "checksum"});
 }
 
-// Whatever throws below convert becomes an error: here the standard library's, when --model's
-// index path is a symlink loop. (Should that check stop throwing, the directory converts as a
-// Hugging Face checkpoint or fails cleanly; either way nothing escapes.)
-TEST_F(ConvertFailures, NothingIsThrown) {
+// A symlink loop inside --model, where a converted model's index would be, throws nothing: the
+// directory converts as a Hugging Face checkpoint, or fails on one line leaving nothing.
+TEST_F(ConvertErrors, SymlinkLoopInsideTheModelThrowsNothing) {
   fs::create_symlink(kBankIndexFileName, hf_ / kBankIndexFileName);
   Expected<ConvertSummary> r = Status::Error("not run");
   EXPECT_NO_THROW(r = ConvertCheckpoint(hf_, out_, Opts()));
