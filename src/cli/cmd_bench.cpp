@@ -9,10 +9,12 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/model_options.h"
 #include "core/log.h"
 #include "engine/bandwidth.h"
 #include "engine/sampler.h"
+#include "experts/memory_limits.h"
 #include "kernels/cpu/cpu_isa.h"
 
 namespace moetier::cli {
@@ -28,6 +30,9 @@ struct Opts {
   bool profile = false;
   double bandwidth_mib = static_cast<double>(kBandwidthBufferBytes >> 20);
 };
+
+// The most of the available RAM the bandwidth buffer may take.
+constexpr double kBandwidthRamShare = 0.5;
 
 double Seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -46,7 +51,21 @@ std::string HeldDTypes(const CausalLM& lm) {
                                       : std::string(DTypeName(lm.expert_dtype()));
 }
 
+// The bandwidth buffer must be far past the caches (so the figure is DRAM's) and fit the RAM
+// available now (or the pages it touches would be swapped, or the process killed).
+Status CheckBandwidthBuffer(double mib) {
+  const double available_mib = static_cast<double>(ReadHostMemoryInfo().available_bytes >> 20);
+  if (mib > available_mib * kBandwidthRamShare)
+    return Status::Error("--bandwidth-mib " + std::to_string(static_cast<int64_t>(mib)) +
+                         ": more than half of the " +
+                         std::to_string(static_cast<int64_t>(available_mib)) +
+                         " MiB of RAM available now; give at most " +
+                         std::to_string(static_cast<int64_t>(available_mib * kBandwidthRamShare)));
+  return OkStatus();
+}
+
 int Run(const Opts& o) {
+  if (Status s = CheckBandwidthBuffer(o.bandwidth_mib); !s.ok()) return ReportError(s.message());
   auto loaded = LoadModel(o.model);
   if (!loaded.ok()) return ReportError(loaded.message());
   CausalLM& lm = **loaded;
@@ -88,8 +107,10 @@ int Run(const Opts& o) {
   }
   std::fprintf(stderr, "bench: measuring read bandwidth with %d threads\n", threads);
   ThreadPool pool(threads);
-  const double bw =
+  const auto measured =
       MeasureReadBandwidthGbps(pool, static_cast<size_t>(o.bandwidth_mib * double(1 << 20)));
+  if (!measured.ok()) return ReportError(measured.message() + " (--bandwidth-mib)");
+  const double bw = *measured;
 
   const double prefill = Median(prefill_tps), decode = Median(decode_tps);
   const uint64_t bytes = lm.DecodeBytesPerToken();
@@ -171,15 +192,16 @@ Command AddBenchCommand(CLI::App& root) {
       "achieves, and the machine's read bandwidth in the same run (medians of --repeats runs).");
   AddModelOptions(*cmd, o->model);
   cmd->add_option("--prompt-tokens", o->prompt_tokens, "Prompt length for prefill")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--gen-tokens", o->gen_tokens, "Tokens to decode")->check(CLI::PositiveNumber);
+      ->check(WholeNumber(1, kMaxContext));
+  cmd->add_option("--gen-tokens", o->gen_tokens, "Tokens to decode")
+      ->check(WholeNumber(1, kMaxContext));
   cmd->add_option("--repeats", o->repeats, "Runs; the median is reported")
-      ->check(CLI::PositiveNumber);
+      ->check(WholeNumber(1, 1000));
   cmd->add_flag("--json", o->json, "Print one JSON object on stdout");
   cmd->add_option("--bandwidth-mib", o->bandwidth_mib,
-                  "Buffer for the read-bandwidth measurement, MiB (default 2048: far past any "
-                  "cache, so the figure is DRAM's)")
-      ->check(CLI::Range(1.0, 1048576.0));
+                  "Buffer for the read-bandwidth measurement, MiB (far past any cache, so the "
+                  "figure is DRAM's; at most half of the RAM available)")
+      ->check(FiniteNumber(1, 1 << 24));
   cmd->add_flag("--profile", o->profile,
                 "Also time each phase of the decode step and of the prefill (attention, router, "
                 "experts, lm_head, ...) and report milliseconds per decoded token and per prompt "

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
+#include "core/thread_pool.h"
 #include "model/convert.h"
 
 namespace moetier::cli {
@@ -86,10 +88,10 @@ Command AddConvertCommand(CLI::App& root) {
       ->check(CLI::IsMember(dense_dtypes))
       ->capture_default_str();
   cmd->add_option("--shard-gib", o->shard_gib, "Start a new data file past this many GiB")
-      ->check(CLI::PositiveNumber);
+      ->check(FiniteNumber(0, 1 << 20, /*min_open=*/true));
   cmd->add_option("-t,--threads", o->n_threads,
-                  "Threads converting and quantizing (default: every core this process may use)")
-      ->check(CLI::NonNegativeNumber);
+                  "Threads converting and quantizing; 0 = every core this process may use")
+      ->check(WholeNumber(0, ThreadPool::MaxThreads(), "every core"));
   cmd->add_flag("--overwrite", o->overwrite,
                 "Replace an earlier conversion in --out (everything in that directory), once the "
                 "new one is complete");

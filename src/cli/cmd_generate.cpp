@@ -4,10 +4,10 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/model_options.h"
 #include "cli/text_options.h"
 #include "engine/generate.h"
-#include "io/mapped_file.h"
 #include "model/generation_config.h"
 
 namespace moetier::cli {
@@ -25,72 +25,99 @@ struct Opts {
   bool use_tokens = false;  // --tokens was given
 };
 
-int RunTokens(const Opts& o, CausalLM& lm) {
+// What a finished generation tells the user on stderr besides its output.
+void ReportFinish(StopReason reason, int64_t ctx_size) {
+  if (reason == StopReason::kContextFull)
+    std::fprintf(stderr,
+                 "(stopped: the context of %lld positions is full; raise --ctx-size for longer "
+                 "output)\n",
+                 static_cast<long long>(ctx_size));
+}
+
+// --tokens: the generation options from the flags alone (greedy unless told otherwise).
+GenerateOptions TokenOptions(const SamplingFlags& f) {
+  GenerateOptions g;
+  g.max_new_tokens = f.max_new_tokens;
+  SamplerOptions& s = g.sampler;
+  s.temperature = f.temperature.value_or(0.0f);
+  s.top_k = f.top_k.value_or(0);
+  s.top_p = f.top_p.value_or(1.0f);
+  s.min_p = f.min_p.value_or(0.0f);
+  s.repetition_penalty = f.repetition_penalty.value_or(1.0f);
+  s.seed = SeedFrom(f);
+  return g;
+}
+
+int RunTokens(const Opts& o) {
   auto ids = ParseTokenList(o.tokens, "--tokens");
   if (!ids.ok()) return ReportError(ids.message());
-  GenerateOptions g;
-  g.max_new_tokens = o.sampling.max_new_tokens;
-  SamplerOptions& s = g.sampler;
-  s.temperature = o.sampling.temperature.value_or(0.0f);
-  s.top_k = o.sampling.top_k.value_or(0);
-  s.top_p = o.sampling.top_p.value_or(1.0f);
-  s.min_p = o.sampling.min_p.value_or(0.0f);
-  s.repetition_penalty = o.sampling.repetition_penalty.value_or(1.0f);
-  s.seed = o.sampling.seed.value_or(std::random_device{}());
-  if (!o.sampling.ignore_eos) {
-    auto stop = ReadStopTokenIds(o.model.model_dir, lm.config());
-    if (!stop.ok()) return ReportError(stop.message());
-    g.stop_ids = *stop;
-  }
+  GenerateOptions g = TokenOptions(o.sampling);
+  if (Status s = ValidateSamplerOptions(g.sampler); !s.ok()) return ReportError(s.message());
+  auto model = LoadModel(o.model, [&](const ModelConfig& config) -> Status {
+    MT_RETURN_IF_ERROR(CheckTokenIds(*ids, config, "--tokens"));
+    if (!o.sampling.ignore_eos) {
+      MT_ASSIGN_OR_RETURN(g.stop_ids, ReadStopTokenIds(o.model.model_dir, config));
+    }
+    return OkStatus();
+  });
+  if (!model.ok()) return ReportError(model.message());
+  CausalLM& lm = **model;
   std::string line;
   if (g.max_new_tokens > 0) {
     KvCache cache = lm.NewCache(ContextSize(o.model, lm));
     auto out = Generate(lm, cache, *ids, g);
     if (!out.ok()) return ReportError(out.message());
-    for (size_t i = 0; i < out->size(); ++i) {
+    for (size_t i = 0; i < out->ids.size(); ++i) {
       if (i) line.push_back(',');
-      line.append(std::to_string((*out)[i]));
+      line.append(std::to_string(out->ids[i]));
     }
+    ReportFinish(out->reason, cache.max_positions());
   }
   std::printf("%s\n", line.c_str());
   return 0;
 }
 
-int RunText(Opts o, CausalLM& lm) {
+// The prompt's ids: the text, or the chat template's rendering of it as a user message.
+Expected<std::vector<int32_t>> PromptIds(const Opts& o, const text::Tokenizer& tok) {
+  if (!o.chat) return tok.Encode(o.prompt, /*add_special_tokens=*/true);  // as tokenizer(text)
+  MT_ASSIGN_OR_RETURN(text::ChatTemplate chat, text::ChatTemplate::Load(o.model.model_dir));
+  text::ChatTemplateInputs in;
+  in.messages = nlohmann::ordered_json::array();
+  if (!o.system.empty()) in.messages.push_back({{"role", "system"}, {"content", o.system}});
+  in.messages.push_back({{"role", "user"}, {"content", o.prompt}});
+  in.tools = nullptr;
+  in.add_generation_prompt = true;
+  MT_ASSIGN_OR_RETURN(std::string rendered, chat.Render(in));
+  return tok.Encode(rendered, /*add_special_tokens=*/false);  // the template writes BOS
+}
+
+int RunText(Opts o) {
   if (!o.prompt_file.empty()) {
-    auto text = ReadTextFile(o.prompt_file);
-    if (!text.ok()) return ReportError(text.message() + " (--prompt-file)");
+    auto text = ReadInputFile(o.prompt_file, "--prompt-file");
+    if (!text.ok()) return ReportError(text.message());
     o.prompt = *text;
   }
   auto tok = text::Tokenizer::Load(o.model.model_dir);
   if (!tok.ok()) return ReportError(tok.message());
-  std::vector<int32_t> ids;
-  if (o.chat) {
-    auto chat = text::ChatTemplate::Load(o.model.model_dir);
-    if (!chat.ok()) return ReportError(chat.message());
-    text::ChatTemplateInputs in;
-    in.messages = nlohmann::ordered_json::array();
-    if (!o.system.empty()) in.messages.push_back({{"role", "system"}, {"content", o.system}});
-    in.messages.push_back({{"role", "user"}, {"content", o.prompt}});
-    in.tools = nullptr;
-    in.add_generation_prompt = true;
-    auto rendered = chat->Render(in);
-    if (!rendered.ok()) return ReportError(rendered.message());
-    ids = tok->Encode(*rendered, /*add_special_tokens=*/false);  // the template writes BOS
-  } else {
-    ids = tok->Encode(o.prompt, /*add_special_tokens=*/true);  // as tokenizer(text) does
-  }
-  if (ids.empty()) return ReportError("--prompt: the prompt encodes to no tokens");
-  auto opts =
-      MakeTextOptions(o.sampling, o.model.model_dir, lm, *tok, /*use_model_defaults=*/false);
-  if (!opts.ok()) return ReportError(opts.message());
+  auto ids = PromptIds(o, *tok);
+  if (!ids.ok()) return ReportError(ids.message());
+  if (ids->empty()) return ReportError("--prompt: the prompt encodes to no tokens");
+  TextGenerationOptions opts;
+  auto model = LoadModel(o.model, [&](const ModelConfig& config) -> Status {
+    MT_ASSIGN_OR_RETURN(opts, MakeTextOptions(o.sampling, o.model.model_dir, config, *tok,
+                                              /*use_model_defaults=*/false));
+    return CheckTokenIds(*ids, config, "--prompt (tokenizer.json and the model disagree)");
+  });
+  if (!model.ok()) return ReportError(model.message());
+  CausalLM& lm = **model;
   KvCache cache = lm.NewCache(ContextSize(o.model, lm));
-  auto r = GenerateText(lm, cache, *tok, ids, *opts, [](std::string_view piece) {
+  auto r = GenerateText(lm, cache, *tok, *ids, opts, [](std::string_view piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
   });
   if (!r.ok()) return ReportError(r.message());
   std::printf("\n");
+  ReportFinish(r->reason, cache.max_positions());
   return 0;
 }
 
@@ -102,7 +129,9 @@ Command AddGenerateCommand(CLI::App& root) {
       "generate",
       "Continue a prompt. With --tokens, prints the generated token ids, comma-separated, as the "
       "last line of stdout. With --prompt, streams the generated text (--chat wraps the prompt "
-      "in the model's chat template as a user message). Greedy unless --temperature is given.");
+      "in the model's chat template as a user message). Greedy unless --temperature is given. "
+      "Generation stops at an end-of-sequence token, a --stop string, --max-new-tokens or the "
+      "end of the context (said on stderr).");
   AddModelOptions(*cmd, o->model);
   auto* tokens =
       cmd->add_option("--tokens", o->tokens, "Prompt token ids, comma-separated, e.g. 3,17,42");
@@ -113,8 +142,11 @@ Command AddGenerateCommand(CLI::App& root) {
   tokens->excludes(prompt);
   tokens->excludes(prompt_file);
   prompt->excludes(prompt_file);
-  cmd->add_flag("--chat", o->chat, "Render --prompt as a user message with the chat template");
-  cmd->add_option("--system", o->system, "System message for --chat");
+  auto* chat =
+      cmd->add_flag("--chat", o->chat, "Render --prompt as a user message with the chat template");
+  auto* system = cmd->add_option("--system", o->system, "System message for --chat");
+  tokens->excludes(chat);
+  system->needs(chat);
   AddSamplingFlags(*cmd, o->sampling, 32);
   cmd->callback([o, tokens, prompt, prompt_file] {
     if (tokens->count() == 0 && prompt->count() == 0 && prompt_file->count() == 0)
@@ -122,11 +154,7 @@ Command AddGenerateCommand(CLI::App& root) {
     o->use_tokens = tokens->count() > 0;
   });
 
-  return {cmd, [o]() -> int {
-            auto model = LoadModel(o->model);
-            if (!model.ok()) return ReportError(model.message());
-            return o->use_tokens ? RunTokens(*o, **model) : RunText(*o, **model);
-          }};
+  return {cmd, [o]() -> int { return o->use_tokens ? RunTokens(*o) : RunText(*o); }};
 }
 
 }  // namespace moetier::cli

@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "cli/model_options.h"
 
 namespace moetier::cli {
@@ -26,7 +27,11 @@ Command AddLogitsCommand(CLI::App& root) {
   return {cmd, [o]() -> int {
             auto ids = ParseTokenList(o->tokens, "--tokens");
             if (!ids.ok()) return ReportError(ids.message());
-            auto model = LoadModel(o->model);
+            if (Status s = CheckWritableFile(o->out, "--out"); !s.ok())
+              return ReportError(s.message());
+            auto model = LoadModel(o->model, [&](const ModelConfig& config) {
+              return CheckTokenIds(*ids, config, "--tokens");
+            });
             if (!model.ok()) return ReportError(model.message());
             CausalLM& lm = **model;
             KvCache cache = lm.NewCache(

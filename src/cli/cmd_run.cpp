@@ -37,22 +37,43 @@ void PrintPiece(std::string_view piece) {
   std::fflush(stdout);
 }
 
+// The line on stderr for an answer that ended for a reason the user should know.
+void ReportFinish(const TextGenerationResult& r, const Opts& o, const ChatSession& session) {
+  if (r.reason == StopReason::kCancelled) std::fprintf(stderr, "(stopped)\n");
+  if (r.reason == StopReason::kMaxTokens)
+    std::fprintf(stderr, "(stopped at --max-new-tokens %lld)\n",
+                 static_cast<long long>(o.sampling.max_new_tokens));
+  if (r.reason == StopReason::kContextFull)
+    std::fprintf(stderr,
+                 "(the conversation has filled the context of %lld tokens: /reset starts a new "
+                 "one, or restart with a larger --ctx-size)\n",
+                 static_cast<long long>(session.ctx_size()));
+}
+
 int Run(const Opts& o) {
-  auto model = LoadModel(o.model);
-  if (!model.ok()) return ReportError(model.message());
+  // Everything that can fail without the weights fails before they load.
   auto tok = text::Tokenizer::Load(o.model.model_dir);
   if (!tok.ok()) return ReportError(tok.message());
   auto chat = text::ChatTemplate::Load(o.model.model_dir);
   if (!chat.ok()) return ReportError(chat.message());
-  auto opts =
-      MakeTextOptions(o.sampling, o.model.model_dir, **model, *tok, /*use_model_defaults=*/true);
-  if (!opts.ok()) return ReportError(opts.message());
+  TextGenerationOptions opts;
+  auto model = LoadModel(o.model, [&](const ModelConfig& config) -> Status {
+    MT_ASSIGN_OR_RETURN(opts, MakeTextOptions(o.sampling, o.model.model_dir, config, *tok,
+                                              /*use_model_defaults=*/true));
+    return OkStatus();
+  });
+  if (!model.ok()) return ReportError(model.message());
   ChatSession session(**model, *tok, *chat, ContextSize(o.model, **model), o.system);
 
   if (!o.prompt.empty()) {
-    auto r = session.Ask(o.prompt, *opts, PrintPiece, nullptr);
+    auto r = session.Ask(o.prompt, opts, PrintPiece, nullptr);
     if (!r.ok()) return ReportError(r.message());
+    if (r->reason == StopReason::kContextFull && r->ids.empty())
+      return ReportError("-p: the prompt is " + std::to_string(r->prompt_tokens) +
+                         " tokens with the chat template, leaving no room in the context of " +
+                         std::to_string(session.ctx_size()) + "; raise --ctx-size");
     std::printf("\n");
+    if (r->reason == StopReason::kContextFull) ReportFinish(*r, o, session);
     return 0;
   }
 
@@ -64,8 +85,8 @@ int Run(const Opts& o) {
   sigaction(SIGINT, &sa, nullptr);
   const bool tty = ::isatty(STDIN_FILENO) == 1;
   std::fprintf(stderr,
-               "Chatting with %s. /reset forgets the conversation, /exit (or Ctrl-D) quits, "
-               "Ctrl-C stops an answer.\n",
+               "Chatting with %s. /reset forgets the conversation, /exit or /quit (or Ctrl-D) "
+               "quits, /help lists the commands, Ctrl-C stops an answer.\n",
                o.model.model_dir.c_str());
   for (;;) {
     if (tty) std::fprintf(stderr, "> ");
@@ -88,20 +109,27 @@ int Run(const Opts& o) {
     }
     if (line == "/help") {
       std::fprintf(stderr,
-                   "/reset  forget the conversation\n/exit   quit\nCtrl-C  stop the answer\n");
+                   "/reset  forget the conversation\n/exit   quit (also /quit, Ctrl-D)\n"
+                   "/help   this list\nCtrl-C  stop the answer\n");
       continue;
     }
     g_interrupted.store(false);
-    auto r = session.Ask(line, *opts, PrintPiece, &g_interrupted);
+    auto r = session.Ask(line, opts, PrintPiece, &g_interrupted);
     if (!r.ok()) {
       std::fprintf(stderr, "error: %s\n", r.message().c_str());
       continue;
     }
+    if (r->reason == StopReason::kContextFull && r->ids.empty()) {
+      std::fprintf(stderr,
+                   "(the conversation with this message is %lld tokens, more than the context "
+                   "of %lld holds: /reset starts a new one, or restart with a larger "
+                   "--ctx-size)\n",
+                   static_cast<long long>(r->prompt_tokens),
+                   static_cast<long long>(session.ctx_size()));
+      continue;
+    }
     std::printf("\n");
-    if (r->reason == StopReason::kCancelled) std::fprintf(stderr, "(stopped)\n");
-    if (r->reason == StopReason::kMaxTokens)
-      std::fprintf(stderr, "(stopped at --max-new-tokens %lld)\n",
-                   static_cast<long long>(o.sampling.max_new_tokens));
+    ReportFinish(*r, o, session);
   }
   return 0;
 }
@@ -114,7 +142,8 @@ Command AddRunCommand(CLI::App& root) {
       "run",
       "Chat with a model: an interactive conversation in the terminal, rendered with the model's "
       "chat template, or one answer with -p. Sampling follows generation_config.json unless "
-      "flags say otherwise.");
+      "flags say otherwise. Commands at the prompt: /reset (forget the conversation), /exit or "
+      "/quit (or Ctrl-D), /help; Ctrl-C stops an answer.");
   AddModelOptions(*cmd, o->model);
   cmd->add_option("-p,--prompt", o->prompt, "Answer this one message and exit");
   cmd->add_option("--system", o->system, "System message that opens the conversation");

@@ -1,13 +1,12 @@
 // moetier template: the prompt text a model's chat template makes of a conversation, exactly as
 // transformers' apply_chat_template(..., tokenize=False) renders it.
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "text/template/chat_template.h"
 
 namespace moetier::cli {
@@ -43,12 +42,9 @@ Command AddTemplateCommand(CLI::App& root) {
         auto tmpl = text::ChatTemplate::Load(o->model_dir);
         if (!tmpl.ok()) return ReportError(tmpl.message());
 
-        std::ifstream in(o->messages_file, std::ios::binary);
-        if (!in) return ReportError(o->messages_file + ": cannot open for reading");
-        std::ostringstream buffer;
-        buffer << in.rdbuf();
-        if (in.bad()) return ReportError(o->messages_file + ": read failed");
-        const auto doc = nlohmann::ordered_json::parse(buffer.str(), nullptr,
+        auto text_in = ReadInputFile(o->messages_file, "--messages");
+        if (!text_in.ok()) return ReportError(text_in.message());
+        const auto doc = nlohmann::ordered_json::parse(*text_in, nullptr,
                                                        /*allow_exceptions=*/false);
         if (doc.is_discarded()) return ReportError(o->messages_file + ": not valid JSON");
         if (!doc.is_object()) {

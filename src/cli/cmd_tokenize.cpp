@@ -1,13 +1,12 @@
 // moetier tokenize: the token ids of each line of a file, for checks against a reference
 // tokenizer (the ids equal Hugging Face's, token for token).
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/flags.h"
 #include "text/tokenizer/tokenizer.h"
 
 namespace moetier::cli {
@@ -36,12 +35,9 @@ Command AddTokenizeCommand(CLI::App& root) {
   return {cmd, [o]() -> int {
             auto tokenizer = text::Tokenizer::Load(o->model_dir);
             if (!tokenizer.ok()) return ReportError(tokenizer.message());
-            std::ifstream in(o->file, std::ios::binary);
-            if (!in) return ReportError(o->file + ": cannot open for reading");
-            std::ostringstream buffer;
-            buffer << in.rdbuf();
-            if (in.bad()) return ReportError(o->file + ": read failed");
-            const std::string content = buffer.str();
+            auto text = ReadInputFile(o->file, "--file");
+            if (!text.ok()) return ReportError(text.message());
+            const std::string& content = *text;
 
             std::string out;
             size_t start = 0;

@@ -4,6 +4,9 @@
 #include <charconv>
 #include <fstream>
 
+#include "cli/flags.h"
+#include "core/thread_pool.h"
+
 namespace moetier::cli {
 
 void AddResidencyOptions(CLI::App& cmd, ModelOptions& opts) {
@@ -13,17 +16,20 @@ void AddResidencyOptions(CLI::App& cmd, ModelOptions& opts) {
                 "CPU. offload/hybrid: banks pinned for the GPU except the --moe-cpu-layers. auto: "
                 "hybrid with a GPU, else cpu");
   g->add_option(
-      "--pin-budget-gb", opts.pin_budget_gb,
-      "Most GB (1e9 bytes) of expert banks to pin for the GPU (env MOETIER_PIN_BUDGET_GB; "
-      "default uncapped on Linux, 40% of RAM under WSL)");
+       "--pin-budget-gb", opts.pin_budget_gb,
+       "Most GB (1e9 bytes) of expert banks to pin for the GPU (env MOETIER_PIN_BUDGET_GB; "
+       "default uncapped on Linux, 40% of RAM under WSL)")
+      ->check(FiniteNumber(0));
   g->add_option("--lock-budget-gb", opts.lock_budget_gb,
                 "Most GB of expert banks to mlock for the CPU (env MOETIER_LOCK_BUDGET_GB; default "
                 "RLIMIT_MEMLOCK, or available RAM less a margin when locking is unlimited); banks "
-                "past it stay pageable");
+                "past it stay pageable")
+      ->check(FiniteNumber(0));
   g->add_option("--moe-cpu-layers", opts.cpu_layers,
                 "MoE layers kept on the CPU in offload/hybrid: auto (fewest that fit the pin "
-                "budget), 0 (none), a count (12), a fraction (0.25) or ids (0,5,7 or 0-3,8; one id "
-                "as 5,)");
+                "budget), 0 (none), a count (12), a fraction (0.25), layer ids and ranges (0,5,7 "
+                "or 0-3 or 0-3,8; a single id as 5, with a trailing comma). Ids must be MoE "
+                "layers of the model, under every backend");
   g->add_option(
       "--weight-packing", opts.weight_packing,
       "auto | none | bf16c. How the weights the CPU computes with are held in RAM. auto "
@@ -54,13 +60,15 @@ void AddModelOptions(CLI::App& cmd, ModelOptions& opts) {
                  "Write the expert residency report (plan, settled tiers, bytes, budgets, VmLck) "
                  "as JSON to this file");
   cmd.add_option("-t,--threads", opts.n_threads,
-                 "CPU threads for the forward (default: one per physical core this process may "
-                 "use; workers "
-                 "are pinned to cores, MOETIER_PIN_THREADS=0 leaves them to the scheduler)")
-      ->check(CLI::NonNegativeNumber);
+                 "CPU threads for the forward; 0 = one per physical core this process may use (" +
+                     std::to_string(ThreadPool::DefaultThreads()) +
+                     " here). Workers are pinned to cores; MOETIER_PIN_THREADS=0 leaves them to "
+                     "the OS scheduler")
+      ->check(WholeNumber(0, ThreadPool::MaxThreads(), "one per physical core"));
   cmd.add_option("-c,--ctx-size", opts.ctx_size,
-                 "Context length in tokens (default: the model's maximum, at most 8192)")
-      ->check(CLI::NonNegativeNumber);
+                 "Context length in tokens; 0 = the model's max_position_embeddings, at most " +
+                     std::to_string(kDefaultContext))
+      ->check(WholeNumber(0, kMaxContext, "auto"));
 }
 
 Expected<ResidencyOptions> ToResidencyOptions(const ModelOptions& opts) {
@@ -84,19 +92,50 @@ Status WriteReport(const ModelOptions& opts, const ResidencyReport& report) {
   return OkStatus();
 }
 
-Expected<std::unique_ptr<CausalLM>> LoadModel(const ModelOptions& opts) {
+Expected<std::unique_ptr<CausalLM>> LoadModel(const ModelOptions& opts,
+                                              const BeforeWeights& before_weights) {
   LoadOptions load;
   load.n_threads = opts.n_threads;
   MT_ASSIGN_OR_RETURN(load.residency, ToResidencyOptions(opts));
+  if (!opts.report_path.empty())
+    MT_RETURN_IF_ERROR(CheckWritableFile(opts.report_path, "--report"));
+  load.before_weights = [&](const ModelConfig& config) -> Status {
+    MT_RETURN_IF_ERROR(CheckContextSize(opts, config));
+    return before_weights ? before_weights(config) : OkStatus();
+  };
   MT_ASSIGN_OR_RETURN(std::unique_ptr<CausalLM> model, LoadCausalLM(opts.model_dir, load));
   MT_RETURN_IF_ERROR(WriteReport(opts, model->residency()));
   return model;
 }
 
-int64_t ContextSize(const ModelOptions& opts, const CausalLM& model) {
+int64_t ContextSize(const ModelOptions& opts, const ModelConfig& config) {
   if (opts.ctx_size > 0) return opts.ctx_size;
-  const int64_t max_pos = model.config().max_position_embeddings;
+  const int64_t max_pos = config.max_position_embeddings;
   return max_pos > 0 ? std::min(max_pos, kDefaultContext) : kDefaultContext;
+}
+
+int64_t ContextSize(const ModelOptions& opts, const CausalLM& model) {
+  return ContextSize(opts, model.config());
+}
+
+Status CheckContextSize(const ModelOptions& opts, const ModelConfig& config) {
+  const int64_t max_pos = config.max_position_embeddings;
+  if (opts.ctx_size > 0 && max_pos > 0 && opts.ctx_size > max_pos)
+    return Status::Error("--ctx-size " + std::to_string(opts.ctx_size) + ": the model (" +
+                         config.source + ") was trained for at most " + std::to_string(max_pos) +
+                         " positions (max_position_embeddings)");
+  return OkStatus();
+}
+
+Status CheckTokenIds(std::span<const int32_t> ids, const ModelConfig& config,
+                     std::string_view flag) {
+  for (int32_t id : ids)
+    if (id >= config.vocab_size)
+      return Status::Error(std::string(flag) + ": token id " + std::to_string(id) +
+                           " is outside the model's vocabulary of " +
+                           std::to_string(config.vocab_size) + " (ids 0.." +
+                           std::to_string(config.vocab_size - 1) + ")");
+  return OkStatus();
 }
 
 Expected<std::vector<int32_t>> ParseTokenList(const std::string& text, const std::string& flag) {

@@ -17,7 +17,7 @@ namespace moetier::cli {
 struct SamplingFlags {
   std::optional<float> temperature, top_p, min_p, repetition_penalty;
   std::optional<int32_t> top_k;
-  std::optional<uint64_t> seed;
+  std::optional<int64_t> seed;  // -1: random
   int64_t max_new_tokens = 256;
   std::vector<std::string> stop;
   bool ignore_eos = false;
@@ -25,10 +25,15 @@ struct SamplingFlags {
 
 void AddSamplingFlags(CLI::App& cmd, SamplingFlags& f, int64_t default_max_new_tokens);
 
+// --seed, or a random one when it is absent or -1.
+uint64_t SeedFrom(const SamplingFlags& f);
+
 // The generation options: flags first, then (when use_model_defaults) the sampling defaults of
 // generation_config.json, then greedy. Stop ids from the model and tokenizer unless --ignore-eos.
+// Needs only the config, so it runs before the weights load (LoadModel's before_weights).
 Expected<TextGenerationOptions> MakeTextOptions(const SamplingFlags& f,
-                                                const std::string& model_dir, const CausalLM& model,
+                                                const std::string& model_dir,
+                                                const ModelConfig& config,
                                                 const text::Tokenizer& tokenizer,
                                                 bool use_model_defaults);
 

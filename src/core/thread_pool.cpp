@@ -11,6 +11,8 @@
 #include <string>
 #include <utility>
 
+#include "core/tuning.h"
+
 namespace moetier {
 
 namespace {
@@ -70,15 +72,6 @@ struct CpuTopology {
   }
 };
 
-int EnvInt(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  if (*end != '\0' || n < 0 || n > 1'000'000) return fallback;
-  return static_cast<int>(n);
-}
-
 // True when the thread now runs on `cpu` only. Failure (a container that forbids it, a cgroup
 // that changed the mask) only costs placement, never correctness.
 bool PinThread(pthread_t thread, int cpu) {
@@ -98,12 +91,25 @@ int ThreadPool::DefaultThreads() {
   return static_cast<int>(CpuTopology::Get().cores.size());
 }
 
+int ThreadPool::MaxThreads() {
+  return kMaxThreadsPerCpu * std::max(1, AvailableThreads());
+}
+
+Status ThreadPool::CheckThreadCount(int64_t n_threads, std::string_view flag) {
+  if (n_threads >= 0 && n_threads <= MaxThreads()) return OkStatus();
+  return Status::Error(std::string(flag) + " " + std::to_string(n_threads) +
+                       ": expected 0 (one thread per physical core, " +
+                       std::to_string(DefaultThreads()) + " here) up to " +
+                       std::to_string(MaxThreads()) + " (" + std::to_string(kMaxThreadsPerCpu) +
+                       " per logical CPU this process may use)");
+}
+
 bool ThreadPool::PinThreads() {
-  return EnvInt("MOETIER_PIN_THREADS", 1) != 0;
+  return Tuning().pin_threads.value_or(1) != 0;
 }
 
 int ThreadPool::SpinMicros() {
-  return EnvInt("MOETIER_SPIN_US", kDefaultSpinMicros);
+  return static_cast<int>(Tuning().spin_us.value_or(kDefaultSpinMicros));
 }
 
 ThreadPool::ThreadPool(int n_threads) : ThreadPool(n_threads, PinThreads()) {}
@@ -116,20 +122,33 @@ ThreadPool::ThreadPool(int n_threads, bool pin)
   pinned_ = pin && n_threads_ > 1 && n_threads_ <= static_cast<int>(cores.size());
   workers_.reserve(static_cast<size_t>(n_threads_ - 1));
   bool all_pinned = pinned_;
-  for (int i = 1; i < n_threads_; ++i) {
-    workers_.emplace_back([this, i] { WorkerLoop(i); });
-    // Pinned from here, before the worker takes any job, so pinned() is known on return.
-    if (pinned_)
-      all_pinned &= PinThread(workers_.back().native_handle(), cores[static_cast<size_t>(i)]);
+  try {
+    for (int i = 1; i < n_threads_; ++i) {
+      workers_.emplace_back([this, i] { WorkerLoop(i); });
+      // Pinned from here, before the worker takes any job, so pinned() is known on return.
+      if (pinned_)
+        all_pinned &= PinThread(workers_.back().native_handle(), cores[static_cast<size_t>(i)]);
+    }
+  } catch (...) {
+    // The system refused a thread (CheckThreadCount keeps counts sane, but memory limits may
+    // still): the workers already running are stopped and joined, so the exception that
+    // propagates is a std::system_error the caller can report, not std::terminate.
+    StopWorkers();
+    throw;
   }
   pinned_ = all_pinned;
 }
 
 ThreadPool::~ThreadPool() {
+  StopWorkers();
+}
+
+void ThreadPool::StopWorkers() {
   stopping_.store(true, std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_seq_cst);
   generation_.notify_all();
   for (auto& t : workers_) t.join();
+  workers_.clear();
 }
 
 void ThreadPool::Run(JobFn job) {

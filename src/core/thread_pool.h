@@ -24,10 +24,12 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "core/function_ref.h"
+#include "core/status.h"
 
 namespace moetier {
 
@@ -61,7 +63,15 @@ class ThreadPool {
   // core's second hyper-thread, and two threads on one core halve each other's compute.
   static int DefaultThreads();
 
-  // Heuristics with their overrides (read once per pool):
+  // The most threads a user may ask for: kMaxThreadsPerCpu per logical CPU. Past the CPUs,
+  // threads only time-slice the same cores (tests use a few more to check that results do not
+  // depend on the count); far past them, creating the threads fails.
+  static constexpr int kMaxThreadsPerCpu = 8;
+  static int MaxThreads();
+  // OK for 0 (the default) and 1..MaxThreads(); otherwise an error naming `flag`.
+  static Status CheckThreadCount(int64_t n_threads, std::string_view flag);
+
+  // Heuristics with their overrides (core/tuning.h, read once per pool):
   //   MOETIER_PIN_THREADS=0 leaves workers to the scheduler (default: pinned when the pool has no
   //   more threads than physical cores).
   //   MOETIER_SPIN_US=N spins N µs before sleeping (default kDefaultSpinMicros; 0: sleep at once).
@@ -73,6 +83,7 @@ class ThreadPool {
   using JobFn = void (*)(ThreadPool& pool, int thread_index);
   void Run(JobFn job);  // runs job on every thread (the caller is thread 0) and waits
   void WorkerLoop(int index);
+  void StopWorkers();  // wakes every worker to exit and joins it
   static void RangeJob(ThreadPool& pool, int thread_index);
   static void TaskJob(ThreadPool& pool, int thread_index);
 

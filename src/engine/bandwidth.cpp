@@ -3,20 +3,25 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/stream_read.h"
 
 namespace moetier {
 
-double MeasureReadBandwidthGbps(ThreadPool& pool, size_t bytes, int repeats) {
+Expected<double> MeasureReadBandwidthGbps(ThreadPool& pool, size_t bytes, int repeats) {
   const size_t n = bytes / sizeof(uint64_t);
+  if (n == 0) return Status::Error("the bandwidth buffer must hold at least 8 bytes");
   void* p = ::mmap(nullptr, n * sizeof(uint64_t), PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return 0.0;
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED)
+    return Status::Error("cannot map " + std::to_string(bytes >> 20) +
+                         " MiB to measure the read bandwidth: " + std::strerror(errno));
   auto* data = static_cast<uint64_t*>(p);
   // First touch from the pool, so pages sit where the threads that read them run.
   pool.ParallelFor(n, [&](size_t b, size_t e, int) {

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 
+#include "core/status.h"
 #include "core/thread_pool.h"
 
 namespace moetier {
@@ -13,8 +14,9 @@ namespace moetier {
 inline constexpr size_t kBandwidthBufferBytes = size_t{2} << 30;
 
 // GB/s (1e9 bytes/s) over a buffer of `bytes`: the faster of two medians of `repeats` passes,
-// one reading with software prefetch as the kernels do, one without.
-double MeasureReadBandwidthGbps(ThreadPool& pool, size_t bytes = kBandwidthBufferBytes,
-                                int repeats = 5);
+// one reading with software prefetch as the kernels do, one without. A buffer that cannot be
+// mapped is an error (never a figure of 0).
+Expected<double> MeasureReadBandwidthGbps(ThreadPool& pool, size_t bytes = kBandwidthBufferBytes,
+                                          int repeats = 5);
 
 }  // namespace moetier

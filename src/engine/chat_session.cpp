@@ -41,6 +41,15 @@ Expected<TextGenerationResult> ChatSession::Ask(const std::string& user_text,
     messages_.erase(messages_.size() - 1);
     return ids.status();
   }
+  if (static_cast<int64_t>(ids->size()) >= cache_.max_positions()) {
+    // No room for the prompt and an answer: the turn is not kept, so a /reset or a shorter
+    // message can follow.
+    messages_.erase(messages_.size() - 1);
+    TextGenerationResult full;
+    full.reason = StopReason::kContextFull;
+    full.prompt_tokens = static_cast<int64_t>(ids->size());
+    return full;
+  }
   const size_t keep = ReusablePrefix(cached_, *ids);
   cache_.Truncate(static_cast<int64_t>(keep));
   cached_.resize(keep);
@@ -53,6 +62,7 @@ Expected<TextGenerationResult> ChatSession::Ask(const std::string& user_text,
   }
   // The cache now holds the prompt and every generated token but the last (whose K/V is
   // written only when it is fed back).
+  result->prompt_tokens = static_cast<int64_t>(ids->size());
   cached_ = *ids;
   cached_.insert(cached_.end(), result->ids.begin(), result->ids.end());
   cached_.resize(static_cast<size_t>(cache_.n_past()));

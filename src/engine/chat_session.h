@@ -18,13 +18,16 @@ class ChatSession {
               int64_t ctx_size, std::string system_prompt = "");
 
   // Adds the user's message, generates the answer (streamed through on_text) and adds it to the
-  // history. A cancelled answer is kept as far as it got.
+  // history. A cancelled answer is kept as far as it got. When the conversation with the new
+  // message leaves no room in the context for an answer, nothing is generated or kept and the
+  // reason is kContextFull with no ids (Reset() or a larger context is the way on).
   Expected<TextGenerationResult> Ask(const std::string& user_text,
                                      const TextGenerationOptions& options,
                                      const TextCallback& on_text, const std::atomic<bool>* cancel);
   // Forgets the conversation (the system prompt stays).
   void Reset();
   size_t n_turns() const { return messages_.size(); }
+  int64_t ctx_size() const { return cache_.max_positions(); }
 
   // The prompt ids for the history plus a generation prompt (for tests).
   Expected<std::vector<int32_t>> PromptIds() const;

@@ -2,15 +2,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+
+#include "kernels/cpu/elementwise.h"
 
 namespace moetier {
 
 Status ValidateSamplerOptions(const SamplerOptions& o) {
-  if (!(o.temperature >= 0.0f)) return Status::Error("--temperature must be >= 0");
+  if (!(o.temperature >= 0.0f) || !std::isfinite(o.temperature))
+    return Status::Error("--temperature must be a finite number >= 0 (0: greedy)");
   if (o.top_k < 0) return Status::Error("--top-k must be >= 0 (0 turns it off)");
   if (!(o.top_p > 0.0f && o.top_p <= 1.0f)) return Status::Error("--top-p must be in (0, 1]");
   if (!(o.min_p >= 0.0f && o.min_p <= 1.0f)) return Status::Error("--min-p must be in [0, 1]");
-  if (!(o.repetition_penalty > 0.0f))
+  if (!(o.repetition_penalty > 0.0f) || !std::isfinite(o.repetition_penalty))
     return Status::Error("--repetition-penalty must be > 0 (1 turns it off)");
   return OkStatus();
 }
@@ -38,7 +42,15 @@ int32_t ArgMax(std::span<const float> logits) {
   return 0;  // NaN logits: some index, never out of range
 }
 
-int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> context) {
+Expected<int32_t> Sampler::Sample(std::span<const float> logits, std::span<const int32_t> context) {
+  if (logits.empty()) return Status::Error("no logits to sample from (an empty vocabulary)");
+  if (const int64_t bad =
+          kernels::FirstNonFinite(logits.data(), static_cast<int64_t>(logits.size()));
+      bad >= 0)
+    return Status::Error("the logit of token " + std::to_string(bad) + " is " +
+                         std::to_string(logits[static_cast<size_t>(bad)]) +
+                         ": the model computed a non-finite value; its weights or config are "
+                         "broken");
   std::span<const float> l = logits;
   if (options_.repetition_penalty != 1.0f && !context.empty()) {
     work_.assign(logits.begin(), logits.end());
@@ -54,9 +66,10 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
   }
   if (options_.temperature <= 0.0f) return ArgMax(l);
 
-  const float inv_t = 1.0f / options_.temperature;
+  // Candidates ordered by logit, which is their order by logit / temperature too: the
+  // temperature enters only the probabilities below.
   cand_.resize(l.size());
-  for (size_t i = 0; i < l.size(); ++i) cand_[i] = {l[i] * inv_t, static_cast<int32_t>(i)};
+  for (size_t i = 0; i < l.size(); ++i) cand_[i] = {l[i], static_cast<int32_t>(i)};
   auto by_logit = [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   };
@@ -70,11 +83,16 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
         cand_.begin());
   }
   std::sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(n), by_logit);
+  // exp((l - l_max) / T) in double: every term lies in (0, 1] and the largest is exactly 1, so
+  // no temperature, however small (1e-40 overflows 1 / T in float), makes them inf or NaN; a
+  // tiny one only sends the others to 0, which is greedy.
   probs_.resize(n);
+  const double inv_t = 1.0 / static_cast<double>(options_.temperature);
   const double m = cand_[0].first;
-  double sum = 0.0;
-  for (size_t i = 0; i < n; ++i) sum += (probs_[i] = std::exp(cand_[i].first - m));
+  for (size_t i = 0; i < n; ++i) probs_[i] = std::exp((cand_[i].first - m) * inv_t);
   if (options_.top_p < 1.0f) {
+    double sum = 0.0;
+    for (size_t i = 0; i < n; ++i) sum += probs_[i];
     // The smallest prefix whose probability reaches top_p (at least one token).
     double acc = 0.0;
     size_t keep = 0;
@@ -91,7 +109,7 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
     while (keep < n && probs_[keep] >= floor) ++keep;
     n = keep;
   }
-  sum = 0.0;
+  double sum = 0.0;
   for (size_t i = 0; i < n; ++i) sum += probs_[i];
   // u in [0, sum) from 53 random bits: the mapping from seed to token is fixed by this code,
   // not by a library's distribution implementation.

@@ -29,14 +29,15 @@ Status ValidateSamplerOptions(const SamplerOptions& o);
 class Sampler {
  public:
   explicit Sampler(const SamplerOptions& options) : options_(options), rng_(options.seed) {}
-  // `context`: the ids so far (prompt and generated), for the repetition penalty.
-  int32_t Sample(std::span<const float> logits, std::span<const int32_t> context = {});
+  // `context`: the ids so far (prompt and generated), for the repetition penalty. Logits that
+  // hold a NaN or an infinity are an error (a broken model), never a sample.
+  Expected<int32_t> Sample(std::span<const float> logits, std::span<const int32_t> context = {});
 
  private:
   SamplerOptions options_;
   std::mt19937_64 rng_;
   std::vector<float> work_;                      // [vocab] penalised logits, reused
-  std::vector<std::pair<float, int32_t>> cand_;  // candidates (logit, id), reused
+  std::vector<std::pair<float, int32_t>> cand_;  // candidates (penalised logit, id), reused
   std::vector<double> probs_;
 };
 

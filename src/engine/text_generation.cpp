@@ -4,20 +4,6 @@
 
 namespace moetier {
 
-std::string_view StopReasonName(StopReason r) {
-  switch (r) {
-    case StopReason::kEos:
-      return "eos";
-    case StopReason::kStopString:
-      return "stop_string";
-    case StopReason::kMaxTokens:
-      return "max_tokens";
-    case StopReason::kCancelled:
-      return "cancelled";
-  }
-  return "?";
-}
-
 std::string StopStringFilter::Push(std::string_view piece) {
   if (stopped_) return "";
   pending_.append(piece);
@@ -74,23 +60,21 @@ Expected<TextGenerationResult> GenerateText(CausalLM& model, KvCache& cache,
     if (on_text) on_text(s);
   };
   const auto& stop_ids = options.tokens.stop_ids;
+  bool stopped_by_string = false;
   auto on_token = [&](int32_t id) -> bool {
-    if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
-      result.reason = StopReason::kEos;
-      return false;
-    }
+    // A stop id ends generation in Generate; its text is not part of the answer.
+    if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) return true;
     emit(stops.Push(decoder.Push(id)));
     if (stops.stopped()) {
-      result.reason = StopReason::kStopString;
+      stopped_by_string = true;
       return false;
     }
-    if (cancel != nullptr && cancel->load()) {
-      result.reason = StopReason::kCancelled;
-      return false;
-    }
-    return true;
+    return cancel == nullptr || !cancel->load();
   };
-  MT_ASSIGN_OR_RETURN(result.ids, Generate(model, cache, prompt, options.tokens, on_token));
+  MT_ASSIGN_OR_RETURN(GenerateResult generated,
+                      Generate(model, cache, prompt, options.tokens, on_token));
+  result.ids = std::move(generated.ids);
+  result.reason = stopped_by_string ? StopReason::kStopString : generated.reason;
   if (!stops.stopped()) emit(stops.Push(decoder.Flush()));
   emit(stops.Flush());
   return result;

@@ -21,13 +21,11 @@ struct TextGenerationOptions {
   bool skip_special_tokens = true;        // in the text (EOS and the like are not printed)
 };
 
-enum class StopReason { kEos, kStopString, kMaxTokens, kCancelled };
-std::string_view StopReasonName(StopReason r);
-
 struct TextGenerationResult {
   std::vector<int32_t> ids;  // generated ids, a stop id included
   std::string text;          // the text handed out, stop string excluded
   StopReason reason = StopReason::kMaxTokens;
+  int64_t prompt_tokens = 0;  // set by ChatSession: the rendered conversation's length
 };
 
 using TextCallback = std::function<void(std::string_view piece)>;

@@ -55,7 +55,9 @@ Expected<CpuLayersSpec> ParseCpuLayersSpec(const std::string& raw) {
     if (c != ' ') text.push_back(c);
   if (text.empty()) return SpecError(raw, "empty");
   if (text == "auto") return s;
-  if (text.find(',') != std::string::npos) {
+  // Ids: a list (0,5,7), a range (0-3) or both; a single id needs a trailing comma (5,), since
+  // a lone number is a count.
+  if (text.find(',') != std::string::npos || text.find('-', 1) != std::string::npos) {
     s.kind = CpuLayersSpec::Kind::kIds;
     std::set<int64_t> ids;
     size_t pos = 0;
@@ -75,6 +77,9 @@ Expected<CpuLayersSpec> ParseCpuLayersSpec(const std::string& raw) {
         if (!ParseInt(item, a) || a < 0) return SpecError(raw, "'" + item + "' is not a layer id");
         b = a;
       }
+      // No model has a million layers; the cap keeps "0-999999999" from filling memory.
+      constexpr int64_t kMaxLayerId = 1 << 20;
+      if (b > kMaxLayerId) return SpecError(raw, "'" + item + "' names layers no model has");
       for (int64_t i = a; i <= b; ++i) ids.insert(i);
     }
     if (ids.empty()) return SpecError(raw, "no layer ids");
@@ -116,6 +121,34 @@ std::vector<size_t> LayerMoveOrder(const std::vector<LayerBank>& banks) {
   return order;
 }
 
+namespace {
+
+size_t BankIndexOf(const std::vector<LayerBank>& banks, int64_t layer) {
+  auto it = std::find_if(banks.begin(), banks.end(),
+                         [&](const LayerBank& b) { return b.layer == layer; });
+  return static_cast<size_t>(it - banks.begin());
+}
+
+Status CheckCpuLayersFit(const CpuLayersSpec& spec, const std::vector<LayerBank>& banks) {
+  if (spec.kind == CpuLayersSpec::Kind::kCount && spec.count > static_cast<int64_t>(banks.size()))
+    return Status::Error("--moe-cpu-layers " + std::to_string(spec.count) +
+                         ": the model has only " + std::to_string(banks.size()) + " MoE layers");
+  if (spec.kind != CpuLayersSpec::Kind::kIds) return OkStatus();
+  for (int64_t id : spec.ids) {
+    if (BankIndexOf(banks, id) < banks.size()) continue;
+    std::string moe;
+    for (const auto& b : banks) {
+      if (!moe.empty()) moe.push_back(',');
+      moe.append(std::to_string(b.layer));
+    }
+    return Status::Error("--moe-cpu-layers: layer " + std::to_string(id) +
+                         " is not a MoE layer of this model (MoE layers: " + moe + ")");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 Expected<ResidencyPlan> PlanResidency(const PlanInputs& in) {
   ResidencyPlan plan;
   plan.budgets = in.budgets;
@@ -127,29 +160,16 @@ Expected<ResidencyPlan> PlanResidency(const PlanInputs& in) {
   std::vector<bool> on_cpu(n, plan.backend == Backend::kCpu);
   const std::vector<size_t> order = LayerMoveOrder(in.banks);
 
+  // The spec must fit the model whatever the backend (with cpu it changes nothing, but a layer
+  // id the model lacks is a mistake the user should hear about).
+  MT_RETURN_IF_ERROR(CheckCpuLayersFit(in.cpu_layers, in.banks));
   if (plan.backend != Backend::kCpu) {
     const CpuLayersSpec& spec = in.cpu_layers;
     switch (spec.kind) {
       case CpuLayersSpec::Kind::kIds:
-        for (int64_t id : spec.ids) {
-          auto it = std::find_if(in.banks.begin(), in.banks.end(),
-                                 [&](const LayerBank& b) { return b.layer == id; });
-          if (it == in.banks.end()) {
-            std::string moe;
-            for (const auto& b : in.banks) {
-              if (!moe.empty()) moe.push_back(',');
-              moe.append(std::to_string(b.layer));
-            }
-            return Status::Error("--moe-cpu-layers: layer " + std::to_string(id) +
-                                 " is not a MoE layer of this model (MoE layers: " + moe + ")");
-          }
-          on_cpu[static_cast<size_t>(it - in.banks.begin())] = true;
-        }
+        for (int64_t id : spec.ids) on_cpu[BankIndexOf(in.banks, id)] = true;
         break;
       case CpuLayersSpec::Kind::kCount:
-        if (spec.count > static_cast<int64_t>(n))
-          return Status::Error("--moe-cpu-layers " + std::to_string(spec.count) +
-                               ": the model has only " + std::to_string(n) + " MoE layers");
         for (int64_t i = 0; i < spec.count; ++i) on_cpu[order[static_cast<size_t>(i)]] = true;
         break;
       case CpuLayersSpec::Kind::kFraction: {

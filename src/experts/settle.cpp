@@ -1,5 +1,6 @@
 #include "experts/settle.h"
 
+#include <charconv>
 #include <cstdlib>
 #include <sstream>
 
@@ -7,33 +8,53 @@ namespace moetier {
 
 namespace {
 
-void ParseLayers(const std::string& list, bool& all, std::set<int64_t>& layers) {
+constexpr const char* kInjectEnv = "MOETIER_INJECT_FAILURES";
+
+Status InjectError(const std::string& value, const std::string& why) {
+  return Status::Error(std::string(kInjectEnv) + "='" + value + "': " + why +
+                       "; expected e.g. pin=all, lock=2 or pin=1,3;lock=all");
+}
+
+Status ParseLayers(const std::string& value, const std::string& list, bool& all,
+                   std::set<int64_t>& layers) {
   if (list == "all") {
     all = true;
-    return;
+    return OkStatus();
   }
   std::stringstream ss(list);
   std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) layers.insert(std::strtoll(item.c_str(), nullptr, 10));
+  while (std::getline(ss, item, ',')) {
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), id);
+    if (ec != std::errc() || end != item.data() + item.size() || id < 0)
+      return InjectError(value, "'" + item + "' is not a layer id");
+    layers.insert(id);
+  }
+  return OkStatus();
 }
 
 }  // namespace
 
-FailureInjection FailureInjectionFromEnv() {
+Expected<FailureInjection> ParseFailureInjection(const std::string& value) {
   FailureInjection f;
-  const char* v = std::getenv("MOETIER_INJECT_FAILURES");
-  if (v == nullptr) return f;
-  std::stringstream ss(v);
+  std::stringstream ss(value);
   std::string part;
   while (std::getline(ss, part, ';')) {
+    if (part.empty()) continue;
     const size_t eq = part.find('=');
-    if (eq == std::string::npos) continue;
-    const std::string what = part.substr(0, eq), list = part.substr(eq + 1);
-    if (what == "pin") ParseLayers(list, f.pin_all, f.pin_layers);
-    if (what == "lock") ParseLayers(list, f.lock_all, f.lock_layers);
+    const std::string what = part.substr(0, eq);
+    if (eq == std::string::npos || (what != "pin" && what != "lock"))
+      return InjectError(value, "'" + part + "' is not pin=... or lock=...");
+    const std::string list = part.substr(eq + 1);
+    MT_RETURN_IF_ERROR(what == "pin" ? ParseLayers(value, list, f.pin_all, f.pin_layers)
+                                     : ParseLayers(value, list, f.lock_all, f.lock_layers));
   }
   return f;
+}
+
+Expected<FailureInjection> FailureInjectionFromEnv() {
+  const char* v = std::getenv(kInjectEnv);
+  return v == nullptr ? FailureInjection{} : ParseFailureInjection(v);
 }
 
 SettleResult SettleBank(HostBank& bank, int64_t layer, Tier planned, bool gpu_available,

@@ -7,6 +7,7 @@
 #include <set>
 #include <string>
 
+#include "core/status.h"
 #include "experts/host_bank.h"
 #include "experts/tier.h"
 
@@ -20,7 +21,9 @@ struct FailureInjection {
   bool FailPin(int64_t layer) const { return pin_all || pin_layers.count(layer) > 0; }
   bool FailLock(int64_t layer) const { return lock_all || lock_layers.count(layer) > 0; }
 };
-FailureInjection FailureInjectionFromEnv();
+// Parses MOETIER_INJECT_FAILURES's value; a malformed one is an error naming the variable.
+Expected<FailureInjection> ParseFailureInjection(const std::string& value);
+Expected<FailureInjection> FailureInjectionFromEnv();
 
 struct SettleResult {
   Tier tier = Tier::kPageable;

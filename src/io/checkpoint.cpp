@@ -24,7 +24,9 @@ Expected<Checkpoint> Checkpoint::OpenHfDirectory(const fs::path& dir) {
   const fs::path single_path = dir / "model.safetensors";
   std::map<std::string, std::string> weight_map;  // tensor name -> shard file name
 
-  if (fs::exists(index_path)) {
+  MT_ASSIGN_OR_RETURN(const PathKind index_kind, KindOf(index_path));
+  MT_ASSIGN_OR_RETURN(const PathKind single_kind, KindOf(single_path));
+  if (index_kind != PathKind::kMissing) {
     c.description_ = index_path.string();
     MT_ASSIGN_OR_RETURN(nlohmann::json j, ReadJsonFile(index_path));
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
@@ -51,7 +53,7 @@ Expected<Checkpoint> Checkpoint::OpenHfDirectory(const fs::path& dir) {
                              index_path.filename().string() + " says this shard holds it");
       c.tensors_[name] = Entry{v, fi};
     }
-  } else if (fs::exists(single_path)) {
+  } else if (single_kind != PathKind::kMissing) {
     c.description_ = single_path.string();
     MT_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(single_path));
     c.files_.push_back(std::move(f));

@@ -12,7 +12,10 @@ uint64_t Checksum64(const void* data, size_t n_bytes) {
 }
 
 bool IsConvertedModelDir(const fs::path& dir) {
-  return fs::exists(dir / kBankIndexFileName);
+  // An index that cannot be examined (a symlink loop) counts as absent; opening the directory
+  // as a checkpoint then fails with a message naming what is wrong.
+  const Expected<PathKind> kind = KindOf(dir / kBankIndexFileName);
+  return kind.ok() && *kind != PathKind::kMissing;
 }
 
 Expected<ConvertedModel> ConvertedModel::Open(const fs::path& dir) {

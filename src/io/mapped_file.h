@@ -33,7 +33,14 @@ class MappedFile {
   std::filesystem::path path_;
 };
 
-// Reads a whole (small) text file such as config.json. Errors name the file.
+// Reads a whole (small) text file such as config.json. Errors name the file. Like
+// MappedFile::Open, it refuses anything but a regular file (a directory, a FIFO, a device)
+// before reading, so it never blocks on a FIFO nobody writes.
 Expected<std::string> ReadTextFile(const std::filesystem::path& path);
+
+// What a path names, following symbolic links. Never throws: a path that cannot be examined (a
+// symbolic-link loop, a permission denied on a parent) is an error naming it.
+enum class PathKind { kMissing, kRegular, kDirectory, kOther };
+Expected<PathKind> KindOf(const std::filesystem::path& path);
 
 }  // namespace moetier

@@ -58,6 +58,32 @@ Expected<SafetensorsEntry> ParseEntry(const std::string& name, const nlohmann::j
   return e;
 }
 
+// The format's rule: the tensors, in offset order, tile the data section exactly — each starts
+// where the previous one ended, the first at 0 and the last at the end of the file. A header
+// length a few bytes short (its JSON still parses: headers are space-padded) shifts every
+// tensor by those bytes and leaves as many bytes trailing; only this rule catches that.
+Status CheckDataCoverage(const std::vector<SafetensorsEntry>& sorted, uint64_t data_size) {
+  uint64_t covered = 0;  // data bytes [0, covered) belong to the tensors so far
+  const SafetensorsEntry* prev = nullptr;
+  for (const SafetensorsEntry& e : sorted) {
+    if (e.begin > covered)
+      return Status::Error("data bytes " + std::to_string(covered) + ".." +
+                           std::to_string(e.begin) + " belong to no tensor (a hole before '" +
+                           e.name + "'); the header's offsets or its length are wrong");
+    if (e.begin < covered)
+      return Status::Error("tensors '" + prev->name + "' and '" + e.name +
+                           "' overlap (data bytes " + std::to_string(e.begin) + ".." +
+                           std::to_string(covered) + ")");
+    covered = e.end;
+    prev = &e;
+  }
+  if (covered != data_size)
+    return Status::Error(std::to_string(data_size - covered) +
+                         " data bytes after the last tensor belong to no tensor; the header "
+                         "length is too short or the file has bytes appended");
+  return OkStatus();
+}
+
 }  // namespace
 
 Expected<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* file, size_t file_size) {
@@ -105,15 +131,7 @@ Expected<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* file, size_t f
             [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
               return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
             });
-  for (size_t i = 1; i < h.tensors.size(); ++i) {
-    const auto& prev = h.tensors[i - 1];
-    const auto& cur = h.tensors[i];
-    // Empty tensors own no bytes, so they cannot overlap anything.
-    if (cur.begin < prev.end && cur.begin != cur.end && prev.begin != prev.end)
-      return Status::Error("tensors '" + prev.name + "' and '" + cur.name +
-                           "' overlap (data bytes " + std::to_string(cur.begin) + ".." +
-                           std::to_string(prev.end) + ")");
-  }
+  MT_RETURN_IF_ERROR(CheckDataCoverage(h.tensors, data_size));
   return h;
 }
 

@@ -32,8 +32,9 @@ struct SafetensorsHeader {
 
 // Validates everything a reader relies on before it touches a tensor byte: the header length lies
 // inside the file, the JSON is an object of well-formed entries, each dtype is known, each shape
-// times the dtype size equals the byte range, and ranges neither overlap nor run past the end of
-// the file (a truncated file). The message does not name the file; callers add it.
+// times the dtype size equals the byte range, and the ranges tile the data section exactly: no
+// overlap, no hole, no byte past the last tensor, nothing beyond the end of the file (a
+// truncated file). The message does not name the file; callers add it.
 Expected<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* file, size_t file_size);
 
 // A mapped safetensors file with its parsed header. Move-only; views into it live as long as it.

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/tuning.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/matmul.h"
@@ -30,11 +31,7 @@ void HeadNorm(float* x, int64_t n_rows, const std::vector<float>& weight, int64_
 }  // namespace
 
 int64_t AttentionHeadsPerTask(int64_t n_tokens, int64_t n_kv_heads, int64_t group, int threads) {
-  static const int64_t forced = [] {
-    const char* v = std::getenv("MOETIER_ATTN_HEADS_PER_TASK");
-    return v != nullptr ? std::max<int64_t>(0, std::atoll(v)) : 0;
-  }();
-  if (forced > 0) return std::min(forced, group);
+  if (const auto forced = Tuning().attn_heads_per_task) return std::min(*forced, group);
   int64_t h = group;
   const auto tasks = [&](int64_t per) { return n_tokens * n_kv_heads * ((group + per - 1) / per); };
   while (h > kMinAttnHeadsPerTask && tasks(h) < kAttnTasksPerThread * threads)

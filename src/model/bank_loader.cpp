@@ -63,7 +63,6 @@ class Finisher {
         banks_(banks),
         layouts_(layouts),
         settled_(settled),
-        inject_(FailureInjectionFromEnv()),
         thread_([this] { Run(); }) {}
   ~Finisher() { Finish(); }
 
@@ -145,7 +144,7 @@ class Finisher {
     if (s_.converted && opts_.verify) MT_RETURN_IF_ERROR(VerifyBank(s_, i, stored, layer));
     if (packs) MT_RETURN_IF_ERROR(Pack(job, stored));
     const SettleResult r =
-        SettleBank(banks_[i], layer, plan_.layers[i].tier, opts_.gpu_available, inject_);
+        SettleBank(banks_[i], layer, plan_.layers[i].tier, opts_.gpu_available, opts_.inject);
     settled_[i] = {layer, r.tier, banks_[i].size(), layouts_[i].dtype};
     if (!r.warning.empty()) warnings.push_back(r.warning);
     return OkStatus();
@@ -193,7 +192,6 @@ class Finisher {
   std::vector<HostBank>& banks_;
   std::vector<ExpertLayout>& layouts_;
   std::vector<LayerResidency>& settled_;
-  FailureInjection inject_;
   HostBank staging_[kStagingBuffers];
   bool busy_[kStagingBuffers] = {};
   size_t n_busy_ = 0;

@@ -12,6 +12,7 @@
 #include "core/thread_pool.h"
 #include "experts/banked_experts.h"
 #include "experts/residency_plan.h"
+#include "experts/settle.h"
 #include "model/model_source.h"
 
 namespace moetier {
@@ -26,6 +27,7 @@ struct LoadedBanks {
 struct BankLoadOptions {
   bool verify = true;  // compare each converted bank's xxh64 with the index
   bool gpu_available = false;
+  FailureInjection inject;  // MOETIER_INJECT_FAILURES (tests of the degrade paths)
 };
 
 // `io_pool` reads (or copies) each bank with several threads; `pack_pool` packs the banks the

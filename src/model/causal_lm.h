@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -74,8 +75,12 @@ struct ResidencyOptions {
 };
 
 struct LoadOptions {
-  int n_threads = 0;  // 0: every core the process may use
+  int n_threads = 0;  // 0: one per physical core; at most ThreadPool::MaxThreads()
   ResidencyOptions residency;
+  // Called with the parsed config once the model directory has been opened and planned, before
+  // a weight byte is read: where a front end checks what depends on the model (token ids
+  // against the vocabulary, the context size), so a mistake costs milliseconds, not a load.
+  std::function<Status(const ModelConfig&)> before_weights;
 };
 
 // Loads a model directory — a Hugging Face checkpoint (config.json + safetensors) or a converted

@@ -1,5 +1,8 @@
 #include "model/config.h"
 
+#include <cmath>
+#include <limits>
+
 namespace moetier {
 
 namespace {
@@ -44,13 +47,18 @@ class Reader {
 Status ReadIdList(const Reader& r, const std::string& key, std::vector<int32_t>& out) {
   if (!r.Has(key)) return OkStatus();
   const json& v = r.j()[key];
+  auto push = [&](const json& e) {
+    if (!e.is_number_integer()) return r.Error("field '" + key + "' must hold integers");
+    const int64_t id = e.get<int64_t>();
+    if (id < 0 || id > std::numeric_limits<int32_t>::max())
+      return r.Error("field '" + key + "' holds " + e.dump() + ", not a token id");
+    out.push_back(static_cast<int32_t>(id));
+    return OkStatus();
+  };
   if (v.is_number_integer()) {
-    out.push_back(v.get<int32_t>());
+    MT_RETURN_IF_ERROR(push(v));
   } else if (v.is_array()) {
-    for (const auto& e : v) {
-      if (!e.is_number_integer()) return r.Error("field '" + key + "' must hold integers");
-      out.push_back(e.get<int32_t>());
-    }
+    for (const auto& e : v) MT_RETURN_IF_ERROR(push(e));
   } else {
     return r.Error("field '" + key + "' must be an integer or a list of integers");
   }
@@ -76,7 +84,32 @@ Status ReadRope(const Reader& r, const ConfigDefaults& defaults, ModelConfig& c)
       return r.Error(std::string("field '") + key + "' asks for rope type '" + type +
                      "', which this architecture does not support yet (only 'default')");
   }
-  if (!(c.rope_theta > 0)) return r.Error("rope_theta must be positive");
+  if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta))
+    return r.Error("rope_theta must be a positive number (is " + std::to_string(c.rope_theta) +
+                   ")");
+  return OkStatus();
+}
+
+// The values that are well-typed but impossible: each would give NaN outputs, an empty context
+// or an id outside the vocabulary rather than an error.
+Status CheckValues(const Reader& r, const ModelConfig& c) {
+  // RMSNorm divides by sqrt(mean(x^2) + eps): eps <= 0 gives inf or NaN on a zero row.
+  if (!(c.rms_norm_eps > 0 && c.rms_norm_eps < 1))
+    return r.Error("rms_norm_eps must be a small positive number such as 1e-6 (is " +
+                   std::to_string(c.rms_norm_eps) + ")");
+  if (r.Has("max_position_embeddings") && c.max_position_embeddings <= 0)
+    return r.Error("max_position_embeddings must be positive (is " +
+                   std::to_string(c.max_position_embeddings) + ")");
+  if (c.dense_intermediate_size < 0) return r.Error("intermediate_size must not be negative");
+  auto check_ids = [&](const char* key, const std::vector<int32_t>& ids) {
+    for (int32_t id : ids)
+      if (id >= c.vocab_size)
+        return r.Error(std::string("field '") + key + "' holds " + std::to_string(id) +
+                       ", outside the vocabulary of " + std::to_string(c.vocab_size) + " tokens");
+    return OkStatus();
+  };
+  MT_RETURN_IF_ERROR(check_ids("eos_token_id", c.eos_token_ids));
+  if (c.bos_token_id) MT_RETURN_IF_ERROR(check_ids("bos_token_id", {*c.bos_token_id}));
   return OkStatus();
 }
 
@@ -192,11 +225,14 @@ Expected<ModelConfig> ParseModelConfig(const std::string& json_text, const std::
   if (c.n_experts_per_token > c.n_experts)
     return r.Error("num_experts_per_tok (" + std::to_string(c.n_experts_per_token) +
                    ") exceeds the number of experts (" + std::to_string(c.n_experts) + ")");
+  MT_RETURN_IF_ERROR(CheckValues(r, c));
   // A generous cap that keeps a corrupt config from asking for absurd allocations.
   constexpr int64_t kMaxDim = int64_t{1} << 24;
   for (int64_t v : {c.vocab_size, c.hidden_size, c.n_layers, c.n_heads, c.head_dim,
                     c.expert_intermediate_size, c.dense_intermediate_size, c.n_experts})
     if (v > kMaxDim) return r.Error("a size in the config exceeds " + std::to_string(kMaxDim));
+  if (c.n_heads * c.head_dim > kMaxDim)
+    return r.Error("num_attention_heads x head_dim exceeds " + std::to_string(kMaxDim));
 
   c.layer_is_moe.assign(static_cast<size_t>(c.n_layers), true);
   if (defaults.has_dense_layer_keys) {

@@ -47,6 +47,8 @@ Status DecoderLM::Forward(std::span<const int32_t> tokens, KvCache& cache, Logit
     kernels::RowToF32(w_.embed, static_cast<int64_t>(tokens[static_cast<size_t>(t)]) * H, H,
                       h_.data() + t * H);
 
+  MT_RETURN_IF_ERROR(CheckFinite(h_.data(), T, kEmbeddingLayer, cache.n_past()));
+
   const float eps = static_cast<float>(config_.rms_norm_eps);
   if (router_sink_ != nullptr) router_sink_->assign(static_cast<size_t>(config_.n_layers), {});
   for (int64_t l = 0; l < config_.n_layers; ++l) {
@@ -70,6 +72,7 @@ Status DecoderLM::Forward(std::span<const int32_t> tokens, KvCache& cache, Logit
       SwiGlu(ws_, lw.dense, xn_.data(), T, delta_.data());
     }
     kernels::Axpy(1.0f, delta_.data(), T * H, h_.data());
+    MT_RETURN_IF_ERROR(CheckFinite(h_.data(), T, l, cache.n_past()));
   }
   cache.Advance(T);
 
@@ -81,7 +84,24 @@ Status DecoderLM::Forward(std::span<const int32_t> tokens, KvCache& cache, Logit
                         xn_.data() + (t - first) * H);
   logits.resize(static_cast<size_t>(n_out * V));
   kernels::MatMul(pool_, xn_.data(), n_out, w_.lm_head, logits.data());
+  const int64_t bad = kernels::FirstNonFinite(logits.data(), n_out * V);
+  if (bad >= 0) return NonFiniteError("the lm_head", cache.n_past() - T + first + bad / V);
   return OkStatus();
+}
+
+Status DecoderLM::NonFiniteError(const std::string& where, int64_t position) const {
+  return Status::Error(
+      config_.source + ": " + where + " produced a non-finite value (NaN or inf) at position " +
+      std::to_string(position) + "; the model's weights hold NaN/inf or its config is wrong");
+}
+
+Status DecoderLM::CheckFinite(const float* h, int64_t n_tokens, int64_t layer, int64_t pos0) const {
+  const int64_t H = config_.hidden_size;
+  const int64_t bad = kernels::FirstNonFinite(h, n_tokens * H);
+  if (bad < 0) return OkStatus();
+  return NonFiniteError(
+      layer == kEmbeddingLayer ? "the embedding" : "layer " + std::to_string(layer),
+      pos0 + bad / H);
 }
 
 }  // namespace moetier

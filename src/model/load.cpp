@@ -75,10 +75,16 @@ Expected<ResidencyReport> PlanModelResidency(const std::filesystem::path& dir,
 
 Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& dir,
                                                  const LoadOptions& options) {
+  MT_RETURN_IF_ERROR(ThreadPool::CheckThreadCount(options.n_threads, "--threads"));
   MT_ASSIGN_OR_RETURN(ModelSource s, OpenModelSource(dir));
   ResidencyReport report;
   MT_ASSIGN_OR_RETURN(report.plan, PlanFor(s, options.residency));
   report.stored_dtype = s.layout.dtype;
+  BankLoadOptions bank_options;
+  bank_options.verify = options.residency.verify;
+  bank_options.gpu_available = GpuAvailable();
+  MT_ASSIGN_OR_RETURN(bank_options.inject, FailureInjectionFromEnv());
+  if (options.before_weights) MT_RETURN_IF_ERROR(options.before_weights(s.config));
   LogWarnings(report.plan.warnings);
   const auto t0 = std::chrono::steady_clock::now();
   if (s.converted && options.residency.verify)
@@ -95,9 +101,6 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
       std::any_of(report.plan.layers.begin(), report.plan.layers.end(),
                   [&](const LayerResidency& l) { return l.dtype != s.layout.dtype; });
   ThreadPool pack_pool(packs ? ThreadPool::DefaultThreads() : 1);
-  BankLoadOptions bank_options;
-  bank_options.verify = options.residency.verify;
-  bank_options.gpu_available = GpuAvailable();
   MT_ASSIGN_OR_RETURN(LoadedBanks banks,
                       LoadBanks(s, report.plan, bank_options, io_pool, pack_pool));
   const auto t2 = std::chrono::steady_clock::now();

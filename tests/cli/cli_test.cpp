@@ -92,7 +92,7 @@ TEST(Cli, ErrorsAreOneLineAndNonZero) {
       {"logits --model '" + tmp.path().string() + "' --tokens 1 --out x",
        "config.json: cannot open"},
       {"logits " + Model() + " --tokens 1 --out '" + tmp.path().string() + "/no/such/dir/f'",
-       "cannot open for writing"},
+       "cannot write (--out)"},
       {"logits " + Model() + " --tokens 1 --out x --dense-memory anon",
        "--dense-memory: 'anon' is not one of auto, copy, mapped"},
       {"logits " + Model() + " --tokens 1 --out x --weight-packing fast",

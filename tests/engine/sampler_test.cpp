@@ -64,7 +64,9 @@ std::map<int32_t, double> Reference(std::vector<float> l, const SamplerOptions& 
 }
 
 TEST(Sampler, DrawsFollowTheReferenceDistribution) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));  // a failure replays with this seed
+  std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, 2.0f);
   std::vector<float> logits(40);
   for (float& v : logits) v = dist(rng);
@@ -80,7 +82,7 @@ TEST(Sampler, DrawsFollowTheReferenceDistribution) {
     Sampler s(o);
     std::map<int32_t, int> counts;
     const int n = 20000;
-    for (int i = 0; i < n; ++i) ++counts[s.Sample(logits, ctx)];
+    for (int i = 0; i < n; ++i) ++counts[*s.Sample(logits, ctx)];
     for (const auto& [id, c] : counts) ASSERT_TRUE(want.count(id)) << "drew excluded token " << id;
     for (const auto& [id, p] : want) {
       const double sd = std::sqrt(p * (1 - p) / n);
@@ -93,18 +95,51 @@ TEST(Sampler, DrawsFollowTheReferenceDistribution) {
 TEST(Sampler, GreedyAppliesTheRepetitionPenaltyAndSameSeedRepeats) {
   std::vector<float> l = {1.0f, 3.0f, 2.9f, -1.0f};
   Sampler greedy(SamplerOptions{});
-  EXPECT_EQ(greedy.Sample(l), 1);
+  EXPECT_EQ(*greedy.Sample(l), 1);
   SamplerOptions pen;
   pen.repetition_penalty = 1.5f;
   Sampler penalised(pen);
   const std::vector<int32_t> ctx = {1};
-  EXPECT_EQ(penalised.Sample(l, ctx), 2);  // 3.0 / 1.5 = 2.0 < 2.9
+  EXPECT_EQ(*penalised.Sample(l, ctx), 2);  // 3.0 / 1.5 = 2.0 < 2.9
 
   SamplerOptions o;
   o.temperature = 1.0f;
   o.seed = 42;
   Sampler a(o), b(o);
-  for (int i = 0; i < 100; ++i) ASSERT_EQ(a.Sample(l), b.Sample(l));
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(*a.Sample(l), *b.Sample(l));
+}
+
+// A NaN or an infinity among the logits is an error naming the token, whatever the filters
+// (top-k with min-p once crashed on them, top-k alone read out of bounds).
+TEST(Sampler, NonFiniteLogitsAreAnError) {
+  const float kBad[] = {std::nanf(""), INFINITY, -INFINITY};
+  for (float bad : kBad) {
+    std::vector<float> l = {1.0f, 3.0f, 2.9f, -1.0f, 0.5f};
+    l[3] = bad;
+    for (SamplerOptions o : {SamplerOptions{}, SamplerOptions{1.0f, 2, 1.0f, 0.1f, 1.0f, 7},
+                             SamplerOptions{0.8f, 3, 1.0f, 0.0f, 1.0f, 7},
+                             SamplerOptions{1.0f, 0, 0.9f, 0.0f, 1.2f, 7}}) {
+      Sampler s(o);
+      const auto r = s.Sample(l, std::vector<int32_t>{0, 3});
+      ASSERT_FALSE(r.ok()) << bad;
+      EXPECT_NE(r.message().find("logit of token 3"), std::string::npos) << r.message();
+    }
+  }
+  Sampler s(SamplerOptions{});
+  EXPECT_FALSE(s.Sample(std::vector<float>{}).ok());
+}
+
+// Temperatures so small that 1 / T overflows float still sample the most likely token (and
+// never the last id, which NaN probabilities used to give).
+TEST(Sampler, TinyTemperatureIsGreedy) {
+  const std::vector<float> l = {1.0f, 3.0f, 2.9f, -1.0f};
+  for (float t : {1e-40f, 1e-30f, 1e-10f}) {
+    SamplerOptions o;
+    o.temperature = t;
+    o.seed = 5;
+    Sampler s(o);
+    for (int i = 0; i < 50; ++i) ASSERT_EQ(*s.Sample(l), 1) << t;
+  }
 }
 
 TEST(Sampler, OptionRangesAreCheckedAndNamed) {
@@ -117,6 +152,12 @@ TEST(Sampler, OptionRangesAreCheckedAndNamed) {
   o = {};
   o.temperature = -1.0f;
   EXPECT_FALSE(ValidateSamplerOptions(o).ok());
+  o = {};
+  o.temperature = INFINITY;
+  EXPECT_NE(ValidateSamplerOptions(o).message().find("--temperature"), std::string::npos);
+  o = {};
+  o.repetition_penalty = std::nanf("");
+  EXPECT_NE(ValidateSamplerOptions(o).message().find("--repetition-penalty"), std::string::npos);
 }
 
 }  // namespace
@@ -128,7 +169,9 @@ namespace {
 // The greedy pick is the first index of the largest logit, like std::max_element, on vocabulary
 // sized inputs with many exact ties (values drawn from a small set).
 TEST(ArgMax, FirstIndexOfTheMaximum) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));  // a failure replays with this seed
+  std::mt19937 rng(seed);
   for (size_t n : {size_t{1}, size_t{2}, size_t{7}, size_t{33}, size_t{151936}}) {
     std::uniform_int_distribution<int> small(-20, 20);
     std::vector<float> v(n);

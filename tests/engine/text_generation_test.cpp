@@ -3,6 +3,7 @@
 // reuse gives what a fresh prompt gives.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "engine/chat_session.h"
@@ -76,6 +77,32 @@ TEST_P(TextGeneration, StopStringEndsTheTextBeforeIt) {
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->reason, StopReason::kStopString);
   EXPECT_EQ(r->text, full.substr(0, full.find(stop)));
+}
+
+// Generation that reaches the end of the context stops there with finish reason "length" and
+// keeps what it produced: the same tokens as with room to spare, up to the limit. A prompt that
+// does not fit at all is an error saying so.
+TEST_P(TextGeneration, TheContextLimitEndsGenerationWithLength) {
+  const auto& t = ref_["texts"][0];
+  const auto ids = tok_->Encode(t["text"].get<std::string>(), true);
+  const auto greedy = t["greedy_ids"].get<std::vector<int32_t>>();
+  ASSERT_GE(greedy.size(), 3u);
+  TextGenerationOptions o;
+  o.tokens.max_new_tokens = static_cast<int64_t>(greedy.size());
+  const int64_t ctx = static_cast<int64_t>(ids.size()) + 2;  // room for 2 generated tokens
+  KvCache cache = model_->NewCache(ctx);
+  auto r = GenerateText(*model_, cache, *tok_, ids, o, nullptr);
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(r->reason, StopReason::kContextFull);
+  EXPECT_EQ(StopReasonName(r->reason), "length");
+  // Two tokens ran at the free positions; the third was sampled from the last one's logits.
+  ASSERT_EQ(r->ids.size(), 3u);
+  EXPECT_TRUE(std::equal(r->ids.begin(), r->ids.end(), greedy.begin()));
+
+  KvCache small = model_->NewCache(static_cast<int64_t>(ids.size()) - 1);
+  auto too_long = GenerateText(*model_, small, *tok_, ids, o, nullptr);
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_NE(too_long.message().find("--ctx-size"), std::string::npos) << too_long.message();
 }
 
 TEST_P(TextGeneration, ChatReusesTheCacheAndMatchesAFreshPrompt) {

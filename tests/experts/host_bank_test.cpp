@@ -54,8 +54,10 @@ TEST(Settle, PinWithoutGpuDegradesToLockedWithAWarning) {
 
 TEST(Settle, InjectedFailuresTakeEachDegradePath) {
   setenv("MOETIER_INJECT_FAILURES", "pin=all;lock=2,5", 1);
-  const FailureInjection inject = FailureInjectionFromEnv();
+  const auto parsed = FailureInjectionFromEnv();
   unsetenv("MOETIER_INJECT_FAILURES");
+  ASSERT_TRUE(parsed.ok()) << parsed.message();
+  const FailureInjection& inject = *parsed;
   EXPECT_TRUE(inject.FailPin(0));
   EXPECT_TRUE(inject.FailLock(5));
   EXPECT_FALSE(inject.FailLock(4));
@@ -99,6 +101,21 @@ TEST(GpuPinnedBank, ExpertReadThroughDevicePointerMatches) {
                        expert_bytes);
   ASSERT_TRUE(s.ok()) << s.message();
   EXPECT_EQ(std::memcmp(back.data(), b->data() + e * expert_bytes, expert_bytes), 0);
+}
+
+}  // namespace
+}  // namespace moetier
+
+namespace moetier {
+namespace {
+
+TEST(Settle, MalformedInjectionIsAnErrorNamingTheVariable) {
+  for (const char* bad : {"pin=x", "pin=1,,2", "pinn=all", "lock", "pin=-1"}) {
+    const auto r = ParseFailureInjection(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.message().find("MOETIER_INJECT_FAILURES"), std::string::npos) << r.message();
+  }
+  EXPECT_TRUE(ParseFailureInjection("pin=all;lock=2,5;").ok());
 }
 
 }  // namespace

@@ -57,11 +57,15 @@ TEST(CpuLayersSpec, EveryForm) {
   auto one = ParseCpuLayersSpec("5,");
   ASSERT_TRUE(one.ok());
   EXPECT_EQ(one->ids, (std::vector<int64_t>{5}));
+  auto range = ParseCpuLayersSpec("0-3");  // a range alone, as --help shows it
+  ASSERT_TRUE(range.ok()) << range.message();
+  EXPECT_EQ(range->kind, CpuLayersSpec::Kind::kIds);
+  EXPECT_EQ(range->ids, (std::vector<int64_t>{0, 1, 2, 3}));
 }
 
 TEST(CpuLayersSpec, MalformedIsAnErrorNamingTheFlag) {
-  for (const char* bad :
-       {"", "x", "-1", "1.5", "-0.5", "3-1", "1,,2", ",1", "1,a", "0.5.1", "2-"}) {
+  for (const char* bad : {"", "x", "-1", "1.5", "-0.5", "3-1", "1,,2", ",1", "1,a", "0.5.1", "2-",
+                          "0-999999999", "1-2-3"}) {
     auto s = ParseCpuLayersSpec(bad);
     ASSERT_FALSE(s.ok()) << bad;
     EXPECT_EQ(s.message().rfind("--moe-cpu-layers '", 0), 0u) << s.message();
@@ -135,6 +139,14 @@ TEST(Plan, OutOfRangeSpecsAreErrorsNamingTheFlag) {
   p = PlanResidency(in);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.message().find("only 2 MoE layers"), std::string::npos) << p.message();
+  // The same mistakes are errors under every backend, not only where the spec is used.
+  for (Backend b : {Backend::kCpu, Backend::kAuto, Backend::kHybrid}) {
+    in.backend = b;
+    in.cpu_layers = *ParseCpuLayersSpec("0-9");
+    EXPECT_FALSE(PlanResidency(in).ok()) << BackendName(b);
+    in.cpu_layers = *ParseCpuLayersSpec("5");
+    EXPECT_FALSE(PlanResidency(in).ok()) << BackendName(b);
+  }
 }
 
 // Banks stored as bf16 of 100 bytes each, held packed in 80 for the CPU.

@@ -1,5 +1,6 @@
 // The safetensors header parser on its own: what it accepts and each way it refuses.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include "io/safetensors.h"
 #include "support/test_support.h"
@@ -65,6 +66,55 @@ TEST(Safetensors, RefusesEachMalformation) {
     ASSERT_FALSE(h.ok()) << c.needle;
     EXPECT_NE(h.message().find(c.needle), std::string::npos) << h.message();
   }
+}
+
+// The tensors must tile the data section: a hole, trailing bytes or a header length that is a
+// few bytes short (the JSON still parses, padded with spaces, and every tensor would be read
+// shifted) are each refused.
+TEST(Safetensors, TensorsMustCoverTheDataExactly) {
+  const std::string two = R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+                          R"("b":{"dtype":"U8","shape":[2],"data_offsets":[6,8]}})";
+  auto hole = Parse(File(two, "xxxxxxxx"));
+  ASSERT_FALSE(hole.ok());
+  EXPECT_NE(hole.message().find("data bytes 4..6 belong to no tensor"), std::string::npos)
+      << hole.message();
+
+  const std::string one = R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})";
+  auto trailing = Parse(File(one, "xxxxyy"));
+  ASSERT_FALSE(trailing.ok());
+  EXPECT_NE(trailing.message().find("2 data bytes after the last tensor"), std::string::npos)
+      << trailing.message();
+
+  auto late_start = Parse(File(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}})", "xxxx"));
+  ASSERT_FALSE(late_start.ok());
+  EXPECT_NE(late_start.message().find("data bytes 0..2 belong to no tensor"), std::string::npos);
+
+  // A real header is padded with spaces to 8 bytes; saying 3 bytes fewer still parses as JSON.
+  const std::string padded = one + "        ";
+  ASSERT_TRUE(Parse(File(padded, "xxxx")).ok());
+  for (uint64_t shorter = 1; shorter <= 8; ++shorter) {
+    auto shifted = Parse(File(padded, "xxxx", padded.size() - shorter));
+    ASSERT_FALSE(shifted.ok()) << shorter;
+    EXPECT_NE(shifted.message().find("after the last tensor"), std::string::npos)
+        << shifted.message();
+  }
+}
+
+// A FIFO (or any file that is not regular) is refused at once, not read: opening a FIFO for
+// reading would wait forever for a writer.
+TEST(Safetensors, RefusesAFifoWithoutBlocking) {
+  testing::TempDir tmp;
+  const auto path = tmp.path() / "model.safetensors";
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.message().find("not a regular file"), std::string::npos) << f.message();
+  auto text = ReadTextFile(path);
+  ASSERT_FALSE(text.ok());
+  EXPECT_NE(text.message().find("not a regular file"), std::string::npos) << text.message();
+  auto dir = ReadTextFile(tmp.path());
+  ASSERT_FALSE(dir.ok());
+  EXPECT_NE(dir.message().find("is a directory"), std::string::npos) << dir.message();
 }
 
 TEST(Safetensors, OpenNamesTheFile) {

@@ -85,6 +85,31 @@ TEST(Config, Errors) {
       {"gelu", [](auto& j) { j["hidden_act"] = "gelu"; }, "hidden_act"},
       {"negative size", [](auto& j) { j["vocab_size"] = -1; }, "vocab_size"},
       {"absurd size", [](auto& j) { j["hidden_size"] = int64_t{1} << 40; }, "exceeds"},
+      {"zero eps", [](auto& j) { j["rms_norm_eps"] = 0; }, "rms_norm_eps"},
+      {"negative eps", [](auto& j) { j["rms_norm_eps"] = -1e-6; }, "rms_norm_eps"},
+      {"huge eps", [](auto& j) { j["rms_norm_eps"] = 5; }, "rms_norm_eps"},
+      {"zero context", [](auto& j) { j["max_position_embeddings"] = 0; },
+       "max_position_embeddings"},
+      {"negative context", [](auto& j) { j["max_position_embeddings"] = -5; },
+       "max_position_embeddings"},
+      {"zero rope_theta", [](auto& j) { j["rope_theta"] = 0; }, "rope_theta"},
+      {"negative rope_theta", [](auto& j) { j["rope_theta"] = -1e4; }, "rope_theta"},
+      {"eos outside vocab", [](auto& j) { j["eos_token_id"] = 1 << 30; }, "eos_token_id"},
+      {"negative eos",
+       [](auto& j) {
+         j["eos_token_id"] = {1, -2};
+       },
+       "eos_token_id"},
+      {"bos outside vocab", [](auto& j) { j["bos_token_id"] = int64_t{1} << 33; }, "bos_token_id"},
+      {"negative intermediate", [](auto& j) { j["intermediate_size"] = -4; }, "intermediate_size"},
+      {"zero sparse step", [](auto& j) { j["decoder_sparse_step"] = 0; }, "decoder_sparse_step"},
+      {"heads x head_dim",
+       [](auto& j) {
+         j["num_attention_heads"] = 1 << 16;
+         j["num_key_value_heads"] = 1 << 16;
+         j["head_dim"] = 1 << 16;
+       },
+       "head_dim"},
   };
   for (const auto& c : cases) {
     nlohmann::json j = Fixture("qwen3_moe");

@@ -3,6 +3,8 @@
 // silent load. Also: a sharded checkpoint loads and computes what the single file does.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
 
 #include "model/causal_lm.h"
@@ -116,6 +118,70 @@ TEST_F(LoadErrors, UnknownArchitecture) {
   SetConfig(j);
   ExpectLoadError(
       {"config.json", "unknown architecture 'FrobnicatorForCausalLM'", "Qwen3MoeForCausalLM"});
+}
+
+// A header length a few bytes short of the real one (its JSON still parses: headers are
+// space-padded) would read every tensor shifted; the data-coverage rule refuses it.
+TEST_F(LoadErrors, HeaderLengthAFewBytesShort) {
+  const std::string file = testing::ReadFile(weights());
+  uint64_t len = 0;
+  for (int i = 7; i >= 0; --i)
+    len = (len << 8) | static_cast<uint8_t>(file[static_cast<size_t>(i)]);
+  const std::string header = file.substr(8, len);
+  const std::string data = file.substr(8 + len);
+  // Pad the header as writers do, then claim 3 bytes fewer: still valid JSON.
+  testing::WriteRawSafetensors(weights(), header.size() + 5, header + "        ", data);
+  ExpectLoadError({"model.safetensors", "belong to no tensor"});
+}
+
+// A FIFO (nobody writing) as the weights or the config is refused at once, not waited on.
+TEST_F(LoadErrors, FifoInsteadOfAFileIsRefusedWithoutBlocking) {
+  for (const char* name : {"model.safetensors", "config.json"}) {
+    fs::remove_all(dir_);
+    testing::CopyDir(testing::HfFixture("qwen3_moe"), dir_);
+    fs::remove(dir_ / name);
+    ASSERT_EQ(::mkfifo((dir_ / name).c_str(), 0600), 0);
+    ExpectLoadError({name, "not a regular file"});
+  }
+}
+
+// A symbolic-link loop as the model directory or as one of its files is an error naming it.
+TEST_F(LoadErrors, SymlinkLoopsAreErrors) {
+  const fs::path loop = tmp_.path() / "loop";
+  fs::create_symlink(loop, loop);
+  auto m = LoadCausalLM(loop, testing::WithThreads(1));
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.message().find("loop"), std::string::npos) << m.message();
+  for (const char* name : {"model.safetensors", "config.json", "model.safetensors.index.json"}) {
+    fs::remove_all(dir_);
+    testing::CopyDir(testing::HfFixture("qwen3_moe"), dir_);
+    fs::remove(dir_ / name);
+    fs::create_symlink(dir_ / name, dir_ / name);
+    ExpectLoadError({name});
+  }
+}
+
+// NaN weights make the forward fail with an error naming the layer where the residual stream
+// first became non-finite, instead of logits that crash or fool the sampler.
+TEST_F(LoadErrors, NonFiniteActivationsNameTheLayer) {
+  auto tensors = testing::ReadSafetensors(weights());
+  TensorSpec& o = tensors.at("model.layers.2.self_attn.o_proj.weight");
+  ASSERT_TRUE(o.dtype == "BF16" || o.dtype == "F32") << o.dtype;
+  const std::string nan =
+      o.dtype == "BF16" ? std::string("\xc0\x7f", 2) : std::string("\x00\x00\xc0\x7f", 4);
+  for (size_t i = 0; i + nan.size() <= o.bytes.size(); i += nan.size())
+    o.bytes.replace(i, nan.size(), nan);
+  testing::WriteSafetensors(weights(), tensors);
+  auto m = LoadCausalLM(dir_, testing::WithThreads(1));
+  ASSERT_TRUE(m.ok()) << m.message();
+  KvCache cache = (*m)->NewCache(8);
+  std::vector<float> logits;
+  const std::vector<int32_t> tokens = {1, 2, 3};
+  Status s = (*m)->Forward(tokens, cache, LogitsFor::kLastToken, logits);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("layer 2 produced a non-finite value"), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("config.json"), std::string::npos) << s.message();
 }
 
 TEST_F(LoadErrors, ConfigIsNotJson) {

@@ -101,15 +101,16 @@ void CopyDir(const fs::path& src, const fs::path& dst) {
     if (e.is_regular_file()) fs::copy_file(e.path(), dst / e.path().filename());
 }
 
-CommandResult RunCli(const std::string& args, const std::string& stdin_path) {
+CommandResult RunCli(const std::string& args, const std::string& stdin_path,
+                     const std::string& env) {
   TempDir tmp;
   const fs::path out = tmp.path() / "out", err = tmp.path() / "err";
   // The binary built beside the tests, unless MOETIER_CLI names another (test binaries carried
   // to another machine, where the build tree's path does not exist).
-  const char* env = std::getenv("MOETIER_CLI");
-  const std::string cli = env != nullptr && *env != '\0' ? env : MOETIER_CLI;
-  const std::string cmd = "'" + cli + "' " + args + " >'" + out.string() + "' 2>'" + err.string() +
-                          "' <'" + stdin_path + "'";
+  const char* cli_env = std::getenv("MOETIER_CLI");
+  const std::string cli = cli_env != nullptr && *cli_env != '\0' ? cli_env : MOETIER_CLI;
+  const std::string cmd = (env.empty() ? "" : "env '" + env + "' ") + "'" + cli + "' " + args +
+                          " >'" + out.string() + "' 2>'" + err.string() + "' <'" + stdin_path + "'";
   const int status = std::system(cmd.c_str());
   CommandResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;

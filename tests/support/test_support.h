@@ -60,9 +60,10 @@ struct CommandResult {
   std::string err;  // stderr
 };
 // Runs the moetier CLI with `args` (shell-quoted by the caller where needed), with stdin from
-// `stdin_path` (default: /dev/null). The binary: $MOETIER_CLI if set, else the one built with
-// the tests.
-CommandResult RunCli(const std::string& args, const std::string& stdin_path = "/dev/null");
+// `stdin_path` (default: /dev/null) and `env` ("NAME=value", or empty) added to the environment.
+// The binary: $MOETIER_CLI if set, else the one built with the tests.
+CommandResult RunCli(const std::string& args, const std::string& stdin_path = "/dev/null",
+                     const std::string& env = "");
 
 // Writes k bf16 values at `row` with 32 distinct high bytes (±2^(2m-40), m < 16), each k/32
 // times: any table of 16 leaves k/2 >= 16 exceptions, more than the 12 a BF16C row may have, so

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace moetier::kernels {
 
@@ -33,6 +34,20 @@ void SoftmaxRow(float* x, int64_t n) {
 void Axpy(float a, const float* x, int64_t n, float* y) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+int64_t FirstNonFinite(const float* x, int64_t n) {
+  constexpr uint32_t kExponent = 0x7f800000u;  // all ones: inf or NaN
+  uint32_t any = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof bits);
+    any |= (bits & kExponent) == kExponent ? 1u : 0u;
+  }
+  if (any == 0) return -1;
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) return i;
+  return -1;
 }
 
 }  // namespace moetier::kernels

@@ -17,4 +17,8 @@ void SoftmaxRow(float* x, int64_t n);
 // y[i] += a * x[i]
 void Axpy(float a, const float* x, int64_t n, float* y);
 
+// The index of the first NaN or infinite element of x[0, n), or -1 when all are finite. One
+// vectorized pass over the bits (exponent all ones) in the common all-finite case.
+int64_t FirstNonFinite(const float* x, int64_t n);
+
 }  // namespace moetier::kernels

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/tuning.h"
 #include "kernels/cpu/bf16c.h"
 #include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/quant.h"
@@ -195,26 +196,16 @@ void PreparedActivations::FreeDeleter::operator()(uint8_t* p) const {
 }
 
 int64_t PackMinTokens() {
-  static const int64_t forced = [] {
-    const char* v = std::getenv("MOETIER_AMX_MIN_TOKENS");
-    return v != nullptr ? std::max<int64_t>(0, std::atoll(v)) : 0;
-  }();
-  return forced > 0 ? forced : kPackMinTokens;
+  return Tuning().amx_min_tokens.value_or(kPackMinTokens);
 }
 
 int64_t Bf16cExpandMinTokens() {
-  static const int64_t forced = [] {
-    const char* v = std::getenv("MOETIER_BF16C_EXPAND_MIN_TOKENS");
-    return v != nullptr ? std::max<int64_t>(0, std::atoll(v)) : 0;
-  }();
-  return forced > 0 ? forced : kBf16cExpandMinTokens;
+  return Tuning().bf16c_expand_min_tokens.value_or(kBf16cExpandMinTokens);
 }
 
 int64_t FloatStreamPrefetchBytes() {
   static const int64_t bytes = [] {
-    const char* v = std::getenv("MOETIER_FLOAT_PREFETCH_BYTES");
-    const int64_t n = v != nullptr ? std::atoll(v) : 0;
-    if (n > 0) return std::clamp<int64_t>(n, 64, 16384);
+    if (Tuning().float_prefetch_bytes) return *Tuning().float_prefetch_bytes;
     if (!CpuIsAmd()) return kFloatPrefetchBytes;
     return CpuSupports(CpuIsa::kAvx512) ? kFloatPrefetchBytesAmdAvx512 : kFloatPrefetchBytesAmd;
   }();
@@ -222,12 +213,7 @@ int64_t FloatStreamPrefetchBytes() {
 }
 
 int64_t QuantStreamPrefetchBytes() {
-  static const int64_t bytes = [] {
-    const char* v = std::getenv("MOETIER_QUANT_PREFETCH_BYTES");
-    const int64_t n = v != nullptr ? std::atoll(v) : 0;
-    return n > 0 ? std::clamp<int64_t>(n, 64, 16384) : int64_t{0};
-  }();
-  return bytes;
+  return Tuning().quant_prefetch_bytes.value_or(0);
 }
 
 uint8_t* PreparedActivations::Reserve(size_t bytes) {
@@ -245,11 +231,7 @@ int64_t PreparedActivations::PackedBytes() const {
 }
 
 int64_t ParallelPrepareTokens() {
-  static const int64_t forced = [] {
-    const char* v = std::getenv("MOETIER_PARALLEL_PREPARE_TOKENS");
-    return v != nullptr ? std::max<int64_t>(0, std::atoll(v)) : 0;
-  }();
-  return forced > 0 ? forced : kParallelPrepareTokens;
+  return Tuning().parallel_prepare_tokens.value_or(kParallelPrepareTokens);
 }
 
 void PreparedActivations::Layout(const float* x, int64_t n_tokens, int64_t k, DType w_dtype,
@@ -373,18 +355,11 @@ void MatMulRows(const float* x, int64_t n_tokens, const TensorView& w, int64_t r
 }
 
 int64_t RowsPerTask(int64_t n_rows, int64_t row_bytes, int64_t n_tokens, int n_threads) {
-  static const int64_t forced = [] {
-    const char* v = std::getenv("MOETIER_TASK_ROWS");
-    return v != nullptr ? std::max<int64_t>(0, std::atoll(v)) : 0;
-  }();
-  if (forced > 0) return std::min(forced, std::max<int64_t>(1, n_rows));
+  if (const auto forced = Tuning().task_rows)
+    return std::min(*forced, std::max<int64_t>(1, n_rows));
   const int64_t row_cost = std::max<int64_t>(1, row_bytes * std::max<int64_t>(1, n_tokens));
   const int64_t for_bytes = (kMinTaskBytes + row_cost - 1) / row_cost;
-  static const int64_t tasks_per_thread = [] {
-    const char* v = std::getenv("MOETIER_TASKS_PER_THREAD");
-    const int64_t n = v != nullptr ? std::atoll(v) : 0;
-    return n > 0 ? n : kTasksPerThread;
-  }();
+  const int64_t tasks_per_thread = Tuning().tasks_per_thread.value_or(kTasksPerThread);
   const int64_t for_balance =
       n_rows / std::max<int64_t>(1, static_cast<int64_t>(n_threads) * tasks_per_thread);
   int64_t rows = std::max(for_bytes, for_balance);

@@ -1,0 +1,95 @@
+#include "core/tuning.h"
+
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdlib>
+
+namespace moetier {
+
+const std::array<TuningKnobSpec, 10> kTuningKnobSpecs = {{
+    {"MOETIER_AMX_MIN_TOKENS", &TuningKnobs::amx_min_tokens, 1, 1 << 20,
+     "smallest batch of tokens whose q8_0/bf16 matmuls use AMX tiles"},
+    {"MOETIER_BF16C_EXPAND_MIN_TOKENS", &TuningKnobs::bf16c_expand_min_tokens, 1, 1 << 20,
+     "smallest batch for which bf16c rows are expanded once and run on the batch kernels"},
+    {"MOETIER_FLOAT_PREFETCH_BYTES", &TuningKnobs::float_prefetch_bytes, 64, 16384,
+     "how far ahead the AVX2 kernels prefetch a bf16/bf16c/f16/f32 weight stream"},
+    {"MOETIER_QUANT_PREFETCH_BYTES", &TuningKnobs::quant_prefetch_bytes, 64, 16384,
+     "how far ahead decode prefetches a q8_0/q4_0 weight stream"},
+    {"MOETIER_PARALLEL_PREPARE_TOKENS", &TuningKnobs::parallel_prepare_tokens, 1, 1 << 20,
+     "smallest batch whose activations are prepared on the thread pool"},
+    {"MOETIER_TASK_ROWS", &TuningKnobs::task_rows, 1, 1 << 24,
+     "weight rows per matmul task (replaces the size rule)"},
+    {"MOETIER_TASKS_PER_THREAD", &TuningKnobs::tasks_per_thread, 1, 4096,
+     "matmul tasks per thread the size rule aims for"},
+    {"MOETIER_ATTN_HEADS_PER_TASK", &TuningKnobs::attn_heads_per_task, 1, 4096,
+     "query heads per attention task"},
+    {"MOETIER_SPIN_US", &TuningKnobs::spin_us, 0, 1'000'000,
+     "microseconds an idle worker spins before it sleeps"},
+    {"MOETIER_PIN_THREADS", &TuningKnobs::pin_threads, 0, 1,
+     "1: pin each worker to a core; 0: leave them to the OS scheduler"},
+}};
+
+const std::array<std::string_view, 5> kOtherEnvironmentVariables = {
+    "MOETIER_CPU_ISA", "MOETIER_PIN_BUDGET_GB", "MOETIER_LOCK_BUDGET_GB", "MOETIER_INJECT_FAILURES",
+    "MOETIER_DEBUG"};
+
+namespace {
+
+Status ParseKnob(const TuningKnobSpec& spec, std::string_view text, TuningKnobs& knobs) {
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  const std::string range = std::to_string(spec.min) + ".." + std::to_string(spec.max);
+  if (ec != std::errc() || end != text.data() + text.size())
+    return Status::Error(std::string(spec.name) + "='" + std::string(text) +
+                         "' is not an integer; expected " + range + " (" + std::string(spec.help) +
+                         "), or unset it for the default");
+  if (v < spec.min || v > spec.max)
+    return Status::Error(std::string(spec.name) + "=" + std::string(text) + " is outside " + range +
+                         " (" + std::string(spec.help) + ")");
+  knobs.*spec.field = v;
+  return OkStatus();
+}
+
+bool IsKnownVariable(std::string_view name) {
+  for (const auto& s : kTuningKnobSpecs)
+    if (s.name == name) return true;
+  for (auto n : kOtherEnvironmentVariables)
+    if (n == name) return true;
+  return false;
+}
+
+}  // namespace
+
+Expected<TuningKnobs> ParseTuningKnobs(EnvLookup env) {
+  TuningKnobs knobs;
+  for (const auto& spec : kTuningKnobSpecs) {
+    const char* v = env(std::string(spec.name).c_str());
+    if (v == nullptr || *v == '\0') continue;
+    MT_RETURN_IF_ERROR(ParseKnob(spec, v, knobs));
+  }
+  return knobs;
+}
+
+const TuningKnobs& Tuning() {
+  static const TuningKnobs knobs = [] {
+    auto parsed = ParseTuningKnobs([](const char* name) { return std::getenv(name); });
+    return parsed.ok() ? *parsed : TuningKnobs{};
+  }();
+  return knobs;
+}
+
+Expected<std::vector<std::string>> CheckEnvironment() {
+  MT_RETURN_IF_ERROR(ParseTuningKnobs([](const char* name) { return std::getenv(name); }).status());
+  std::vector<std::string> warnings;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    const std::string_view name = entry.substr(0, entry.find('='));
+    if (name.substr(0, 8) != "MOETIER_" || IsKnownVariable(name)) continue;
+    warnings.push_back("environment variable " + std::string(name) +
+                       " is not one moetier reads (misspelt? docs/tuning.md lists them); ignored");
+  }
+  return warnings;
+}
+
+}  // namespace moetier

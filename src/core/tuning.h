@@ -1,0 +1,65 @@
+// Tuning knobs: the MOETIER_* environment variables that override a kernel's or the thread pool's
+// built-in choice (task sizes, prefetch distances, when AMX tiles start paying). A user should
+// never need them; benchmarks and experiments do. They are read once, typed and validated here
+// and nowhere else: a malformed value is an error naming the variable, never a silent default.
+// docs/tuning.md lists them with their defaults.
+//
+// Variables that belong to a feature rather than to tuning are parsed where the feature lives
+// but are listed here too (kOtherEnvironmentVariables), so CheckEnvironment() knows every
+// MOETIER_* name and can point out a misspelt one.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/function_ref.h"
+#include "core/status.h"
+
+namespace moetier {
+
+struct TuningKnobs {
+  // Each unset knob leaves the code's own choice (the named constant where it is used).
+  std::optional<int64_t> amx_min_tokens;           // MOETIER_AMX_MIN_TOKENS
+  std::optional<int64_t> bf16c_expand_min_tokens;  // MOETIER_BF16C_EXPAND_MIN_TOKENS
+  std::optional<int64_t> float_prefetch_bytes;     // MOETIER_FLOAT_PREFETCH_BYTES
+  std::optional<int64_t> quant_prefetch_bytes;     // MOETIER_QUANT_PREFETCH_BYTES
+  std::optional<int64_t> parallel_prepare_tokens;  // MOETIER_PARALLEL_PREPARE_TOKENS
+  std::optional<int64_t> task_rows;                // MOETIER_TASK_ROWS
+  std::optional<int64_t> tasks_per_thread;         // MOETIER_TASKS_PER_THREAD
+  std::optional<int64_t> attn_heads_per_task;      // MOETIER_ATTN_HEADS_PER_TASK
+  std::optional<int64_t> spin_us;                  // MOETIER_SPIN_US
+  std::optional<int64_t> pin_threads;              // MOETIER_PIN_THREADS (0 or 1)
+};
+
+// One knob: its variable, the field it sets, its accepted range and what it does.
+struct TuningKnobSpec {
+  std::string_view name;
+  std::optional<int64_t> TuningKnobs::*field;
+  int64_t min, max;
+  std::string_view help;
+};
+extern const std::array<TuningKnobSpec, 10> kTuningKnobSpecs;
+
+// MOETIER_* variables parsed elsewhere (with their own validation, reported by
+// CheckEnvironment): the kernel level, budgets, failure injection for tests, debug logging.
+extern const std::array<std::string_view, 5> kOtherEnvironmentVariables;
+
+using EnvLookup = FunctionRef<const char*(const char*)>;
+
+// Parses every knob from `env` (getenv in production). An empty value counts as unset.
+Expected<TuningKnobs> ParseTuningKnobs(EnvLookup env);
+
+// The process's knobs, read from the environment at first use. Malformed values are refused by
+// CheckEnvironment() before any work starts; code that runs without it (tests, benchmarks)
+// gets the defaults for a malformed knob.
+const TuningKnobs& Tuning();
+
+// Every MOETIER_* variable of `environ`: well-formed (an error naming the first bad one), and
+// known (each unknown name is returned as a warning line, e.g. a misspelt knob).
+Expected<std::vector<std::string>> CheckEnvironment();
+
+}  // namespace moetier
