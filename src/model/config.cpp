@@ -5,48 +5,52 @@
 
 namespace moetier {
 
-namespace {
-
 using nlohmann::json;
 
-// Reads optional or required keys with one error style: "config.json: field 'x' ...".
-class Reader {
- public:
-  Reader(const json& j, const std::string& source) : j_(j), source_(source) {}
-
-  bool Has(const std::string& key) const { return j_.contains(key) && !j_[key].is_null(); }
-
-  Status Int(const std::string& key, int64_t& out, bool required) const {
-    if (!Has(key)) {
-      return required ? Error("missing required field '" + key + "'") : OkStatus();
-    }
-    const json& v = j_[key];
-    if (!v.is_number_integer()) return Error("field '" + key + "' must be an integer");
-    out = v.get<int64_t>();
-    return OkStatus();
+Status ConfigReader::Int(const std::string& key, int64_t& out, FieldPresence presence) const {
+  if (!Has(key)) {
+    return presence == FieldPresence::kRequired ? Error("missing required field '" + key + "'")
+                                                : OkStatus();
   }
-  Status Double(const json& v, const std::string& key, double& out) const {
-    if (!v.is_number()) return Error("field '" + key + "' must be a number");
-    out = v.get<double>();
-    return OkStatus();
-  }
-  Status Bool(const std::string& key, bool& out) const {
-    if (!Has(key)) return OkStatus();
-    if (!j_[key].is_boolean()) return Error("field '" + key + "' must be true or false");
-    out = j_[key].get<bool>();
-    return OkStatus();
-  }
-  Status Error(const std::string& what) const { return Status::Error(source_ + ": " + what); }
-  const json& j() const { return j_; }
+  const json& v = j_[key];
+  if (!v.is_number_integer()) return Error("field '" + key + "' must be an integer");
+  out = v.get<int64_t>();
+  return OkStatus();
+}
 
- private:
-  const json& j_;
-  const std::string& source_;
-};
+Status ConfigReader::Bool(const std::string& key, bool& out) const {
+  if (!Has(key)) return OkStatus();
+  if (!j_[key].is_boolean()) return Error("field '" + key + "' must be true or false");
+  out = j_[key].get<bool>();
+  return OkStatus();
+}
 
-Status ReadIdList(const Reader& r, const std::string& key, std::vector<int32_t>& out) {
+Status ConfigReader::Double(const std::string& key, double& out) const {
+  return Has(key) ? Number(j_[key], key, out) : OkStatus();
+}
+
+Status ConfigReader::Number(const json& v, const std::string& key, double& out) const {
+  if (!v.is_number()) return Error("field '" + key + "' must be a number");
+  out = v.get<double>();
+  return OkStatus();
+}
+
+Status ConfigReader::Error(const std::string& what) const {
+  return Status::Error(source_ + ": " + what);
+}
+
+namespace {
+
+// A generous cap that keeps a corrupt config from asking for absurd allocations.
+constexpr int64_t kMaxDim = int64_t{1} << 24;
+
+// The keys rope settings may sit under: newer checkpoints spell them rope_parameters:
+// {rope_theta, rope_type, ...}; older ones use rope_scaling for the non-default kinds.
+constexpr const char* kRopeObjects[] = {"rope_parameters", "rope_scaling"};
+
+Status ReadIdList(const ConfigReader& r, const std::string& key, std::vector<int32_t>& out) {
   if (!r.Has(key)) return OkStatus();
-  const json& v = r.j()[key];
+  const json& v = r.object()[key];
   auto push = [&](const json& e) {
     if (!e.is_number_integer()) return r.Error("field '" + key + "' must hold integers");
     const int64_t id = e.get<int64_t>();
@@ -65,18 +69,31 @@ Status ReadIdList(const Reader& r, const std::string& key, std::vector<int32_t>&
   return OkStatus();
 }
 
-Status ReadRope(const Reader& r, const ConfigDefaults& defaults, ModelConfig& c) {
-  c.rope_theta = defaults.rope_theta;
-  if (r.Has("rope_theta"))
-    MT_RETURN_IF_ERROR(r.Double(r.j()["rope_theta"], "rope_theta", c.rope_theta));
-  // Newer checkpoints spell rope settings as rope_parameters: {rope_theta, rope_type, ...};
-  // older ones use rope_scaling for the non-default kinds.
-  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+// Sizes and heads. head_dim defaults to hidden_size / num_attention_heads.
+Status ReadSizes(const ConfigReader& r, ModelConfig& c) {
+  MT_RETURN_IF_ERROR(r.Int("vocab_size", c.vocab_size, FieldPresence::kRequired));
+  MT_RETURN_IF_ERROR(r.Int("hidden_size", c.hidden_size, FieldPresence::kRequired));
+  MT_RETURN_IF_ERROR(r.Int("num_hidden_layers", c.n_layers, FieldPresence::kRequired));
+  MT_RETURN_IF_ERROR(r.Int("num_attention_heads", c.n_heads, FieldPresence::kRequired));
+  c.n_kv_heads = c.n_heads;
+  MT_RETURN_IF_ERROR(r.Int("num_key_value_heads", c.n_kv_heads, FieldPresence::kOptional));
+  if (c.n_heads <= 0) return r.Error("num_attention_heads must be positive");
+  c.head_dim = c.hidden_size / c.n_heads;
+  MT_RETURN_IF_ERROR(r.Int("head_dim", c.head_dim, FieldPresence::kOptional));
+  MT_RETURN_IF_ERROR(
+      r.Int("intermediate_size", c.dense_intermediate_size, FieldPresence::kOptional));
+  MT_RETURN_IF_ERROR(r.Int("num_experts_per_tok", c.n_experts_per_token, FieldPresence::kRequired));
+  return r.Int("max_position_embeddings", c.max_position_embeddings, FieldPresence::kOptional);
+}
+
+Status ReadRope(const ConfigReader& r, ModelConfig& c) {
+  MT_RETURN_IF_ERROR(r.Double("rope_theta", c.rope_theta));
+  for (const char* key : kRopeObjects) {
     if (!r.Has(key)) continue;
-    const json& p = r.j()[key];
+    const json& p = r.object()[key];
     if (!p.is_object()) return r.Error(std::string("field '") + key + "' must be an object");
     if (p.contains("rope_theta"))
-      MT_RETURN_IF_ERROR(r.Double(p["rope_theta"], std::string(key) + ".rope_theta", c.rope_theta));
+      MT_RETURN_IF_ERROR(r.Number(p["rope_theta"], std::string(key) + ".rope_theta", c.rope_theta));
     std::string type = "default";
     for (const char* tkey : {"rope_type", "type"})
       if (p.contains(tkey) && p[tkey].is_string()) type = p[tkey].get<std::string>();
@@ -84,19 +101,59 @@ Status ReadRope(const Reader& r, const ConfigDefaults& defaults, ModelConfig& c)
       return r.Error(std::string("field '") + key + "' asks for rope type '" + type +
                      "', which this architecture does not support yet (only 'default')");
   }
-  if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta))
-    return r.Error("rope_theta must be a positive number (is " + std::to_string(c.rope_theta) +
-                   ")");
+  return OkStatus();
+}
+
+std::optional<DType> DTypeFromTorchName(const std::string& s) {
+  if (s == "bfloat16") return DType::kBF16;
+  if (s == "float16") return DType::kF16;
+  if (s == "float32") return DType::kF32;
+  return std::nullopt;
+}
+
+Status ReadDeclaredDType(const ConfigReader& r, ModelConfig& c) {
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    const json& j = r.object();
+    if (r.Has(key) && j[key].is_string()) {
+      auto d = DTypeFromTorchName(j[key].get<std::string>());
+      if (!d)
+        return r.Error(std::string("field '") + key + "' is " + j[key].dump() +
+                       "; expected bfloat16, float16 or float32");
+      c.declared_dtype = d;
+    }
+  }
+  return OkStatus();
+}
+
+// The keys every architecture spells the same way.
+Status ReadSharedFields(const ConfigReader& r, ModelConfig& c) {
+  MT_RETURN_IF_ERROR(ReadSizes(r, c));
+  MT_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", c.tie_word_embeddings));
+  MT_RETURN_IF_ERROR(r.Bool("attention_bias", c.attention_bias));
+  MT_RETURN_IF_ERROR(r.Double("rms_norm_eps", c.rms_norm_eps));
+  MT_RETURN_IF_ERROR(ReadRope(r, c));
+  const json& j = r.object();
+  if (r.Has("hidden_act") && j["hidden_act"] != "silu")
+    return r.Error("field 'hidden_act' is " + j["hidden_act"].dump() +
+                   "; only \"silu\" is supported");
+  MT_RETURN_IF_ERROR(ReadDeclaredDType(r, c));
+  MT_RETURN_IF_ERROR(ReadIdList(r, "eos_token_id", c.eos_token_ids));
+  std::vector<int32_t> bos;
+  MT_RETURN_IF_ERROR(ReadIdList(r, "bos_token_id", bos));
+  if (!bos.empty()) c.bos_token_id = bos[0];
   return OkStatus();
 }
 
 // The values that are well-typed but impossible: each would give NaN outputs, an empty context
 // or an id outside the vocabulary rather than an error.
-Status CheckValues(const Reader& r, const ModelConfig& c) {
+Status CheckValues(const ConfigReader& r, const ModelConfig& c) {
   // RMSNorm divides by sqrt(mean(x^2) + eps): eps <= 0 gives inf or NaN on a zero row.
   if (!(c.rms_norm_eps > 0 && c.rms_norm_eps < 1))
     return r.Error("rms_norm_eps must be a small positive number such as 1e-6 (is " +
                    std::to_string(c.rms_norm_eps) + ")");
+  if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta))
+    return r.Error("rope_theta must be a positive number (is " + std::to_string(c.rope_theta) +
+                   ")");
   if (r.Has("max_position_embeddings") && c.max_position_embeddings <= 0)
     return r.Error("max_position_embeddings must be positive (is " +
                    std::to_string(c.max_position_embeddings) + ")");
@@ -113,11 +170,50 @@ Status CheckValues(const Reader& r, const ModelConfig& c) {
   return OkStatus();
 }
 
-std::optional<DType> DTypeFromTorchName(const std::string& s) {
-  if (s == "bfloat16") return DType::kBF16;
-  if (s == "float16") return DType::kF16;
-  if (s == "float32") return DType::kF32;
-  return std::nullopt;
+Status CheckPositive(const ConfigReader& r, const char* name, int64_t v) {
+  if (v > 0) return OkStatus();
+  return r.Error(std::string(name) + " must be positive (is " + std::to_string(v) + ")");
+}
+
+// The shared sizes must be positive, consistent and bounded before the architecture's part
+// allocates from them (layer_is_moe from n_layers).
+Status CheckSharedSizes(const ConfigReader& r, const ModelConfig& c) {
+  const std::pair<const char*, int64_t> positive[] = {
+      {"vocab_size", c.vocab_size},      {"hidden_size", c.hidden_size},
+      {"num_hidden_layers", c.n_layers}, {"num_key_value_heads", c.n_kv_heads},
+      {"head_dim", c.head_dim},          {"num_experts_per_tok", c.n_experts_per_token}};
+  for (const auto& [name, v] : positive) MT_RETURN_IF_ERROR(CheckPositive(r, name, v));
+  if (c.n_heads % c.n_kv_heads != 0)
+    return r.Error("num_attention_heads (" + std::to_string(c.n_heads) +
+                   ") must be a multiple of num_key_value_heads (" + std::to_string(c.n_kv_heads) +
+                   ")");
+  if (c.head_dim % 2 != 0) return r.Error("head_dim must be even for rotary embeddings");
+  MT_RETURN_IF_ERROR(CheckValues(r, c));
+  for (int64_t v :
+       {c.vocab_size, c.hidden_size, c.n_layers, c.n_heads, c.head_dim, c.dense_intermediate_size})
+    if (v > kMaxDim) return r.Error("a size in the config exceeds " + std::to_string(kMaxDim));
+  if (c.n_heads * c.head_dim > kMaxDim)
+    return r.Error("num_attention_heads x head_dim exceeds " + std::to_string(kMaxDim));
+  return OkStatus();
+}
+
+// What the architecture's part resolved: the experts, the window, which layers are MoE.
+Status CheckArchFields(const ConfigReader& r, const ModelConfig& c) {
+  MT_RETURN_IF_ERROR(CheckPositive(r, "expert width", c.expert_intermediate_size));
+  MT_RETURN_IF_ERROR(CheckPositive(r, "number of experts", c.n_experts));
+  if (c.n_experts_per_token > c.n_experts)
+    return r.Error("num_experts_per_tok (" + std::to_string(c.n_experts_per_token) +
+                   ") exceeds the number of experts (" + std::to_string(c.n_experts) + ")");
+  for (int64_t v : {c.expert_intermediate_size, c.n_experts})
+    if (v > kMaxDim) return r.Error("a size in the config exceeds " + std::to_string(kMaxDim));
+  if (c.sliding_window < 0) return r.Error("field 'sliding_window' must not be negative");
+  if (c.layer_is_moe.size() != static_cast<size_t>(c.n_layers))
+    return r.Error(c.architecture + " did not say which of the " + std::to_string(c.n_layers) +
+                   " layers are MoE");
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    if (!c.layer_is_moe[static_cast<size_t>(l)] && c.dense_intermediate_size <= 0)
+      return r.Error("layer " + std::to_string(l) + " is dense but 'intermediate_size' is missing");
+  return OkStatus();
 }
 
 }  // namespace
@@ -131,8 +227,17 @@ Expected<std::string> ReadArchitectureName(const json& config, const std::string
   return config["architectures"][0].get<std::string>();
 }
 
+bool DeclaresRopeTheta(const json& config) {
+  if (!config.is_object()) return false;
+  if (config.contains("rope_theta") && !config["rope_theta"].is_null()) return true;
+  for (const char* key : kRopeObjects)
+    if (config.contains(key) && config[key].is_object() && config[key].contains("rope_theta"))
+      return true;
+  return false;
+}
+
 Expected<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source,
-                                       const ConfigDefaults& defaults) {
+                                       ArchConfigParser parse_arch) {
   json j;
   try {
     j = json::parse(json_text);
@@ -140,122 +245,14 @@ Expected<ModelConfig> ParseModelConfig(const std::string& json_text, const std::
     return Status::Error(source + ": not valid JSON: " + e.what());
   }
   if (!j.is_object()) return Status::Error(source + ": not a JSON object");
-  Reader r(j, source);
+  const ConfigReader r(j, source);
   ModelConfig c;
   c.source = source;
   MT_ASSIGN_OR_RETURN(c.architecture, ReadArchitectureName(j, source));
-
-  MT_RETURN_IF_ERROR(r.Int("vocab_size", c.vocab_size, true));
-  MT_RETURN_IF_ERROR(r.Int("hidden_size", c.hidden_size, true));
-  MT_RETURN_IF_ERROR(r.Int("num_hidden_layers", c.n_layers, true));
-  MT_RETURN_IF_ERROR(r.Int("num_attention_heads", c.n_heads, true));
-  c.n_kv_heads = c.n_heads;
-  MT_RETURN_IF_ERROR(r.Int("num_key_value_heads", c.n_kv_heads, false));
-  if (c.n_heads <= 0) return r.Error("num_attention_heads must be positive");
-  c.head_dim = c.hidden_size / c.n_heads;
-  MT_RETURN_IF_ERROR(r.Int("head_dim", c.head_dim, false));
-  MT_RETURN_IF_ERROR(r.Int("intermediate_size", c.dense_intermediate_size, false));
-
-  bool found_width = false;
-  for (const auto& key : defaults.expert_width_keys) {
-    if (r.Has(key)) {
-      MT_RETURN_IF_ERROR(r.Int(key, c.expert_intermediate_size, true));
-      found_width = true;
-      break;
-    }
-  }
-  if (!found_width)
-    return r.Error("missing required field '" + defaults.expert_width_keys[0] + "'");
-
-  if (r.Has("num_experts")) {
-    MT_RETURN_IF_ERROR(r.Int("num_experts", c.n_experts, true));
-  } else {
-    MT_RETURN_IF_ERROR(r.Int("num_local_experts", c.n_experts, true));
-  }
-  MT_RETURN_IF_ERROR(r.Int("num_experts_per_tok", c.n_experts_per_token, true));
-  c.norm_topk_prob = defaults.norm_topk_prob;
-  MT_RETURN_IF_ERROR(r.Bool("norm_topk_prob", c.norm_topk_prob));
-  c.tie_word_embeddings = defaults.tie_word_embeddings;
-  MT_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", c.tie_word_embeddings));
-  MT_RETURN_IF_ERROR(r.Bool("attention_bias", c.attention_bias));
-  MT_RETURN_IF_ERROR(r.Int("max_position_embeddings", c.max_position_embeddings, false));
-
-  if (r.Has("rms_norm_eps"))
-    MT_RETURN_IF_ERROR(r.Double(j["rms_norm_eps"], "rms_norm_eps", c.rms_norm_eps));
-  MT_RETURN_IF_ERROR(ReadRope(r, defaults, c));
-
-  if (r.Has("hidden_act") && j["hidden_act"] != "silu")
-    return r.Error("field 'hidden_act' is " + j["hidden_act"].dump() +
-                   "; only \"silu\" is supported");
-
-  bool use_window = !defaults.sliding_window_needs_flag;
-  MT_RETURN_IF_ERROR(r.Bool("use_sliding_window", use_window));
-  if (use_window) MT_RETURN_IF_ERROR(r.Int("sliding_window", c.sliding_window, false));
-  if (c.sliding_window < 0) return r.Error("field 'sliding_window' must not be negative");
-
-  for (const char* key : {"torch_dtype", "dtype"}) {
-    if (r.Has(key) && j[key].is_string()) {
-      auto d = DTypeFromTorchName(j[key].get<std::string>());
-      if (!d)
-        return r.Error(std::string("field '") + key + "' is " + j[key].dump() +
-                       "; expected bfloat16, float16 or float32");
-      c.declared_dtype = d;
-    }
-  }
-
-  MT_RETURN_IF_ERROR(ReadIdList(r, "eos_token_id", c.eos_token_ids));
-  std::vector<int32_t> bos;
-  MT_RETURN_IF_ERROR(ReadIdList(r, "bos_token_id", bos));
-  if (!bos.empty()) c.bos_token_id = bos[0];
-
-  // Sizes must be positive and consistent before anything is allocated from them.
-  const std::pair<const char*, int64_t> positive[] = {
-      {"vocab_size", c.vocab_size},       {"hidden_size", c.hidden_size},
-      {"num_hidden_layers", c.n_layers},  {"num_key_value_heads", c.n_kv_heads},
-      {"head_dim", c.head_dim},           {"expert width", c.expert_intermediate_size},
-      {"number of experts", c.n_experts}, {"num_experts_per_tok", c.n_experts_per_token}};
-  for (const auto& [name, v] : positive)
-    if (v <= 0)
-      return r.Error(std::string(name) + " must be positive (is " + std::to_string(v) + ")");
-  if (c.n_heads % c.n_kv_heads != 0)
-    return r.Error("num_attention_heads (" + std::to_string(c.n_heads) +
-                   ") must be a multiple of num_key_value_heads (" + std::to_string(c.n_kv_heads) +
-                   ")");
-  if (c.head_dim % 2 != 0) return r.Error("head_dim must be even for rotary embeddings");
-  if (c.n_experts_per_token > c.n_experts)
-    return r.Error("num_experts_per_tok (" + std::to_string(c.n_experts_per_token) +
-                   ") exceeds the number of experts (" + std::to_string(c.n_experts) + ")");
-  MT_RETURN_IF_ERROR(CheckValues(r, c));
-  // A generous cap that keeps a corrupt config from asking for absurd allocations.
-  constexpr int64_t kMaxDim = int64_t{1} << 24;
-  for (int64_t v : {c.vocab_size, c.hidden_size, c.n_layers, c.n_heads, c.head_dim,
-                    c.expert_intermediate_size, c.dense_intermediate_size, c.n_experts})
-    if (v > kMaxDim) return r.Error("a size in the config exceeds " + std::to_string(kMaxDim));
-  if (c.n_heads * c.head_dim > kMaxDim)
-    return r.Error("num_attention_heads x head_dim exceeds " + std::to_string(kMaxDim));
-
-  c.layer_is_moe.assign(static_cast<size_t>(c.n_layers), true);
-  if (defaults.has_dense_layer_keys) {
-    int64_t step = 1;
-    MT_RETURN_IF_ERROR(r.Int("decoder_sparse_step", step, false));
-    if (step <= 0) return r.Error("field 'decoder_sparse_step' must be positive");
-    for (int64_t l = 0; l < c.n_layers; ++l)
-      c.layer_is_moe[static_cast<size_t>(l)] = (l + 1) % step == 0;
-    if (r.Has("mlp_only_layers")) {
-      const json& m = j["mlp_only_layers"];
-      if (!m.is_array()) return r.Error("field 'mlp_only_layers' must be a list of layer ids");
-      for (const auto& e : m) {
-        if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= c.n_layers)
-          return r.Error("field 'mlp_only_layers' holds " + e.dump() + ", not a layer id in [0, " +
-                         std::to_string(c.n_layers) + ")");
-        c.layer_is_moe[e.get<size_t>()] = false;
-      }
-    }
-    for (int64_t l = 0; l < c.n_layers; ++l)
-      if (!c.layer_is_moe[static_cast<size_t>(l)] && c.dense_intermediate_size <= 0)
-        return r.Error("layer " + std::to_string(l) +
-                       " is dense but 'intermediate_size' is missing");
-  }
+  MT_RETURN_IF_ERROR(ReadSharedFields(r, c));
+  MT_RETURN_IF_ERROR(CheckSharedSizes(r, c));
+  MT_RETURN_IF_ERROR(parse_arch(j, source, c));
+  MT_RETURN_IF_ERROR(CheckArchFields(r, c));
   return c;
 }
 

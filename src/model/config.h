@@ -1,6 +1,8 @@
-// ModelConfig: what the forward needs from config.json, with every key spelling real checkpoints
-// use resolved here (`rope_theta` or `rope_parameters.rope_theta`, `num_experts` or
-// `num_local_experts`), so model code reads one name per setting.
+// ModelConfig: what the forward needs from config.json, architecture-neutral. The shared parser
+// reads the keys every architecture spells the same way (sizes, heads, norms, RoPE, dtype, token
+// ids); each architecture file (model/arch/) reads its own spellings and switches and resolves
+// them into the same fields (the expert count and width, which layers are MoE, the attention
+// window), so model code reads one name per setting.
 #pragma once
 
 #include <cstdint>
@@ -52,26 +54,56 @@ struct ModelConfig {
   }
 };
 
-// Arch-specific defaults for keys a config may omit (each architecture file supplies its own,
-// mirroring the defaults of its Hugging Face config class).
-struct ConfigDefaults {
-  bool norm_topk_prob = true;
-  bool tie_word_embeddings = false;
-  double rope_theta = 10000.0;
-  // Keys naming the expert width, first present wins.
-  std::vector<std::string> expert_width_keys = {"moe_intermediate_size", "intermediate_size"};
-  // Whether `mlp_only_layers` / `decoder_sparse_step` choose dense layers.
-  bool has_dense_layer_keys = false;
-  // Whether `sliding_window` applies only when `use_sliding_window` is true.
-  bool sliding_window_needs_flag = false;
+enum class FieldPresence { kOptional, kRequired };
+
+// Reads config.json's fields with one error style, "<path>/config.json: field 'x' must be ...":
+// the shared parser and every architecture's own (ArchSpec::parse_config) read through it. An
+// optional field that is absent or null leaves `out` as it was, so the caller sets the default
+// first. The reader refers to `j` and `source`, which must outlive it.
+class ConfigReader {
+ public:
+  ConfigReader(const nlohmann::json& j, const std::string& source) : j_(j), source_(source) {}
+
+  // Present and not null.
+  bool Has(const std::string& key) const { return j_.contains(key) && !j_[key].is_null(); }
+
+  Status Int(const std::string& key, int64_t& out, FieldPresence presence) const;
+  Status Bool(const std::string& key, bool& out) const;      // optional
+  Status Double(const std::string& key, double& out) const;  // optional
+  // `v` as a number, `key` naming it in the error (a nested field: "rope_parameters.rope_theta").
+  Status Number(const nlohmann::json& v, const std::string& key, double& out) const;
+  // "<source>: <what>".
+  Status Error(const std::string& what) const;
+
+  // The config.json object.
+  const nlohmann::json& object() const { return j_; }
+
+ private:
+  const nlohmann::json& j_;
+  const std::string& source_;
 };
 
-// Parses config.json text (`source` names the file in errors). Validates that sizes are positive
-// and consistent (heads divide, top-k <= experts) and that the features used are supported.
+// An architecture's own config.json keys, read into `c` after the shared ones were read and
+// checked (so the sizes, n_layers among them, are valid). It must set n_experts,
+// expert_intermediate_size and layer_is_moe [n_layers], and whatever else the architecture
+// spells its own way or defaults differently (norm_topk_prob, sliding_window, rope_theta when
+// config.json gives none). ParseModelConfig then checks what it set.
+using ArchConfigParser = Status (*)(const nlohmann::json& j, const std::string& source,
+                                    ModelConfig& c);
+
+// Parses config.json text (`source` names the file in errors): the shared keys, then the
+// architecture's (`parse_arch`). Validates that sizes are positive and consistent (heads divide,
+// top-k <= experts), that values are usable (eps, rope_theta, token ids inside the vocabulary)
+// and that the features used are supported.
 Expected<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source,
-                                       const ConfigDefaults& defaults);
+                                       ArchConfigParser parse_arch);
 
 // Reads `architectures[0]` of a parsed config.json, or fails naming the file.
 Expected<std::string> ReadArchitectureName(const nlohmann::json& config, const std::string& source);
+
+// Whether config.json gives rope_theta, under either spelling (`rope_theta`, or inside
+// `rope_parameters` / `rope_scaling`): an architecture whose default differs from ModelConfig's
+// sets its own only when it does not.
+bool DeclaresRopeTheta(const nlohmann::json& config);
 
 }  // namespace moetier

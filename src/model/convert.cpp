@@ -169,10 +169,11 @@ int64_t ConvertRows(const TensorView& src, int64_t k, int64_t r0, int64_t n_rows
   return -1;
 }
 
-// The message for a row BF16C cannot hold.
-Status Bf16cRowError(const std::string& file, const std::string& name, int64_t row, bool expert) {
-  return Status::Error(file + ": tensor '" + name + "' row " + std::to_string(row) +
-                       " has more than " + std::to_string(kernels::kBf16cMaxExceptions) +
+// The message for a row BF16C cannot hold; `row` says which ("row 3", "expert 5 row 3").
+Status Bf16cRowError(const std::string& file, const std::string& name, const std::string& row,
+                     bool expert) {
+  return Status::Error(file + ": tensor '" + name + "' " + row + " has more than " +
+                       std::to_string(kernels::kBf16cMaxExceptions) +
                        " weights outside its 16 most common sign/exponent classes, more than "
                        "bf16c stores a row; convert with " +
                        (expert ? "--dtype bf16" : "--dense-dtype bf16") + " instead");
@@ -779,7 +780,8 @@ Status WeightWriter::ConvertTensor(const std::string& name, const TensorView& v,
                       chunk_.data() + b * out_row, scratch_[static_cast<size_t>(thread)].data());
       if (bad >= 0) bad_row.store(bad);
     });
-    if (bad_row.load() >= 0) return Bf16cRowError(src_.FileOf(name), name, bad_row, false);
+    if (bad_row.load() >= 0)
+      return Bf16cRowError(src_.FileOf(name), name, "row " + std::to_string(bad_row), false);
     hash.Update(chunk_.data(), chunk_.size());
     MT_RETURN_IF_ERROR(out_.Write(chunk_.data(), chunk_.size()));
     Advance(static_cast<uint64_t>(n) * in_row, name);
@@ -826,9 +828,12 @@ int64_t WeightWriter::ConvertExperts(const std::vector<ExpertWeights>& experts, 
 
 Status WeightWriter::ExpertRowError(int64_t layer, int64_t expert, int64_t r) const {
   const ExpertRow at = LocateExpertRow(lay_, r);
-  const std::string name = s_.spec->expert_tensor_name(layer, expert, at.matrix);
-  return Bf16cRowError(s_.converted ? s_.converted->description() : src_.FileOf(name), name, at.row,
-                       true);
+  const ExpertTensorBinding t = s_.spec->expert_tensor(layer, expert, at.matrix);
+  // A tensor stacking the layer's experts holds the row in the expert's slice.
+  const std::string row = (t.stacked() ? "expert " + std::to_string(t.stacked_expert) + " " : "") +
+                          "row " + std::to_string(at.row);
+  return Bf16cRowError(s_.converted ? s_.converted->description() : src_.FileOf(t.name), t.name,
+                       row, true);
 }
 
 // One MoE layer's bank, a chunk of experts at a time: each chunk converted by every thread,

@@ -10,7 +10,7 @@ namespace moetier {
 
 namespace {
 
-// The dtype of the experts: that of the first MoE layer's first gate matrix.
+// The dtype of the experts: that of the tensor holding the first MoE layer's first gate matrix.
 Expected<DType> HfExpertDtype(const ModelSource& s) {
   for (int64_t l = 0; l < s.config.n_layers; ++l) {
     if (!s.config.layer_is_moe[static_cast<size_t>(l)]) continue;
@@ -77,6 +77,62 @@ Status CheckIndexAgainstConfig(const ModelSource& s) {
   return OkStatus();
 }
 
+// `dir` must be a directory: a symlink loop or an unreadable path is an error, not an exception.
+Status CheckModelDirectory(const std::filesystem::path& dir) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(dir, ec);
+  if (ec && st.type() != std::filesystem::file_type::not_found)
+    return Status::Error(dir.string() + ": cannot open: " + ec.message() +
+                         "; --model takes a model directory");
+  if (st.type() != std::filesystem::file_type::directory)
+    return Status::Error(dir.string() + ": not a directory; --model takes a model directory");
+  return OkStatus();
+}
+
+// config.json's text and the architecture it names.
+struct ConfigFile {
+  std::string path;
+  std::string text;
+  std::string architecture;
+};
+
+Expected<ConfigFile> ReadConfigFile(const std::filesystem::path& dir) {
+  MT_RETURN_IF_ERROR(CheckModelDirectory(dir));
+  ConfigFile f;
+  f.path = (dir / "config.json").string();
+  MT_ASSIGN_OR_RETURN(f.text, ReadTextFile(f.path));
+  MT_ASSIGN_OR_RETURN(nlohmann::json j, ParseJsonText(f.text, f.path));
+  MT_ASSIGN_OR_RETURN(f.architecture, ReadArchitectureName(j, f.path));
+  return f;
+}
+
+// Opens the weight files of `dir` as `spec` describes them, and sizes each MoE layer's bank.
+Expected<ModelSource> OpenWithSpec(const std::filesystem::path& dir, const ConfigFile& config,
+                                   const arch::ArchSpec& spec) {
+  ModelSource s;
+  s.dir = dir;
+  s.spec = &spec;
+  MT_ASSIGN_OR_RETURN(s.config, ParseModelConfig(config.text, config.path, spec.parse_config));
+  DType expert_dtype;
+  if (IsConvertedModelDir(dir)) {
+    MT_ASSIGN_OR_RETURN(ConvertedModel m, ConvertedModel::Open(dir));
+    s.converted = std::make_unique<ConvertedModel>(std::move(m));
+    MT_RETURN_IF_ERROR(CheckIndexAgainstConfig(s));
+    s.config.converted_dense_dtype = s.converted->index().dense_dtype;
+    expert_dtype =
+        s.converted->index().banks.empty() ? DType::kBF16 : s.converted->index().banks[0].dtype;
+  } else {
+    MT_ASSIGN_OR_RETURN(Checkpoint c, Checkpoint::OpenHfDirectory(dir));
+    s.hf = std::make_unique<Checkpoint>(std::move(c));
+    MT_ASSIGN_OR_RETURN(expert_dtype, HfExpertDtype(s));
+  }
+  s.layout = ExpertLayout{s.config.hidden_size, s.config.expert_intermediate_size, expert_dtype};
+  for (int64_t l = 0; l < s.config.n_layers; ++l)
+    if (s.config.layer_is_moe[static_cast<size_t>(l)])
+      s.banks.push_back({l, s.layout.bank_bytes(s.config.n_experts), expert_dtype});
+  return s;
+}
+
 }  // namespace
 
 std::set<std::string> ExpertTensorNames(const ModelSource& s) {
@@ -98,15 +154,15 @@ Expected<std::vector<ExpertWeights>> CheckpointExperts(const ModelSource& s, int
   const ExpertLayout& lay = s.layout;
   const int64_t E = s.config.n_experts;
   WeightBinder b(*s.hf, s.config);
+  auto bind = [&](int64_t e, ExpertMatrix m, int64_t rows, int64_t cols) {
+    return b.Expert(s.spec->expert_tensor(layer, e, m), {rows, cols}, E);
+  };
   std::vector<ExpertWeights> src(static_cast<size_t>(E));
   for (int64_t e = 0; e < E && b.status().ok(); ++e) {
     auto& w = src[static_cast<size_t>(e)];
-    w.gate = b.Matrix(s.spec->expert_tensor_name(layer, e, ExpertMatrix::kGate),
-                      {lay.width, lay.d_model});
-    w.up =
-        b.Matrix(s.spec->expert_tensor_name(layer, e, ExpertMatrix::kUp), {lay.width, lay.d_model});
-    w.down = b.Matrix(s.spec->expert_tensor_name(layer, e, ExpertMatrix::kDown),
-                      {lay.d_model, lay.width});
+    w.gate = bind(e, ExpertMatrix::kGate, lay.width, lay.d_model);
+    w.up = bind(e, ExpertMatrix::kUp, lay.width, lay.d_model);
+    w.down = bind(e, ExpertMatrix::kDown, lay.d_model, lay.width);
     for (const TensorView* v : {&w.gate, &w.up, &w.down})
       if (b.status().ok() && v->dtype != lay.dtype)
         return Status::Error(s.hf->description() + ": layer " + std::to_string(layer) + " expert " +
@@ -123,43 +179,21 @@ std::unique_ptr<TensorStore> ModelSource::TakeDense() {
 }
 
 Expected<ModelSource> OpenModelSource(const std::filesystem::path& dir) {
-  std::error_code ec;  // a symlink loop or an unreadable path is an error, not an exception
-  const std::filesystem::file_status st = std::filesystem::status(dir, ec);
-  if (ec && st.type() != std::filesystem::file_type::not_found)
-    return Status::Error(dir.string() + ": cannot open: " + ec.message() +
-                         "; --model takes a model directory");
-  if (st.type() != std::filesystem::file_type::directory)
-    return Status::Error(dir.string() + ": not a directory; --model takes a model directory");
-  ModelSource s;
-  s.dir = dir;
-  const std::filesystem::path config_path = dir / "config.json";
-  MT_ASSIGN_OR_RETURN(std::string text, ReadTextFile(config_path));
-  MT_ASSIGN_OR_RETURN(nlohmann::json j, ParseJsonText(text, config_path.string()));
-  MT_ASSIGN_OR_RETURN(std::string arch_name, ReadArchitectureName(j, config_path.string()));
-  s.spec = arch::FindArch(arch_name);
-  if (s.spec == nullptr)
-    return Status::Error(config_path.string() + ": unknown architecture '" + arch_name +
+  MT_ASSIGN_OR_RETURN(const ConfigFile config, ReadConfigFile(dir));
+  const arch::ArchSpec* spec = arch::FindArch(config.architecture);
+  if (spec == nullptr)
+    return Status::Error(config.path + ": unknown architecture '" + config.architecture +
                          "'; supported: " + arch::SupportedArchNames());
-  MT_ASSIGN_OR_RETURN(s.config, ParseModelConfig(text, config_path.string(), s.spec->defaults()));
+  return OpenWithSpec(dir, config, *spec);
+}
 
-  DType expert_dtype;
-  if (IsConvertedModelDir(dir)) {
-    MT_ASSIGN_OR_RETURN(ConvertedModel m, ConvertedModel::Open(dir));
-    s.converted = std::make_unique<ConvertedModel>(std::move(m));
-    MT_RETURN_IF_ERROR(CheckIndexAgainstConfig(s));
-    s.config.converted_dense_dtype = s.converted->index().dense_dtype;
-    expert_dtype =
-        s.converted->index().banks.empty() ? DType::kBF16 : s.converted->index().banks[0].dtype;
-  } else {
-    MT_ASSIGN_OR_RETURN(Checkpoint c, Checkpoint::OpenHfDirectory(dir));
-    s.hf = std::make_unique<Checkpoint>(std::move(c));
-    MT_ASSIGN_OR_RETURN(expert_dtype, HfExpertDtype(s));
-  }
-  s.layout = ExpertLayout{s.config.hidden_size, s.config.expert_intermediate_size, expert_dtype};
-  for (int64_t l = 0; l < s.config.n_layers; ++l)
-    if (s.config.layer_is_moe[static_cast<size_t>(l)])
-      s.banks.push_back({l, s.layout.bank_bytes(s.config.n_experts), expert_dtype});
-  return s;
+Expected<ModelSource> OpenModelSourceAs(const std::filesystem::path& dir,
+                                        const arch::ArchSpec& spec) {
+  MT_ASSIGN_OR_RETURN(const ConfigFile config, ReadConfigFile(dir));
+  if (config.architecture != spec.hf_name)
+    return Status::Error(config.path + ": architecture '" + config.architecture +
+                         "', but the model is opened as " + std::string(spec.hf_name));
+  return OpenWithSpec(dir, config, spec);
 }
 
 }  // namespace moetier

@@ -35,17 +35,24 @@ struct ModelSource {
   std::unique_ptr<TensorStore> TakeDense();
 };
 
-// The tensor names of every MoE layer's experts (the banks' contents) and of its router.
+// The tensor names of every MoE layer's experts (the banks' contents; a tensor stacking a
+// layer's experts once) and of its router.
 std::set<std::string> ExpertTensorNames(const ModelSource& s);
 std::set<std::string> RouterTensorNames(const ModelSource& s);
 
 // Views of MoE layer `layer`'s experts in a Hugging Face checkpoint's maps (s.hf), after
-// checking each tensor's presence, dtype and shape, and that all share s.layout's dtype. Reads
-// headers only. The loader copies banks from these; convert checks every layer first.
+// checking each tensor's presence, dtype and shape, and that all share s.layout's dtype: each
+// expert's own tensors, or its rows of the layer's stacked tensors (ArchSpec::expert_tensor).
+// Reads headers only. The loader copies banks from these; convert checks every layer first.
 Expected<std::vector<ExpertWeights>> CheckpointExperts(const ModelSource& s, int64_t layer);
 
 // Parses config.json, finds the architecture, opens the weight files and checks that a
 // converted index agrees with config.json. Reads headers and the index only.
 Expected<ModelSource> OpenModelSource(const std::filesystem::path& dir);
+// As OpenModelSource, with `spec` in place of the registered architecture of the same name
+// (config.json must name spec.hf_name): how a test opens a checkpoint whose tensors are laid
+// out as no registered architecture's are (stacked experts). The source keeps `spec`'s address.
+Expected<ModelSource> OpenModelSourceAs(const std::filesystem::path& dir,
+                                        const arch::ArchSpec& spec);
 
 }  // namespace moetier

@@ -45,6 +45,25 @@ TensorView WeightBinder::Matrix(const std::string& name, std::vector<int64_t> sh
   return v ? *v : TensorView{};
 }
 
+TensorView WeightBinder::Expert(const ExpertTensorBinding& t, std::vector<int64_t> shape,
+                                int64_t n_experts) {
+  if (!t.stacked()) return Matrix(t.name, std::move(shape));
+  std::vector<int64_t> stacked_shape = {n_experts};
+  stacked_shape.insert(stacked_shape.end(), shape.begin(), shape.end());
+  const TensorView* v = Lookup(t.name, stacked_shape);
+  if (v == nullptr) return TensorView{};
+  // Rows through DTypeRowBytes: a block format has no per-element size.
+  const size_t slice_bytes = static_cast<size_t>(shape[0]) * DTypeRowBytes(v->dtype, shape[1]);
+  const size_t offset = static_cast<size_t>(t.stacked_expert) * slice_bytes;
+  if (t.stacked_expert >= n_experts || offset + slice_bytes > v->n_bytes) {
+    status_ = Status::Error(checkpoint_.FileOf(t.name) + ": tensor '" + t.name + "' (shape " +
+                            ShapeToString(stacked_shape) + ", " + std::to_string(v->n_bytes) +
+                            " bytes) holds no expert " + std::to_string(t.stacked_expert));
+    return TensorView{};
+  }
+  return TensorView{v->dtype, std::move(shape), v->bytes() + offset, slice_bytes};
+}
+
 std::vector<float> WeightBinder::Vector(const std::string& name, int64_t n) {
   const TensorView* v = Lookup(name, {n});
   if (v != nullptr && IsBlockFormat(v->dtype)) {

@@ -1,5 +1,5 @@
-// config.json parsing: both key spellings real checkpoints use, defaults per architecture, and
-// errors that name the field.
+// config.json parsing: both key spellings real checkpoints use, each architecture's own keys and
+// defaults (its ArchSpec::parse_config), and errors that name the field.
 #include <gtest/gtest.h>
 
 #include "model/arch/arch.h"
@@ -10,7 +10,7 @@ namespace moetier {
 namespace {
 
 Expected<ModelConfig> Parse(const nlohmann::json& j, const char* arch = "Qwen3MoeForCausalLM") {
-  return ParseModelConfig(j.dump(), "config.json", arch::FindArch(arch)->defaults());
+  return ParseModelConfig(j.dump(), "config.json", arch::FindArch(arch)->parse_config);
 }
 
 nlohmann::json Fixture(const std::string& rel) {
@@ -63,6 +63,95 @@ TEST(Config, DenseLayersFromMlpOnlyLayersAndSparseStep) {
   auto c = Parse(j);
   ASSERT_TRUE(c.ok()) << c.message();
   EXPECT_EQ(c->layer_is_moe, (std::vector<bool>{false, true, false, true}));
+}
+
+TEST(Config, EachArchitectureDefaultsItsOwnKeys) {
+  // Qwen3MoeConfig: norm_topk_prob false, rope_theta 10000.
+  nlohmann::json q = Fixture("qwen3_moe");
+  q.erase("norm_topk_prob");
+  q.erase("rope_theta");
+  auto qc = Parse(q);
+  ASSERT_TRUE(qc.ok()) << qc.message();
+  EXPECT_FALSE(qc->norm_topk_prob);
+  EXPECT_DOUBLE_EQ(qc->rope_theta, 10000.0);
+  // MixtralConfig: rope_theta 1e6; top-k always renormalised, whatever the config says.
+  nlohmann::json m = Fixture("mixtral");
+  m.erase("rope_parameters");
+  m["norm_topk_prob"] = false;
+  auto mc = Parse(m, "MixtralForCausalLM");
+  ASSERT_TRUE(mc.ok()) << mc.message();
+  EXPECT_DOUBLE_EQ(mc->rope_theta, 1e6);
+  EXPECT_TRUE(mc->norm_topk_prob);
+  EXPECT_EQ(mc->layer_is_moe, std::vector<bool>(3, true));
+  EXPECT_EQ(mc->dense_intermediate_size, 96);
+}
+
+TEST(Config, SlidingWindowAsEachArchitectureSpellsIt) {
+  // Qwen3-MoE: only with use_sliding_window.
+  nlohmann::json q = Fixture("qwen3_moe");
+  q["sliding_window"] = 4096;
+  auto off = Parse(q);
+  ASSERT_TRUE(off.ok()) << off.message();
+  EXPECT_EQ(off->sliding_window, 0);
+  q["use_sliding_window"] = true;
+  auto on = Parse(q);
+  ASSERT_TRUE(on.ok()) << on.message();
+  EXPECT_EQ(on->sliding_window, 4096);
+  // Mixtral: whenever it is not null (MixtralConfig has no use_sliding_window).
+  nlohmann::json m = Fixture("mixtral");
+  m["sliding_window"] = 4096;
+  m["use_sliding_window"] = false;
+  auto mc = Parse(m, "MixtralForCausalLM");
+  ASSERT_TRUE(mc.ok()) << mc.message();
+  EXPECT_EQ(mc->sliding_window, 4096);
+}
+
+TEST(Config, ArchitectureKeyErrors) {
+  struct Case {
+    const char* what;
+    const char* arch;
+    std::function<void(nlohmann::json&)> edit;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"qwen3 without expert width", "Qwen3MoeForCausalLM",
+       [](auto& j) { j.erase("moe_intermediate_size"); }, "'moe_intermediate_size'"},
+      {"qwen3 without expert count", "Qwen3MoeForCausalLM", [](auto& j) { j.erase("num_experts"); },
+       "'num_local_experts'"},
+      {"qwen3 window flag not a bool", "Qwen3MoeForCausalLM",
+       [](auto& j) { j["use_sliding_window"] = 1; }, "'use_sliding_window'"},
+      {"qwen3 negative window", "Qwen3MoeForCausalLM",
+       [](auto& j) {
+         j["use_sliding_window"] = true;
+         j["sliding_window"] = -1;
+       },
+       "sliding_window"},
+      {"qwen3 dense layer without width", "Qwen3MoeForCausalLM",
+       [](auto& j) {
+         j.erase("intermediate_size");
+         j["mlp_only_layers"] = {2};
+       },
+       "layer 2 is dense but 'intermediate_size' is missing"},
+      {"qwen3 zero experts", "Qwen3MoeForCausalLM", [](auto& j) { j["num_experts"] = 0; },
+       "number of experts must be positive"},
+      {"mixtral without width", "MixtralForCausalLM", [](auto& j) { j.erase("intermediate_size"); },
+       "'intermediate_size'"},
+      {"mixtral without expert count", "MixtralForCausalLM",
+       [](auto& j) { j.erase("num_local_experts"); }, "'num_local_experts'"},
+      {"mixtral top-k > experts", "MixtralForCausalLM",
+       [](auto& j) { j["num_experts_per_tok"] = 5; }, "num_experts_per_tok"},
+      {"mixtral absurd expert count", "MixtralForCausalLM",
+       [](auto& j) { j["num_local_experts"] = int64_t{1} << 30; }, "exceeds"},
+  };
+  for (const auto& c : cases) {
+    nlohmann::json j =
+        Fixture(std::string(c.arch) == "MixtralForCausalLM" ? "mixtral" : "qwen3_moe");
+    c.edit(j);
+    auto r = Parse(j, c.arch);
+    ASSERT_FALSE(r.ok()) << c.what;
+    EXPECT_NE(r.message().find("config.json: "), std::string::npos) << r.message();
+    EXPECT_NE(r.message().find(c.needle), std::string::npos) << c.what << ": " << r.message();
+  }
 }
 
 TEST(Config, Errors) {
@@ -122,7 +211,8 @@ TEST(Config, Errors) {
 }
 
 TEST(Config, NotJson) {
-  auto r = ParseModelConfig("{\"hidden_size\": 4,", "x/config.json", ConfigDefaults{});
+  auto r =
+      ParseModelConfig("{\"hidden_size\": 4,", "x/config.json", arch::Qwen3MoeSpec().parse_config);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.message().rfind("x/config.json: not valid JSON", 0), 0u) << r.message();
 }

@@ -1,5 +1,6 @@
 // The architectures moetier knows, by the class name in config.json's `architectures`.
-// Each lives in one file of this folder: its config defaults, its tensor names and its forward.
+// Each lives in one file of this folder: its config quirks, its tensor names and its forward
+// (docs/architecture.md, "Adding an architecture").
 #pragma once
 
 #include <memory>
@@ -11,6 +12,7 @@
 #include "core/thread_pool.h"
 #include "io/tensor_store.h"
 #include "model/causal_lm.h"
+#include "model/config.h"
 #include "model/weight_binder.h"
 #include "ops/expert_source.h"
 
@@ -22,10 +24,14 @@ namespace moetier::arch {
 
 struct ArchSpec {
   std::string_view hf_name;  // e.g. "Qwen3MoeForCausalLM"
-  ConfigDefaults (*defaults)();
-  // The Hugging Face name of one routed expert's matrix, e.g.
-  // "model.layers.3.mlp.experts.5.gate_proj.weight". Banks are built from these names.
-  std::string (*expert_tensor_name)(int64_t layer, int64_t expert, ExpertMatrix which);
+  // Reads the architecture's own config.json keys, after the shared ones (ParseModelConfig):
+  // the expert count and width, which layers are MoE, the routing and attention switches and
+  // the defaults that differ from ModelConfig's.
+  ArchConfigParser parse_config;
+  // Where routed expert `expert`'s matrix `which` of MoE layer `layer` is in a Hugging Face
+  // checkpoint: its own tensor, e.g. "model.layers.3.mlp.experts.5.gate_proj.weight", or the
+  // expert's slice of a tensor stacking the layer's experts. Banks are built from these.
+  ExpertTensorBinding (*expert_tensor)(int64_t layer, int64_t expert, ExpertMatrix which);
   // The Hugging Face name of a MoE layer's router matrix [n_experts, d_model], e.g.
   // "model.layers.3.mlp.gate.weight". convert keeps routers in their source dtype.
   std::string (*router_tensor_name)(int64_t layer);
@@ -43,6 +49,11 @@ struct ArchSpec {
                                                 std::unique_ptr<TensorStore> dense,
                                                 std::unique_ptr<ExpertSource> experts,
                                                 int n_threads);
+
+  // The name of the tensor holding that matrix (for a stacked layout, the stacked tensor).
+  std::string expert_tensor_name(int64_t layer, int64_t expert, ExpertMatrix which) const {
+    return expert_tensor(layer, expert, which).name;
+  }
 };
 
 const ArchSpec& Qwen3MoeSpec();

@@ -1,9 +1,10 @@
 // Mixtral (MixtralForCausalLM): Mixtral-8x7B, Mixtral-8x22B.
 //
 // Settings: `num_local_experts` experts of width `intermediate_size`, top-`num_experts_per_tok`,
-// always renormalised. Every layer is MoE. Grouped-query attention without q/k norm or bias;
-// `head_dim` defaults to hidden_size / num_attention_heads; `sliding_window` (when not null)
-// limits attention. Expert tensors are w1 (gate), w3 (up) and w2 (down).
+// always renormalised (`norm_topk_prob` is not read). Every layer is MoE. Grouped-query
+// attention without q/k norm or bias; `head_dim` defaults to hidden_size / num_attention_heads;
+// `sliding_window` (when not null) limits attention. `rope_theta` defaults to 1e6. Expert
+// tensors: one per expert and matrix, w1 (gate), w3 (up) and w2 (down).
 //
 // Forward: the standard MoE decoder of model/decoder_lm.h.
 #include <string>
@@ -18,15 +19,22 @@ namespace {
 
 constexpr std::string_view kEmbeddingName = "model.embed_tokens.weight";
 
-ConfigDefaults MixtralDefaults() {
-  ConfigDefaults d;
-  d.norm_topk_prob = true;  // Mixtral always renormalises the top-k weights
-  d.tie_word_embeddings = false;
-  d.rope_theta = 1e6;
-  d.expert_width_keys = {"intermediate_size"};
-  d.has_dense_layer_keys = false;
-  d.sliding_window_needs_flag = false;
-  return d;
+// MixtralConfig's default, where config.json gives no rope_theta.
+constexpr double kMixtralRopeTheta = 1e6;
+
+// ArchSpec::parse_config, with MixtralConfig's defaults.
+Status ParseMixtralConfig(const nlohmann::json& j, const std::string& source, ModelConfig& c) {
+  const ConfigReader r(j, source);
+  // Every layer is MoE, so `intermediate_size` is the experts' width.
+  MT_RETURN_IF_ERROR(
+      r.Int("intermediate_size", c.expert_intermediate_size, FieldPresence::kRequired));
+  MT_RETURN_IF_ERROR(r.Int("num_local_experts", c.n_experts, FieldPresence::kRequired));
+  c.layer_is_moe.assign(static_cast<size_t>(c.n_layers), true);
+  // Mixtral always renormalises the top-k weights; it has no switch for it.
+  c.norm_topk_prob = true;
+  if (!DeclaresRopeTheta(j)) c.rope_theta = kMixtralRopeTheta;
+  // No use_sliding_window here: a window, when not null, always applies.
+  return r.Int("sliding_window", c.sliding_window, FieldPresence::kOptional);
 }
 
 std::string MixtralRouterName(int64_t layer) {
@@ -61,8 +69,6 @@ DecoderWeights BindMixtralDense(const ModelConfig& c, WeightBinder& b) {
 Expected<std::unique_ptr<CausalLM>> CreateMixtral(ModelConfig c, std::unique_ptr<TensorStore> dense,
                                                   std::unique_ptr<ExpertSource> experts,
                                                   int n_threads) {
-  // Mixtral has no switch for this; a config that says otherwise is not a Mixtral we know.
-  c.norm_topk_prob = true;
   WeightBinder b(*dense, c);
   DecoderWeights w = BindMixtralDense(c, b);
   MT_RETURN_IF_ERROR(b.status());
@@ -72,19 +78,19 @@ Expected<std::unique_ptr<CausalLM>> CreateMixtral(ModelConfig c, std::unique_ptr
       std::move(c), std::move(dense), std::move(w), std::move(experts), router, n_threads));
 }
 
-std::string MixtralExpertName(int64_t layer, int64_t expert, ExpertMatrix which) {
+ExpertTensorBinding MixtralExpertTensor(int64_t layer, int64_t expert, ExpertMatrix which) {
   const char* matrix = which == ExpertMatrix::kGate ? "w1.weight"
                        : which == ExpertMatrix::kUp ? "w3.weight"
                                                     : "w2.weight";
-  return "model.layers." + std::to_string(layer) + ".block_sparse_moe.experts." +
-         std::to_string(expert) + "." + matrix;
+  return {"model.layers." + std::to_string(layer) + ".block_sparse_moe.experts." +
+          std::to_string(expert) + "." + matrix};
 }
 
 }  // namespace
 
 const ArchSpec& MixtralSpec() {
-  static const ArchSpec spec{"MixtralForCausalLM", &MixtralDefaults, &MixtralExpertName,
-                             &MixtralRouterName,   kEmbeddingName,   &BindMixtralDense,
+  static const ArchSpec spec{"MixtralForCausalLM", &ParseMixtralConfig, &MixtralExpertTensor,
+                             &MixtralRouterName,   kEmbeddingName,      &BindMixtralDense,
                              &CreateMixtral};
   return spec;
 }

@@ -4,7 +4,9 @@
 // top-`num_experts_per_tok`, renormalised when `norm_topk_prob` (default false). Layers listed
 // in `mlp_only_layers`, or off the `decoder_sparse_step` grid, are dense MLPs of width
 // `intermediate_size`. Grouped-query attention with a per-head RMSNorm of q and k before RoPE;
-// no attention bias unless `attention_bias`. Embeddings tied when `tie_word_embeddings`.
+// no attention bias unless `attention_bias`; `sliding_window` limits attention only when
+// `use_sliding_window`. Embeddings tied when `tie_word_embeddings`. `rope_theta` defaults to
+// 10000. Expert tensors: one per expert and matrix (gate_proj, up_proj, down_proj).
 //
 // Forward: the standard MoE decoder of model/decoder_lm.h.
 #include <string>
@@ -19,15 +21,44 @@ namespace {
 
 constexpr std::string_view kEmbeddingName = "model.embed_tokens.weight";
 
-ConfigDefaults Qwen3MoeDefaults() {
-  ConfigDefaults d;
-  d.norm_topk_prob = false;  // Qwen3MoeConfig's default
-  d.tie_word_embeddings = false;
-  d.rope_theta = 10000.0;
-  d.expert_width_keys = {"moe_intermediate_size"};
-  d.has_dense_layer_keys = true;
-  d.sliding_window_needs_flag = true;  // `sliding_window` applies only with use_sliding_window
-  return d;
+// Which layers are MoE: those on the `decoder_sparse_step` grid ((layer + 1) % step == 0) and
+// not listed in `mlp_only_layers`; the others are dense MLPs.
+Status ReadQwen3MoeLayers(const ConfigReader& r, ModelConfig& c) {
+  int64_t step = 1;
+  MT_RETURN_IF_ERROR(r.Int("decoder_sparse_step", step, FieldPresence::kOptional));
+  if (step <= 0) return r.Error("field 'decoder_sparse_step' must be positive");
+  c.layer_is_moe.assign(static_cast<size_t>(c.n_layers), true);
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    c.layer_is_moe[static_cast<size_t>(l)] = (l + 1) % step == 0;
+  if (!r.Has("mlp_only_layers")) return OkStatus();
+  const nlohmann::json& m = r.object()["mlp_only_layers"];
+  if (!m.is_array()) return r.Error("field 'mlp_only_layers' must be a list of layer ids");
+  for (const auto& e : m) {
+    if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= c.n_layers)
+      return r.Error("field 'mlp_only_layers' holds " + e.dump() + ", not a layer id in [0, " +
+                     std::to_string(c.n_layers) + ")");
+    c.layer_is_moe[e.get<size_t>()] = false;
+  }
+  return OkStatus();
+}
+
+// ArchSpec::parse_config, with Qwen3MoeConfig's defaults.
+Status ParseQwen3MoeConfig(const nlohmann::json& j, const std::string& source, ModelConfig& c) {
+  const ConfigReader r(j, source);
+  MT_RETURN_IF_ERROR(
+      r.Int("moe_intermediate_size", c.expert_intermediate_size, FieldPresence::kRequired));
+  // Both spellings occur: `num_experts` in the original checkpoints, `num_local_experts` in
+  // those transformers 5 writes.
+  MT_RETURN_IF_ERROR(r.Int(r.Has("num_experts") ? "num_experts" : "num_local_experts", c.n_experts,
+                           FieldPresence::kRequired));
+  c.norm_topk_prob = false;
+  MT_RETURN_IF_ERROR(r.Bool("norm_topk_prob", c.norm_topk_prob));
+  // `sliding_window` is set in most configs but applies only with use_sliding_window.
+  bool use_sliding_window = false;
+  MT_RETURN_IF_ERROR(r.Bool("use_sliding_window", use_sliding_window));
+  if (use_sliding_window)
+    MT_RETURN_IF_ERROR(r.Int("sliding_window", c.sliding_window, FieldPresence::kOptional));
+  return ReadQwen3MoeLayers(r, c);
 }
 
 std::string Qwen3MoeRouterName(int64_t layer) {
@@ -86,19 +117,19 @@ Expected<std::unique_ptr<CausalLM>> CreateQwen3Moe(ModelConfig c,
       std::move(c), std::move(dense), std::move(w), std::move(experts), router, n_threads));
 }
 
-std::string Qwen3MoeExpertName(int64_t layer, int64_t expert, ExpertMatrix which) {
+ExpertTensorBinding Qwen3MoeExpertTensor(int64_t layer, int64_t expert, ExpertMatrix which) {
   const char* matrix = which == ExpertMatrix::kGate ? "gate_proj.weight"
                        : which == ExpertMatrix::kUp ? "up_proj.weight"
                                                     : "down_proj.weight";
-  return "model.layers." + std::to_string(layer) + ".mlp.experts." + std::to_string(expert) + "." +
-         matrix;
+  return {"model.layers." + std::to_string(layer) + ".mlp.experts." + std::to_string(expert) + "." +
+          matrix};
 }
 
 }  // namespace
 
 const ArchSpec& Qwen3MoeSpec() {
-  static const ArchSpec spec{"Qwen3MoeForCausalLM", &Qwen3MoeDefaults, &Qwen3MoeExpertName,
-                             &Qwen3MoeRouterName,   kEmbeddingName,    &BindQwen3MoeDense,
+  static const ArchSpec spec{"Qwen3MoeForCausalLM", &ParseQwen3MoeConfig, &Qwen3MoeExpertTensor,
+                             &Qwen3MoeRouterName,   kEmbeddingName,       &BindQwen3MoeDense,
                              &CreateQwen3Moe};
   return spec;
 }
