@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", model.message().c_str());
     return 1;
   }
-  KvCache cache = (*model)->NewCache(1024);
+  KvCache cache = *(*model)->NewCache(1024);
   std::vector<int32_t> prompt(4, 1);
   std::vector<float> logits;
   if (!(*model)->Forward(prompt, cache, LogitsFor::kLastToken, logits).ok()) return 1;

@@ -86,7 +86,9 @@ int Run(const Opts& o) {
     std::fprintf(stderr, "bench: run %d/%d: prefill %lld tokens, decode %lld tokens\n", r + 1,
                  o.repeats, static_cast<long long>(o.prompt_tokens),
                  static_cast<long long>(o.gen_tokens));
-    KvCache cache = lm.NewCache(ctx);
+    auto made = lm.NewCache(ctx);
+    if (!made.ok()) return ReportError(made.message());
+    KvCache cache = std::move(made).value();
     if (o.profile) lm.SetPhaseTimes(&prefill_times);
     auto t0 = std::chrono::steady_clock::now();
     Status s = lm.Forward(prompt, cache, LogitsFor::kLastToken, logits);

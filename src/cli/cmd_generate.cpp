@@ -61,17 +61,17 @@ int RunTokens(const Opts& o) {
     return OkStatus();
   });
   if (!model.ok()) return ReportError(model.message());
-  CausalLM& lm = **model;
+  auto engine = MakeEngine(o.model, **model, nullptr);
+  if (!engine.ok()) return ReportError(engine.message());
   std::string line;
   if (g.max_new_tokens > 0) {
-    KvCache cache = lm.NewCache(ContextSize(o.model, lm));
-    auto out = Generate(lm, cache, *ids, g);
+    auto out = Generate(**engine, *ids, g);
     if (!out.ok()) return ReportError(out.message());
     for (size_t i = 0; i < out->ids.size(); ++i) {
       if (i) line.push_back(',');
       line.append(std::to_string(out->ids[i]));
     }
-    ReportFinish(out->reason, cache.max_positions());
+    ReportFinish(out->reason, (*engine)->sequence_limit());
   }
   std::printf("%s\n", line.c_str());
   return 0;
@@ -109,15 +109,15 @@ int RunText(Opts o) {
     return CheckTokenIds(*ids, config, "--prompt (tokenizer.json and the model disagree)");
   });
   if (!model.ok()) return ReportError(model.message());
-  CausalLM& lm = **model;
-  KvCache cache = lm.NewCache(ContextSize(o.model, lm));
-  auto r = GenerateText(lm, cache, *tok, *ids, opts, [](std::string_view piece) {
+  auto engine = MakeEngine(o.model, **model, &*tok);
+  if (!engine.ok()) return ReportError(engine.message());
+  auto r = GenerateText(**engine, *ids, opts, [](std::string_view piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
   });
   if (!r.ok()) return ReportError(r.message());
   std::printf("\n");
-  ReportFinish(r->reason, cache.max_positions());
+  ReportFinish(r->reason, (*engine)->sequence_limit());
   return 0;
 }
 

@@ -34,8 +34,10 @@ Command AddLogitsCommand(CLI::App& root) {
             });
             if (!model.ok()) return ReportError(model.message());
             CausalLM& lm = **model;
-            KvCache cache = lm.NewCache(
-                std::max<int64_t>(ContextSize(o->model, lm), static_cast<int64_t>(ids->size())));
+            // Exactly the prompt's positions: logits runs one sequence and keeps nothing.
+            auto made = lm.NewCache(static_cast<int64_t>(ids->size()));
+            if (!made.ok()) return ReportError(made.message());
+            KvCache cache = std::move(made).value();
             std::vector<float> logits;
             Status s = lm.Forward(*ids, cache, LogitsFor::kAllTokens, logits);
             if (!s.ok()) return ReportError(s.message());

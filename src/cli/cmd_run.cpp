@@ -63,7 +63,9 @@ int Run(const Opts& o) {
     return OkStatus();
   });
   if (!model.ok()) return ReportError(model.message());
-  ChatSession session(**model, *tok, *chat, ContextSize(o.model, **model), o.system);
+  auto engine = MakeEngine(o.model, **model, &*tok);
+  if (!engine.ok()) return ReportError(engine.message());
+  ChatSession session(**engine, *tok, *chat, o.system);
 
   if (!o.prompt.empty()) {
     auto r = session.Ask(o.prompt, opts, PrintPiece, nullptr);

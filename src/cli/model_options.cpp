@@ -5,7 +5,9 @@
 #include <fstream>
 
 #include "cli/flags.h"
+#include "core/log.h"
 #include "core/thread_pool.h"
+#include "experts/memory_limits.h"
 
 namespace moetier::cli {
 
@@ -50,6 +52,26 @@ void AddResidencyOptions(CLI::App& cmd, ModelOptions& opts) {
   g->add_flag("--no-verify", opts.no_verify, "Skip checksum verification of a converted model");
 }
 
+void AddKvOptions(CLI::App& cmd, ModelOptions& opts) {
+  auto* g = cmd.add_option_group("KV cache");
+  auto* ctx =
+      g->add_option("-c,--ctx-size", opts.ctx_size,
+                    "KV cache positions, over all sequences at once (one sequence holds at most "
+                    "the model's max_position_embeddings); 0 = auto: the model's window for each "
+                    "sequence that may run at once, within half of the RAM free after loading "
+                    "(printed at load)")
+          ->check(WholeNumber(0, kMaxContext, "auto"));
+  g->add_option("--kv-cache-gb", opts.kv_cache_gb,
+                "KV cache size in GB instead of --ctx-size (positions follow from the model's "
+                "shape and --kv-dtype)")
+      ->check(FiniteNumber(0, 1e6, /*min_open=*/true))
+      ->excludes(ctx);
+  g->add_option("--kv-dtype", opts.kv_dtype,
+                "f32 | bf16 | f16. How keys and values are stored: f32 is exact; bf16 and f16 "
+                "halve the memory (outputs then differ from f32 in the last bits)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+}
+
 void AddModelOptions(CLI::App& cmd, ModelOptions& opts) {
   cmd.add_option("-m,--model", opts.model_dir,
                  "Model directory: a Hugging Face checkpoint (config.json + *.safetensors) or a "
@@ -65,10 +87,7 @@ void AddModelOptions(CLI::App& cmd, ModelOptions& opts) {
                      " here). Workers are pinned to cores; MOETIER_PIN_THREADS=0 leaves them to "
                      "the OS scheduler")
       ->check(WholeNumber(0, ThreadPool::MaxThreads(), "one per physical core"));
-  cmd.add_option("-c,--ctx-size", opts.ctx_size,
-                 "Context length in tokens; 0 = the model's max_position_embeddings, at most " +
-                     std::to_string(kDefaultContext))
-      ->check(WholeNumber(0, kMaxContext, "auto"));
+  AddKvOptions(cmd, opts);
 }
 
 Expected<ResidencyOptions> ToResidencyOptions(const ModelOptions& opts) {
@@ -99,32 +118,59 @@ Expected<std::unique_ptr<CausalLM>> LoadModel(const ModelOptions& opts,
   MT_ASSIGN_OR_RETURN(load.residency, ToResidencyOptions(opts));
   if (!opts.report_path.empty())
     MT_RETURN_IF_ERROR(CheckWritableFile(opts.report_path, "--report"));
-  load.before_weights = [&](const ModelConfig& config) -> Status {
-    MT_RETURN_IF_ERROR(CheckContextSize(opts, config));
-    return before_weights ? before_weights(config) : OkStatus();
-  };
+  load.before_weights = before_weights;
   MT_ASSIGN_OR_RETURN(std::unique_ptr<CausalLM> model, LoadCausalLM(opts.model_dir, load));
   MT_RETURN_IF_ERROR(WriteReport(opts, model->residency()));
   return model;
 }
 
-int64_t ContextSize(const ModelOptions& opts, const ModelConfig& config) {
-  if (opts.ctx_size > 0) return opts.ctx_size;
-  const int64_t max_pos = config.max_position_embeddings;
-  return max_pos > 0 ? std::min(max_pos, kDefaultContext) : kDefaultContext;
+Expected<EngineOptions> MakeEngineOptions(const ModelOptions& opts, const CausalLM& model,
+                                          int parallel, int64_t max_batch_tokens) {
+  EngineOptions e;
+  e.max_running = parallel;
+  e.max_batch_tokens = max_batch_tokens;
+  MT_ASSIGN_OR_RETURN(e.kv_dtype, ParseKvDType(opts.kv_dtype));
+  const uint64_t per_position =
+      KvPool::BlockBytes(model.kv_shape(), 1, e.kv_dtype);  // all layers, K and V
+  const int64_t window = model.config().max_position_embeddings;
+  std::string how;
+  if (opts.ctx_size > 0) {
+    e.kv_positions = opts.ctx_size;
+    how = "--ctx-size";
+  } else if (opts.kv_cache_gb) {
+    e.kv_positions =
+        static_cast<int64_t>(*opts.kv_cache_gb * 1e9 / static_cast<double>(per_position));
+    how = "--kv-cache-gb";
+    if (e.kv_positions < 1)
+      return Status::Error("--kv-cache-gb " + std::to_string(*opts.kv_cache_gb) +
+                           ": less than one position (" + std::to_string(per_position) +
+                           " bytes) of this model");
+  } else {
+    const int64_t wanted = (window > 0 ? window : 8192) * parallel;
+    const auto ram =
+        static_cast<int64_t>(static_cast<double>(ReadHostMemoryInfo().available_bytes) *
+                             kDefaultKvRamShare / static_cast<double>(per_position));
+    e.kv_positions = std::max<int64_t>(1, std::min(wanted, ram));
+    how = e.kv_positions < wanted ? "auto: half the free RAM" : "auto: the model's window";
+    if (parallel > 1 && e.kv_positions == wanted) how += " x " + std::to_string(parallel);
+  }
+  const double gb = static_cast<double>(per_position) * static_cast<double>(e.kv_positions) / 1e9;
+  char line[256];
+  std::snprintf(
+      line, sizeof line,
+      "kv cache: %lld positions (%s), %s, %.2f GB at most (RAM is used as positions "
+      "fill), one sequence up to %lld",
+      static_cast<long long>(e.kv_positions), how.c_str(), opts.kv_dtype.c_str(), gb,
+      static_cast<long long>(window > 0 ? std::min(window, e.kv_positions) : e.kv_positions));
+  LogInfo(line);
+  return e;
 }
 
-int64_t ContextSize(const ModelOptions& opts, const CausalLM& model) {
-  return ContextSize(opts, model.config());
-}
-
-Status CheckContextSize(const ModelOptions& opts, const ModelConfig& config) {
-  const int64_t max_pos = config.max_position_embeddings;
-  if (opts.ctx_size > 0 && max_pos > 0 && opts.ctx_size > max_pos)
-    return Status::Error("--ctx-size " + std::to_string(opts.ctx_size) + ": the model (" +
-                         config.source + ") was trained for at most " + std::to_string(max_pos) +
-                         " positions (max_position_embeddings)");
-  return OkStatus();
+Expected<std::unique_ptr<Engine>> MakeEngine(const ModelOptions& opts, CausalLM& model,
+                                             const text::Tokenizer* tokenizer, int parallel,
+                                             int64_t max_batch_tokens) {
+  MT_ASSIGN_OR_RETURN(EngineOptions e, MakeEngineOptions(opts, model, parallel, max_batch_tokens));
+  return Engine::Create(model, tokenizer, e);
 }
 
 Status CheckTokenIds(std::span<const int32_t> ids, const ModelConfig& config,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "engine/engine.h"
 #include "model/causal_lm.h"
 
 namespace moetier::cli {
@@ -18,7 +19,11 @@ namespace moetier::cli {
 struct ModelOptions {
   std::string model_dir;
   int n_threads = 0;
-  int64_t ctx_size = 0;  // 0: min(max_position_embeddings, kDefaultContext)
+  // The KV cache, shared by every sequence: --ctx-size positions in all (0: what the model's
+  // window times the sequences and half the free RAM allow) or --kv-cache-gb, in --kv-dtype.
+  int64_t ctx_size = 0;
+  std::optional<double> kv_cache_gb;
+  std::string kv_dtype = "f32";
   // Residency flags (issue 4), as typed; parsed when the model loads.
   std::string backend = "auto";
   std::optional<double> pin_budget_gb, lock_budget_gb;
@@ -29,12 +34,17 @@ struct ModelOptions {
   std::string report_path;  // --report FILE
 };
 
-// Default context length: enough for chat use without reserving the model's whole window.
-inline constexpr int64_t kDefaultContext = 8192;
-// The largest --ctx-size accepted before the model says its own limit (2^24 positions).
-inline constexpr int64_t kMaxContext = int64_t{1} << 24;
+// Tokens per engine step by default: a prompt chunk this long keeps the experts' reads shared
+// by many tokens, and a decode step waits for at most one such chunk.
+inline constexpr int64_t kDefaultMaxBatchTokens = 512;
+// The largest --ctx-size accepted (2^26 positions).
+inline constexpr int64_t kMaxContext = int64_t{1} << 26;
+// The share of the RAM available after loading that the default KV cache may take.
+inline constexpr double kDefaultKvRamShare = 0.5;
 
 void AddModelOptions(CLI::App& cmd, ModelOptions& opts);
+// The KV cache flags alone (AddModelOptions adds them).
+void AddKvOptions(CLI::App& cmd, ModelOptions& opts);
 // The residency flags alone (for `plan`, which loads nothing).
 void AddResidencyOptions(CLI::App& cmd, ModelOptions& opts);
 Expected<ResidencyOptions> ToResidencyOptions(const ModelOptions& opts);
@@ -52,11 +62,14 @@ using BeforeWeights = std::function<Status(const ModelConfig&)>;
 Expected<std::unique_ptr<CausalLM>> LoadModel(const ModelOptions& opts,
                                               const BeforeWeights& before_weights = nullptr);
 
-// The context length to allocate under --ctx-size.
-int64_t ContextSize(const ModelOptions& opts, const ModelConfig& config);
-int64_t ContextSize(const ModelOptions& opts, const CausalLM& model);
-// --ctx-size within the model's max_position_embeddings.
-Status CheckContextSize(const ModelOptions& opts, const ModelConfig& config);
+// The engine's options for `model` under the KV flags, with `parallel` sequences at once and
+// steps of at most `max_batch_tokens`; logs the KV cache's size on one line.
+Expected<EngineOptions> MakeEngineOptions(const ModelOptions& opts, const CausalLM& model,
+                                          int parallel, int64_t max_batch_tokens);
+// An engine for `model` under the flags (tokenizer: for text requests, or null).
+Expected<std::unique_ptr<Engine>> MakeEngine(const ModelOptions& opts, CausalLM& model,
+                                             const text::Tokenizer* tokenizer, int parallel = 1,
+                                             int64_t max_batch_tokens = kDefaultMaxBatchTokens);
 // Every id within the model's vocabulary; errors name `flag`.
 Status CheckTokenIds(std::span<const int32_t> ids, const ModelConfig& config,
                      std::string_view flag);

@@ -52,6 +52,7 @@ class Expected {
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
+  T&& operator*() && { return std::move(*this).value(); }
 
   Status status() const { return ok() ? Status() : std::get<Status>(v_); }
   const std::string& message() const { return std::get<Status>(v_).message(); }

@@ -1,5 +1,6 @@
-// A chat: the conversation so far, rendered by the model's chat template, with the KV cache kept
-// between turns (each turn runs only the tokens the cache does not hold yet).
+// A chat: the conversation so far, rendered by the model's chat template. Each turn submits the
+// whole conversation to the engine, whose prefix cache holds the earlier turns' K/V, so a turn
+// runs only what the cache does not hold yet.
 #pragma once
 
 #include <atomic>
@@ -14,8 +15,9 @@ namespace moetier {
 
 class ChatSession {
  public:
-  ChatSession(CausalLM& model, const text::Tokenizer& tokenizer, const text::ChatTemplate& chat,
-              int64_t ctx_size, std::string system_prompt = "");
+  // `engine` must have been made with `tokenizer`.
+  ChatSession(Engine& engine, const text::Tokenizer& tokenizer, const text::ChatTemplate& chat,
+              std::string system_prompt = "");
 
   // Adds the user's message, generates the answer (streamed through on_text) and adds it to the
   // history. A cancelled answer is kept as far as it got. When the conversation with the new
@@ -27,19 +29,18 @@ class ChatSession {
   // Forgets the conversation (the system prompt stays).
   void Reset();
   size_t n_turns() const { return messages_.size(); }
-  int64_t ctx_size() const { return cache_.max_positions(); }
+  // The most positions the conversation may take.
+  int64_t ctx_size() const { return engine_.sequence_limit(); }
 
   // The prompt ids for the history plus a generation prompt (for tests).
   Expected<std::vector<int32_t>> PromptIds() const;
 
  private:
-  CausalLM& model_;
+  Engine& engine_;
   const text::Tokenizer& tokenizer_;
   const text::ChatTemplate& chat_;
   std::string system_prompt_;
   nlohmann::ordered_json messages_ = nlohmann::ordered_json::array();
-  KvCache cache_;
-  std::vector<int32_t> cached_;  // the ids the cache holds, in order
 };
 
 }  // namespace moetier

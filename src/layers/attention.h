@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "layers/batch.h"
 #include "layers/kv_cache.h"
 #include "layers/rope.h"
 #include "layers/workspace.h"
@@ -29,11 +30,12 @@ struct AttentionWeights {
   std::vector<float> q_norm, k_norm;          // [head_dim]; empty when the model has none
 };
 
-// x: [n_tokens, d_model] at positions cache.n_past() + t; out: [n_tokens, d_model] (overwritten).
-// Writes this layer's K/V rows; the caller advances the cache after the last layer.
+// x: [batch.n_tokens(), d_model], token t at batch.positions[t] of its sequence; out: the same
+// shape (overwritten). Writes this layer's K/V rows of every token into `kv` first, so tokens of
+// one sequence in the batch (a prompt chunk) see each other causally.
 void SelfAttention(Workspace& ws, const AttentionWeights& w, const AttentionShape& shape,
-                   const Rope& rope, int64_t layer, KvCache& cache, const float* x,
-                   int64_t n_tokens, float* out);
+                   const Rope& rope, int64_t layer, const Batch& batch, KvPool& kv, const float* x,
+                   float* out);
 
 // What CausalAttention does to its tasks' own query heads before attending (so that the work is
 // spread over the pool rather than left to the caller): the per-head RMS norm (when `norm` is
@@ -45,16 +47,16 @@ struct QueryPrologue {
   const float* angles = nullptr;
 };
 
-// Causal attention of q: [n_tokens, n_heads, head_dim] at positions pos0 + t against keys and
-// values [0, pos0 + n_tokens) of [position, n_kv_heads, head_dim]; out: [n_tokens, n_heads *
-// head_dim]. Parallel over (token, key/value head, slice of its query heads): a task reads each
-// key/value row once for all the query heads it holds. `key_capacity` (>= pos0 + n_tokens): the
-// positions the caller's cache has room for; each thread's score scratch is sized for it, so it
-// grows only when the cache does (no allocation in steady-state decode). With a `prologue`, q is
-// first normed and rotated in place, head by head, by the task that attends with it.
-void CausalAttention(ThreadPool& pool, float* q, int64_t n_tokens, int64_t pos0, const float* keys,
-                     const float* values, const AttentionShape& shape, int64_t key_capacity,
-                     float* out, const QueryPrologue* prologue = nullptr);
+// Causal attention of q: [n_tokens, n_heads, head_dim], token t at batch.positions[t], against
+// the keys and values of its own sequence's positions [first, position] in `kv`'s layer
+// (first > 0 only with a sliding window); out: [n_tokens, n_heads * head_dim]. Parallel over
+// (token, key/value head, slice of its query heads): a task reads each key/value row once for
+// all the query heads it holds. Per-thread scratch grows to the longest context seen and is
+// kept (no allocation in steady-state decode). With a `prologue`, q is first normed and rotated
+// in place, head by head, by the task that attends with it.
+void CausalAttention(ThreadPool& pool, float* q, const Batch& batch, const KvPool& kv,
+                     int64_t layer, const AttentionShape& shape, float* out,
+                     const QueryPrologue* prologue = nullptr);
 
 // Query heads per attention task. A whole group (the query heads sharing one key/value head)
 // reads the cache once; it is halved, down to kMinAttnHeadsPerTask (the kernel's tile height),

@@ -1,30 +1,138 @@
 #include "layers/kv_cache.h"
 
-#include <algorithm>
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
 #include <string>
+#include <utility>
 
 namespace moetier {
 
-KvCache::KvCache(int64_t n_layers, int64_t n_kv_heads, int64_t head_dim, int64_t max_positions)
-    : n_kv_heads_(n_kv_heads),
-      head_dim_(head_dim),
-      max_positions_(max_positions),
-      k_(static_cast<size_t>(n_layers)),
-      v_(static_cast<size_t>(n_layers)) {}
+Expected<DType> ParseKvDType(std::string_view text) {
+  if (text == "f32") return DType::kF32;
+  if (text == "bf16") return DType::kBF16;
+  if (text == "f16") return DType::kF16;
+  return Status::Error("--kv-dtype '" + std::string(text) + "': expected f32, bf16 or f16");
+}
 
-Status KvCache::Reserve(int64_t n_new) {
+uint64_t KvPool::BlockBytes(const KvShape& shape, int64_t block_size, DType dtype) {
+  return static_cast<uint64_t>(2 * shape.n_layers * block_size * shape.row()) * DTypeSize(dtype);
+}
+
+Expected<KvPool> KvPool::Create(const KvShape& shape, int64_t n_blocks, int64_t block_size,
+                                DType dtype) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16)
+    return Status::Error("the KV cache holds f32, bf16 or f16, not " +
+                         std::string(DTypeName(dtype)));
+  if (n_blocks <= 0 || block_size <= 0 || shape.row() <= 0 || shape.n_layers <= 0)
+    return Status::Error("the KV cache needs at least one block of one position");
+  KvPool p;
+  p.shape_ = shape;
+  p.n_blocks_ = n_blocks;
+  p.block_size_ = block_size;
+  p.dtype_ = dtype;
+  p.plane_bytes_ = static_cast<uint64_t>(block_size * shape.row()) * DTypeSize(dtype);
+  p.bytes_ = BlockBytes(shape, block_size, dtype) * static_cast<uint64_t>(n_blocks);
+  void* m = ::mmap(nullptr, p.bytes_, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED)
+    return Status::Error("cannot reserve " + std::to_string(p.bytes_ >> 20) +
+                         " MiB for the KV cache: " + std::strerror(errno) +
+                         "; lower --ctx-size or --kv-cache-gb");
+  p.data_ = static_cast<uint8_t*>(m);
+  return p;
+}
+
+KvPool::~KvPool() {
+  Release();
+}
+
+KvPool::KvPool(KvPool&& other) noexcept
+    : shape_(other.shape_),
+      n_blocks_(other.n_blocks_),
+      block_size_(other.block_size_),
+      dtype_(other.dtype_),
+      plane_bytes_(other.plane_bytes_),
+      bytes_(std::exchange(other.bytes_, 0)),
+      data_(std::exchange(other.data_, nullptr)) {}
+
+KvPool& KvPool::operator=(KvPool&& other) noexcept {
+  if (this != &other) {
+    Release();
+    shape_ = other.shape_;
+    n_blocks_ = other.n_blocks_;
+    block_size_ = other.block_size_;
+    dtype_ = other.dtype_;
+    plane_bytes_ = other.plane_bytes_;
+    bytes_ = std::exchange(other.bytes_, 0);
+    data_ = std::exchange(other.data_, nullptr);
+  }
+  return *this;
+}
+
+void KvPool::Release() {
+  if (data_ != nullptr) ::munmap(data_, bytes_);
+  data_ = nullptr;
+}
+
+uint8_t* KvPool::Rows(int64_t block, int64_t layer, int kv) const {
+  const uint64_t plane = static_cast<uint64_t>((block * shape_.n_layers + layer) * 2 + kv);
+  return data_ + plane * plane_bytes_;
+}
+
+namespace {
+
+void StoreRows(const float* x, int64_t n, DType dtype, uint8_t* out) {
+  switch (dtype) {
+    case DType::kBF16: {
+      auto* o = reinterpret_cast<uint16_t*>(out);
+      for (int64_t i = 0; i < n; ++i) o[i] = F32ToBf16(x[i]);
+      break;
+    }
+    case DType::kF16: {
+      auto* o = reinterpret_cast<uint16_t*>(out);
+      for (int64_t i = 0; i < n; ++i) o[i] = F32ToF16(x[i]);
+      break;
+    }
+    default:
+      std::memcpy(out, x, static_cast<size_t>(n) * sizeof(float));
+  }
+}
+
+}  // namespace
+
+void KvPool::WriteRows(int64_t block, int64_t layer, int64_t slot, int64_t n, const float* k,
+                       const float* v) {
+  const uint64_t offset = static_cast<uint64_t>(slot * shape_.row()) * DTypeSize(dtype_);
+  StoreRows(k, n * shape_.row(), dtype_, keys(block, layer) + offset);
+  StoreRows(v, n * shape_.row(), dtype_, values(block, layer) + offset);
+}
+
+void KvPool::CopyBlock(int64_t src, int64_t dst) {
+  const uint64_t block_bytes = plane_bytes_ * static_cast<uint64_t>(2 * shape_.n_layers);
+  std::memcpy(Rows(dst, 0, 0), Rows(src, 0, 0), block_bytes);
+}
+
+Expected<KvCache> KvCache::Create(const KvShape& shape, int64_t max_positions, DType dtype) {
+  if (max_positions <= 0) return Status::Error("the context must hold at least one position");
+  KvCache c;
+  const int64_t n_blocks =
+      (max_positions + KvPool::kDefaultBlockSize - 1) / KvPool::kDefaultBlockSize;
+  MT_ASSIGN_OR_RETURN(c.pool_, KvPool::Create(shape, n_blocks, KvPool::kDefaultBlockSize, dtype));
+  c.blocks_.resize(static_cast<size_t>(n_blocks));
+  for (int64_t b = 0; b < n_blocks; ++b)
+    c.blocks_[static_cast<size_t>(b)] = static_cast<int32_t>(b);
+  c.max_positions_ = max_positions;
+  return c;
+}
+
+Status KvCache::Reserve(int64_t n_new) const {
   const int64_t need = n_past_ + n_new;
   if (need > max_positions_)
     return Status::Error("the sequence needs " + std::to_string(need) +
                          " positions but the context holds " + std::to_string(max_positions_) +
                          "; raise --ctx-size or shorten the prompt");
-  if (need <= capacity_) return OkStatus();
-  // Doubling keeps growth amortised: a long generation copies each row O(1) times.
-  const int64_t new_capacity = std::min(max_positions_, std::max<int64_t>(need, 2 * capacity_));
-  const size_t n_floats = static_cast<size_t>(new_capacity * row_size());
-  for (auto& k : k_) k.resize(n_floats);
-  for (auto& v : v_) v.resize(n_floats);
-  capacity_ = new_capacity;
   return OkStatus();
 }
 

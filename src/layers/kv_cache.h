@@ -1,44 +1,113 @@
-// The key/value cache of one sequence: per layer, K and V for every position so far, float32,
-// [position, n_kv_heads, head_dim]. It grows by doubling up to `max_positions`, so a decode step
-// at position 500 costs the same as at position 5 apart from attention over the cache.
+// The key/value cache, paged: one pool of fixed-size blocks that every sequence draws from, and
+// per sequence a block table (its blocks in position order). Position p of a sequence lives in
+// slot p % block_size of block table[p / block_size]. Which blocks a sequence owns, and which
+// it shares with others (a common prefix), is the engine's business (engine/kv_blocks.h); this
+// file only stores rows and says where they are.
+//
+// Layout: block b, layer l holds K [block_size, n_kv_heads * head_dim] then V of the same shape,
+// in the pool's dtype (f32, the default, exact; bf16 or f16 halve the bytes). The pool is one
+// anonymous mapping reserved at creation: pages cost RAM only once a block is written, so a pool
+// sized for many long sequences costs what the sequences use.
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <string_view>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/status.h"
 
 namespace moetier {
 
+struct KvShape {
+  int64_t n_layers = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t row() const { return n_kv_heads * head_dim; }  // elements per position per layer
+};
+
+// --kv-dtype: f32 (exact), bf16 or f16.
+Expected<DType> ParseKvDType(std::string_view text);
+
+class KvPool {
+ public:
+  // Positions per block: small enough that a shared prefix is reused to within 15 tokens and a
+  // sequence wastes at most 15 positions; large enough that attention reads runs of rows.
+  static constexpr int64_t kDefaultBlockSize = 16;
+
+  static Expected<KvPool> Create(const KvShape& shape, int64_t n_blocks,
+                                 int64_t block_size = kDefaultBlockSize, DType dtype = DType::kF32);
+  // Bytes one block takes over all layers (K and V).
+  static uint64_t BlockBytes(const KvShape& shape, int64_t block_size, DType dtype);
+
+  KvPool() = default;
+  ~KvPool();
+  KvPool(KvPool&& other) noexcept;
+  KvPool& operator=(KvPool&& other) noexcept;
+  KvPool(const KvPool&) = delete;
+  KvPool& operator=(const KvPool&) = delete;
+
+  const KvShape& shape() const { return shape_; }
+  int64_t n_blocks() const { return n_blocks_; }
+  int64_t block_size() const { return block_size_; }
+  DType dtype() const { return dtype_; }
+  uint64_t bytes() const { return bytes_; }
+
+  // The K (or V) rows [block_size, row] of `block` in `layer`, in dtype().
+  uint8_t* keys(int64_t block, int64_t layer) { return Rows(block, layer, 0); }
+  uint8_t* values(int64_t block, int64_t layer) { return Rows(block, layer, 1); }
+  const uint8_t* keys(int64_t block, int64_t layer) const { return Rows(block, layer, 0); }
+  const uint8_t* values(int64_t block, int64_t layer) const { return Rows(block, layer, 1); }
+
+  // Stores float32 rows [n, row] at slots [slot, slot + n) of block's K or V in `layer`,
+  // converted to dtype() (round to nearest even).
+  void WriteRows(int64_t block, int64_t layer, int64_t slot, int64_t n, const float* k,
+                 const float* v);
+  // Copies every layer's rows of `src` to `dst` (copy-on-write of a shared block).
+  void CopyBlock(int64_t src, int64_t dst);
+
+ private:
+  uint8_t* Rows(int64_t block, int64_t layer, int kv) const;
+  void Release();
+
+  KvShape shape_;
+  int64_t n_blocks_ = 0;
+  int64_t block_size_ = kDefaultBlockSize;
+  DType dtype_ = DType::kF32;
+  uint64_t plane_bytes_ = 0;  // one layer's K (or V) rows of one block
+  uint64_t bytes_ = 0;
+  uint8_t* data_ = nullptr;
+};
+
+// The cache of one sequence on a pool of its own, its blocks in order: what a single-sequence
+// client (tests, `logits`, a bench) uses with CausalLM::Forward(tokens, cache, ...). Many
+// sequences share one pool through the engine instead.
 class KvCache {
  public:
   KvCache() = default;
-  KvCache(int64_t n_layers, int64_t n_kv_heads, int64_t head_dim, int64_t max_positions);
+  // Reserves max_positions positions (address space only until written).
+  static Expected<KvCache> Create(const KvShape& shape, int64_t max_positions,
+                                  DType dtype = DType::kF32);
 
   int64_t n_past() const { return n_past_; }
   int64_t max_positions() const { return max_positions_; }
-  int64_t row_size() const { return n_kv_heads_ * head_dim_; }  // floats per position
-  int64_t capacity() const { return capacity_; }  // positions allocated (grows by doubling)
 
-  // Makes room for n_past() + n_new positions; fails (naming the limit) past max_positions.
-  Status Reserve(int64_t n_new);
+  // Fails (naming the limit) when n_past() + n_new positions exceed max_positions().
+  Status Reserve(int64_t n_new) const;
   // Marks n_new positions (whose K/V the layers wrote) as part of the sequence.
   void Advance(int64_t n_new) { n_past_ += n_new; }
   // Forgets every position from `n` on (n <= n_past()).
   void Truncate(int64_t n) { n_past_ = n < n_past_ ? n : n_past_; }
 
-  float* keys(int64_t layer) { return k_[static_cast<size_t>(layer)].data(); }
-  float* values(int64_t layer) { return v_[static_cast<size_t>(layer)].data(); }
-  const float* keys(int64_t layer) const { return k_[static_cast<size_t>(layer)].data(); }
-  const float* values(int64_t layer) const { return v_[static_cast<size_t>(layer)].data(); }
+  KvPool& pool() { return pool_; }
+  std::span<const int32_t> blocks() const { return blocks_; }
 
  private:
-  int64_t n_kv_heads_ = 0;
-  int64_t head_dim_ = 0;
+  KvPool pool_;
+  std::vector<int32_t> blocks_;  // 0, 1, 2, ...: the pool is this sequence's alone
   int64_t max_positions_ = 0;
-  int64_t capacity_ = 0;  // positions allocated per layer
   int64_t n_past_ = 0;
-  std::vector<std::vector<float>> k_, v_;  // [layer][capacity, n_kv_heads, head_dim]
 };
 
 }  // namespace moetier

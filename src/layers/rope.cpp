@@ -17,17 +17,22 @@ Rope::Rope(int64_t head_dim, double theta) : head_dim_(head_dim) {
   }
 }
 
-void Rope::Angles(int64_t pos0, int64_t n_tokens, float* table) const {
+void Rope::AnglesAt(int64_t pos, float* row) const {
   const int64_t half = head_dim_ / 2;
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    const double pos = static_cast<double>(pos0 + t);
-    float* row = table + t * head_dim_;
-    for (int64_t i = 0; i < half; ++i) {
-      const double angle = pos * inv_freq_[static_cast<size_t>(i)];
-      row[i] = static_cast<float>(std::cos(angle));
-      row[half + i] = static_cast<float>(std::sin(angle));
-    }
+  for (int64_t i = 0; i < half; ++i) {
+    const double angle = static_cast<double>(pos) * inv_freq_[static_cast<size_t>(i)];
+    row[i] = static_cast<float>(std::cos(angle));
+    row[half + i] = static_cast<float>(std::sin(angle));
   }
+}
+
+void Rope::Angles(int64_t pos0, int64_t n_tokens, float* table) const {
+  for (int64_t t = 0; t < n_tokens; ++t) AnglesAt(pos0 + t, table + t * head_dim_);
+}
+
+void Rope::Angles(std::span<const int32_t> positions, float* table) const {
+  for (size_t t = 0; t < positions.size(); ++t)
+    AnglesAt(positions[t], table + static_cast<int64_t>(t) * head_dim_);
 }
 
 void Rope::Rotate(float* x, int64_t n_heads, const float* row) const {

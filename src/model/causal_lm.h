@@ -14,6 +14,7 @@
 #include "experts/residency_plan.h"
 #include "experts/residency_report.h"
 #include "experts/weight_packing.h"
+#include "layers/batch.h"
 #include "layers/kv_cache.h"
 #include "model/config.h"
 #include "model/dense_holding.h"
@@ -27,10 +28,18 @@ class CausalLM {
   virtual ~CausalLM() = default;
   virtual const ModelConfig& config() const = 0;
 
-  // Runs `tokens` at positions cache.n_past() + t, appends their K/V to `cache` and writes
-  // logits: [1, vocab] for kLastToken, [tokens.size(), vocab] for kAllTokens.
-  virtual Status Forward(std::span<const int32_t> tokens, KvCache& cache, LogitsFor which,
-                         std::vector<float>& logits) = 0;
+  // One step over a batch of tokens from any number of sequences, their K/V read from and
+  // written to `kv` (the batch's block tables name the blocks); logits [batch.logit_rows.size(),
+  // vocab], in logit_rows' order. A sequence's logits are bit-identical whatever else the batch
+  // holds (at a fixed kernel level: AMX tiles sum batches differently from single rows).
+  // Errors (an id outside the vocabulary, a block table too short, a non-finite activation) leave
+  // the K/V rows of the step's positions undefined.
+  virtual Status Forward(const Batch& batch, KvPool& kv, std::vector<float>& logits) = 0;
+
+  // One sequence on its own cache: runs `tokens` at positions cache.n_past() + t, appends their
+  // K/V and writes logits: [1, vocab] for kLastToken, [tokens.size(), vocab] for kAllTokens.
+  Status Forward(std::span<const int32_t> tokens, KvCache& cache, LogitsFor which,
+                 std::vector<float>& logits);
 
   // Weight bytes one decode step reads: every dense matrix, the embedding row, and top-k experts
   // per MoE layer (the floor of the bytes a token costs; benchmarks divide by it).
@@ -53,14 +62,20 @@ class CausalLM {
   const ResidencyReport& residency() const { return residency_; }
   void set_residency(ResidencyReport r) { residency_ = std::move(r); }
 
-  // A cache for this model holding up to max_positions positions.
-  KvCache NewCache(int64_t max_positions) const {
+  // The shape of this model's K/V rows.
+  KvShape kv_shape() const {
     const ModelConfig& c = config();
-    return KvCache(c.n_layers, c.n_kv_heads, c.head_dim, max_positions);
+    return KvShape{c.n_layers, c.n_kv_heads, c.head_dim};
+  }
+  // A single-sequence cache for this model holding up to max_positions positions.
+  Expected<KvCache> NewCache(int64_t max_positions, DType kv_dtype = DType::kF32) const {
+    return KvCache::Create(kv_shape(), max_positions, kv_dtype);
   }
 
  private:
   ResidencyReport residency_;
+  // The single-sequence Forward's batch, reused so a decode step allocates nothing.
+  std::vector<int32_t> one_positions_, one_seq_of_, one_logit_rows_;
 };
 
 // How expert banks are placed (issue 4): the flags of every command that loads a model.

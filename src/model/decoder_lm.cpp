@@ -26,17 +26,45 @@ DecoderLM::DecoderLM(ModelConfig config, std::unique_ptr<TensorStore> dense, Dec
   attn_shape_.norm_eps = static_cast<float>(config_.rms_norm_eps);
 }
 
-Status DecoderLM::Forward(std::span<const int32_t> tokens, KvCache& cache, LogitsFor which,
-                          std::vector<float>& logits) {
-  const int64_t T = static_cast<int64_t>(tokens.size());
-  const int64_t H = config_.hidden_size;
-  const int64_t V = config_.vocab_size;
+Status DecoderLM::CheckBatch(const Batch& b, const KvPool& kv) const {
+  const int64_t T = b.n_tokens(), V = config_.vocab_size;
   if (T == 0) return Status::Error("no tokens to run");
-  for (int32_t id : tokens)
+  if (b.positions.size() != b.tokens.size() || b.seq_of.size() != b.tokens.size())
+    return Status::Error("a batch needs a position and a sequence for every token");
+  const int64_t B = kv.block_size();
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t id = b.tokens[static_cast<size_t>(t)];
     if (id < 0 || id >= V)
       return Status::Error("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
                            std::to_string(V) + ")");
-  MT_RETURN_IF_ERROR(cache.Reserve(T));
+    const int32_t seq = b.seq_of[static_cast<size_t>(t)];
+    const int32_t pos = b.positions[static_cast<size_t>(t)];
+    if (seq < 0 || static_cast<size_t>(seq) >= b.block_tables.size() || pos < 0 ||
+        pos / B >= static_cast<int64_t>(b.block_tables[static_cast<size_t>(seq)].size()))
+      return Status::Error("token " + std::to_string(t) + " of the batch (sequence " +
+                           std::to_string(seq) + ", position " + std::to_string(pos) +
+                           ") has no KV block");
+  }
+  for (const auto& table : b.block_tables)
+    for (int32_t block : table)
+      if (block < 0 || block >= kv.n_blocks())
+        return Status::Error("a block table names block " + std::to_string(block) +
+                             " of a pool of " + std::to_string(kv.n_blocks()));
+  for (size_t r = 0; r < b.logit_rows.size(); ++r)
+    if (b.logit_rows[r] < 0 || b.logit_rows[r] >= T ||
+        (r > 0 && b.logit_rows[r] <= b.logit_rows[r - 1]))
+      return Status::Error("logit rows must be ascending token indices of the batch");
+  if (kv.shape().n_layers != config_.n_layers ||
+      kv.shape().row() != config_.n_kv_heads * config_.head_dim)
+    return Status::Error("the KV cache was made for another model's shape");
+  return OkStatus();
+}
+
+Status DecoderLM::Forward(const Batch& batch, KvPool& kv, std::vector<float>& logits) {
+  MT_RETURN_IF_ERROR(CheckBatch(batch, kv));
+  const int64_t T = batch.n_tokens();
+  const int64_t H = config_.hidden_size;
+  const int64_t V = config_.vocab_size;
   ScopedPhase forward_phase(ws_.times(), Phase::kForward);
 
   const size_t n_act = static_cast<size_t>(T * H);
@@ -44,10 +72,9 @@ Status DecoderLM::Forward(std::span<const int32_t> tokens, KvCache& cache, Logit
   xn_.resize(n_act);
   delta_.resize(n_act);
   for (int64_t t = 0; t < T; ++t)
-    kernels::RowToF32(w_.embed, static_cast<int64_t>(tokens[static_cast<size_t>(t)]) * H, H,
+    kernels::RowToF32(w_.embed, static_cast<int64_t>(batch.tokens[static_cast<size_t>(t)]) * H, H,
                       h_.data() + t * H);
-
-  MT_RETURN_IF_ERROR(CheckFinite(h_.data(), T, kEmbeddingLayer, cache.n_past()));
+  MT_RETURN_IF_ERROR(CheckFinite(h_.data(), batch, kEmbeddingLayer));
 
   const float eps = static_cast<float>(config_.rms_norm_eps);
   if (router_sink_ != nullptr) router_sink_->assign(static_cast<size_t>(config_.n_layers), {});
@@ -55,7 +82,7 @@ Status DecoderLM::Forward(std::span<const int32_t> tokens, KvCache& cache, Logit
     const DecoderLayerWeights& lw = w_.layers[static_cast<size_t>(l)];
     for (int64_t t = 0; t < T; ++t)
       kernels::RmsNormRow(h_.data() + t * H, lw.attn_norm.data(), eps, H, xn_.data() + t * H);
-    SelfAttention(ws_, lw.attn, attn_shape_, rope_, l, cache, xn_.data(), T, delta_.data());
+    SelfAttention(ws_, lw.attn, attn_shape_, rope_, l, batch, kv, xn_.data(), delta_.data());
     kernels::Axpy(1.0f, delta_.data(), T * H, h_.data());
 
     for (int64_t t = 0; t < T; ++t)
@@ -72,20 +99,22 @@ Status DecoderLM::Forward(std::span<const int32_t> tokens, KvCache& cache, Logit
       SwiGlu(ws_, lw.dense, xn_.data(), T, delta_.data());
     }
     kernels::Axpy(1.0f, delta_.data(), T * H, h_.data());
-    MT_RETURN_IF_ERROR(CheckFinite(h_.data(), T, l, cache.n_past()));
+    MT_RETURN_IF_ERROR(CheckFinite(h_.data(), batch, l));
   }
-  cache.Advance(T);
 
   ScopedPhase lm_head_phase(ws_.times(), Phase::kLmHead);
-  const int64_t first = which == LogitsFor::kLastToken ? T - 1 : 0;
-  const int64_t n_out = T - first;
-  for (int64_t t = first; t < T; ++t)
-    kernels::RmsNormRow(h_.data() + t * H, w_.final_norm.data(), eps, H,
-                        xn_.data() + (t - first) * H);
+  const int64_t n_out = static_cast<int64_t>(batch.logit_rows.size());
+  for (int64_t r = 0; r < n_out; ++r)
+    kernels::RmsNormRow(h_.data() + batch.logit_rows[static_cast<size_t>(r)] * H,
+                        w_.final_norm.data(), eps, H, xn_.data() + r * H);
   logits.resize(static_cast<size_t>(n_out * V));
+  if (n_out == 0) return OkStatus();
   kernels::MatMul(pool_, xn_.data(), n_out, w_.lm_head, logits.data());
   const int64_t bad = kernels::FirstNonFinite(logits.data(), n_out * V);
-  if (bad >= 0) return NonFiniteError("the lm_head", cache.n_past() - T + first + bad / V);
+  if (bad >= 0)
+    return NonFiniteError(
+        "the lm_head",
+        batch.positions[static_cast<size_t>(batch.logit_rows[static_cast<size_t>(bad / V)])]);
   return OkStatus();
 }
 
@@ -95,13 +124,13 @@ Status DecoderLM::NonFiniteError(const std::string& where, int64_t position) con
       std::to_string(position) + "; the model's weights hold NaN/inf or its config is wrong");
 }
 
-Status DecoderLM::CheckFinite(const float* h, int64_t n_tokens, int64_t layer, int64_t pos0) const {
+Status DecoderLM::CheckFinite(const float* h, const Batch& batch, int64_t layer) const {
   const int64_t H = config_.hidden_size;
-  const int64_t bad = kernels::FirstNonFinite(h, n_tokens * H);
+  const int64_t bad = kernels::FirstNonFinite(h, batch.n_tokens() * H);
   if (bad < 0) return OkStatus();
   return NonFiniteError(
       layer == kEmbeddingLayer ? "the embedding" : "layer " + std::to_string(layer),
-      pos0 + bad / H);
+      batch.positions[static_cast<size_t>(bad / H)]);
 }
 
 }  // namespace moetier

@@ -42,8 +42,8 @@ class DecoderLM final : public CausalLM {
             std::unique_ptr<ExpertSource> experts, RouterOptions router, int n_threads);
 
   const ModelConfig& config() const override { return config_; }
-  Status Forward(std::span<const int32_t> tokens, KvCache& cache, LogitsFor which,
-                 std::vector<float>& logits) override;
+  using CausalLM::Forward;
+  Status Forward(const Batch& batch, KvPool& kv, std::vector<float>& logits) override;
   uint64_t DecodeBytesPerToken() const override;
   uint64_t DecodeWeightsPerToken() const override;
   DType expert_dtype() const override;
@@ -51,12 +51,14 @@ class DecoderLM final : public CausalLM {
   void SetPhaseTimes(PhaseTimes* times) override { ws_.set_times(times); }
 
  private:
-  // The residual stream h [n_tokens, d_model] at positions pos0 + t must be finite after each
-  // layer: a NaN or inf (NaN weights, an overflow) is an error naming where it first appeared,
-  // instead of logits a sampler cannot use. One vectorized pass, ~1/1000 of a layer's work.
-  // `layer` is kEmbeddingLayer for the embedding rows.
+  // Every token's id, sequence, position and block, the logit rows, and the pool's shape.
+  Status CheckBatch(const Batch& batch, const KvPool& kv) const;
+  // The residual stream h [n_tokens, d_model] must be finite after each layer: a NaN or inf
+  // (NaN weights, an overflow) is an error naming where it first appeared, instead of logits a
+  // sampler cannot use. One vectorized pass, ~1/1000 of a layer's work. `layer` is
+  // kEmbeddingLayer for the embedding rows.
   static constexpr int64_t kEmbeddingLayer = -1;
-  Status CheckFinite(const float* h, int64_t n_tokens, int64_t layer, int64_t pos0) const;
+  Status CheckFinite(const float* h, const Batch& batch, int64_t layer) const;
   Status NonFiniteError(const std::string& where, int64_t position) const;
   // Sums size(view) over what a decode step streams (DecodeBytesPerToken's list).
   uint64_t SumPerToken(FunctionRef<uint64_t(const TensorView&)> size) const;

@@ -136,8 +136,10 @@ TEST(CliErrors, OutputPathsAreCheckedBeforeTheWeightsLoad) {
   ExpectOneLineError(vocab, "--tokens: token id 100000 is outside", "token id");
   EXPECT_EQ(vocab.err.find("experts "), std::string::npos) << vocab.err;
   EXPECT_FALSE(fs::exists(tmp.path() / "l.bin"));
-  ExpectOneLineError(RunCli("generate " + Model() + " --tokens 1 --ctx-size 100000"),
-                     "--ctx-size 100000", "ctx past the model's window");
+  ExpectOneLineError(RunCli("generate " + Model() + " --tokens 1 --kv-dtype f8"), "--kv-dtype",
+                     "kv dtype");
+  ExpectOneLineError(RunCli("generate " + Model() + " --tokens 1 --ctx-size 8 --kv-cache-gb 1"),
+                     "--kv-cache-gb", "both KV sizes");
 }
 
 TEST(CliErrors, FlagsThatDoNothingSaySo) {

@@ -51,8 +51,8 @@ TEST_P(TextGeneration, GreedyTextMatchesHuggingFace) {
     TextGenerationOptions o;
     o.tokens.max_new_tokens = static_cast<int64_t>(t["greedy_ids"].size());
     std::string streamed;
-    KvCache cache = model_->NewCache(128);
-    auto r = GenerateText(*model_, cache, *tok_, ids, o, [&](std::string_view p) {
+    auto engine = testing::MakeEngine(*model_, 128, tok_.get());
+    auto r = GenerateText(*engine, ids, o, [&](std::string_view p) {
       EXPECT_TRUE(ValidUtf8(std::string(p))) << "broken UTF-8 piece";
       streamed += p;
     });
@@ -71,9 +71,8 @@ TEST_P(TextGeneration, StopStringEndsTheTextBeforeIt) {
   TextGenerationOptions o;
   o.tokens.max_new_tokens = 16;
   o.stop_strings = {stop};
-  KvCache cache = model_->NewCache(128);
-  auto r = GenerateText(*model_, cache, *tok_, tok_->Encode(t["text"].get<std::string>(), true), o,
-                        nullptr);
+  auto engine = testing::MakeEngine(*model_, 128, tok_.get());
+  auto r = GenerateText(*engine, tok_->Encode(t["text"].get<std::string>(), true), o, nullptr);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->reason, StopReason::kStopString);
   EXPECT_EQ(r->text, full.substr(0, full.find(stop)));
@@ -90,8 +89,8 @@ TEST_P(TextGeneration, TheContextLimitEndsGenerationWithLength) {
   TextGenerationOptions o;
   o.tokens.max_new_tokens = static_cast<int64_t>(greedy.size());
   const int64_t ctx = static_cast<int64_t>(ids.size()) + 2;  // room for 2 generated tokens
-  KvCache cache = model_->NewCache(ctx);
-  auto r = GenerateText(*model_, cache, *tok_, ids, o, nullptr);
+  auto engine = testing::MakeEngine(*model_, ctx, tok_.get());
+  auto r = GenerateText(*engine, ids, o, nullptr);
   ASSERT_TRUE(r.ok()) << r.message();
   EXPECT_EQ(r->reason, StopReason::kContextFull);
   EXPECT_EQ(StopReasonName(r->reason), "length");
@@ -99,8 +98,8 @@ TEST_P(TextGeneration, TheContextLimitEndsGenerationWithLength) {
   ASSERT_EQ(r->ids.size(), 3u);
   EXPECT_TRUE(std::equal(r->ids.begin(), r->ids.end(), greedy.begin()));
 
-  KvCache small = model_->NewCache(static_cast<int64_t>(ids.size()) - 1);
-  auto too_long = GenerateText(*model_, small, *tok_, ids, o, nullptr);
+  auto small = testing::MakeEngine(*model_, static_cast<int64_t>(ids.size()) - 1, tok_.get());
+  auto too_long = GenerateText(*small, ids, o, nullptr);
   ASSERT_FALSE(too_long.ok());
   EXPECT_NE(too_long.message().find("--ctx-size"), std::string::npos) << too_long.message();
 }
@@ -110,11 +109,16 @@ TEST_P(TextGeneration, ChatReusesTheCacheAndMatchesAFreshPrompt) {
   if (!chat.ok()) GTEST_SKIP() << "no chat template in this fixture: " << chat.message();
   TextGenerationOptions o;
   o.tokens.max_new_tokens = 6;
-  ChatSession session(*model_, *tok_, *chat, 512);
+  auto engine = testing::MakeEngine(*model_, 512, tok_.get());
+  ChatSession session(*engine, *tok_, *chat);
   auto first = session.Ask("Hi there!", o, nullptr, nullptr);
   ASSERT_TRUE(first.ok()) << first.message();
+  EXPECT_EQ(first->usage.cached_tokens, 0);
   auto second = session.Ask("And again?", o, nullptr, nullptr);
   ASSERT_TRUE(second.ok()) << second.message();
+  // The first turn's prompt and answer come from the prefix cache, in whole blocks.
+  EXPECT_GE(second->usage.cached_tokens,
+            first->prompt_tokens / KvPool::kDefaultBlockSize * KvPool::kDefaultBlockSize);
   // The same second turn from scratch, with an empty cache.
   text::ChatTemplateInputs in;
   in.messages = {{{"role", "user"}, {"content", "Hi there!"}},
@@ -124,8 +128,8 @@ TEST_P(TextGeneration, ChatReusesTheCacheAndMatchesAFreshPrompt) {
   in.add_generation_prompt = true;
   auto rendered = chat->Render(in);
   ASSERT_TRUE(rendered.ok());
-  KvCache cache = model_->NewCache(512);
-  auto again = GenerateText(*model_, cache, *tok_, tok_->Encode(*rendered, false), o, nullptr);
+  auto fresh = testing::MakeEngine(*model_, 512, tok_.get());
+  auto again = GenerateText(*fresh, tok_->Encode(*rendered, false), o, nullptr);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->ids, second->ids);
   EXPECT_EQ(session.n_turns(), 4u);

@@ -26,7 +26,9 @@ TEST(SelectTopK, PicksLargestWithLowerIdOnTiesAndRenormalises) {
 }
 
 TEST(SelectTopK, MatchesSortOnRandomInputs) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(0.0f, 1.0f);
   for (int trial = 0; trial < 200; ++trial) {
     const int E = 1 + static_cast<int>(rng() % 64);
@@ -60,49 +62,88 @@ TEST(Rope, RotatesPairsHalfApart) {
   }
 }
 
-// Attention against a direct double-precision implementation, with GQA and a sliding window.
-TEST(Attention, MatchesNaiveReference) {
-  std::mt19937 rng(std::random_device{}());
+// Attention over a paged cache against a direct double-precision implementation: GQA, a
+// sliding window, two sequences in one batch with their blocks scattered through the pool, and
+// every KV dtype (the reference reads the rows as stored, so bf16/f16 rounding is not counted).
+TEST(Attention, MatchesNaiveReferenceOverScatteredBlocks) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, 1.0f);
   ThreadPool pool(2);
-  for (int64_t window : {0, 3}) {
-    AttentionShape s;
-    s.n_heads = 4;
-    s.n_kv_heads = 2;
-    s.head_dim = 8;
-    s.sliding_window = window;
-    const int64_t pos0 = 5, T = 4, n_pos = pos0 + T;
-    const int64_t kv_row = s.n_kv_heads * s.head_dim;
-    std::vector<float> q(static_cast<size_t>(T * s.n_heads * s.head_dim));
-    std::vector<float> k(static_cast<size_t>(n_pos * kv_row)), v(k.size());
-    for (auto* vec : {&q, &k, &v})
-      for (float& e : *vec) e = dist(rng);
-    std::vector<float> out(q.size(), NAN);
-    CausalAttention(pool, q.data(), T, pos0, k.data(), v.data(), s, pos0 + T, out.data());
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t h = 0; h < s.n_heads; ++h) {
-        const int64_t kvh = h / (s.n_heads / s.n_kv_heads);
-        const int64_t pos = pos0 + t;
-        std::vector<double> sc;
-        std::vector<int64_t> js;
-        for (int64_t j = 0; j <= pos; ++j) {
-          if (window > 0 && pos - j >= window) continue;
-          double d = 0;
-          for (int64_t i = 0; i < s.head_dim; ++i)
-            d += static_cast<double>(q[static_cast<size_t>((t * s.n_heads + h) * s.head_dim + i)]) *
-                 k[static_cast<size_t>(j * kv_row + kvh * s.head_dim + i)];
-          sc.push_back(d / std::sqrt(static_cast<double>(s.head_dim)));
-          js.push_back(j);
-        }
-        const double m = *std::max_element(sc.begin(), sc.end());
-        double z = 0;
-        for (double& e : sc) z += (e = std::exp(e - m));
-        for (int64_t i = 0; i < s.head_dim; ++i) {
-          double ref = 0;
-          for (size_t n = 0; n < js.size(); ++n)
-            ref += sc[n] / z * v[static_cast<size_t>(js[n] * kv_row + kvh * s.head_dim + i)];
-          EXPECT_NEAR(out[static_cast<size_t>((t * s.n_heads + h) * s.head_dim + i)], ref, 1e-5)
-              << "window " << window << " t " << t << " h " << h;
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int64_t window : {0, 3}) {
+      AttentionShape s;
+      s.n_heads = 4;
+      s.n_kv_heads = 2;
+      s.head_dim = 8;
+      s.sliding_window = window;
+      const int64_t kv_row = s.n_kv_heads * s.head_dim, B = 4;
+      const KvShape shape{1, s.n_kv_heads, s.head_dim};
+      auto made = KvPool::Create(shape, 8, B, dtype);
+      ASSERT_TRUE(made.ok()) << made.message();
+      KvPool kv = std::move(made).value();
+      // Sequence 0: positions 0..9 in blocks 5, 1, 6; sequence 1: positions 0..6 in 2, 7.
+      const std::vector<int32_t> table0 = {5, 1, 6}, table1 = {2, 7};
+      const std::vector<std::span<const int32_t>> tables = {table0, table1};
+      const int64_t n_pos[2] = {10, 7};
+      std::vector<std::vector<float>> keys(2), values(2);  // [n_pos, kv_row] as stored
+      for (int q = 0; q < 2; ++q) {
+        keys[q].resize(static_cast<size_t>(n_pos[q] * kv_row));
+        values[q].resize(keys[q].size());
+        for (auto* vec : {&keys[q], &values[q]})
+          for (float& e : *vec) e = dist(rng);
+        for (int64_t p = 0; p < n_pos[q]; ++p)
+          kv.WriteRows(tables[q][static_cast<size_t>(p / B)], 0, p % B, 1,
+                       keys[q].data() + p * kv_row, values[q].data() + p * kv_row);
+        for (auto* vec : {&keys[q], &values[q]})  // what the pool holds
+          for (float& e : *vec)
+            e = dtype == DType::kBF16  ? Bf16ToF32(F32ToBf16(e))
+                : dtype == DType::kF16 ? F16ToF32(F32ToF16(e))
+                                       : e;
+      }
+      // The last 4 positions of sequence 0 and the last 3 of sequence 1, interleaved.
+      const std::vector<int32_t> positions = {6, 4, 7, 5, 8, 6, 9};
+      const std::vector<int32_t> seq_of = {0, 1, 0, 1, 0, 1, 0};
+      Batch batch;
+      batch.positions = positions;
+      batch.seq_of = seq_of;
+      batch.block_tables = tables;
+      batch.tokens = positions;  // ids are not read here
+      const int64_t T = batch.n_tokens();
+      std::vector<float> q(static_cast<size_t>(T * s.n_heads * s.head_dim));
+      for (float& e : q) e = dist(rng);
+      std::vector<float> out(q.size(), NAN);
+      std::vector<float> q_in = q;
+      CausalAttention(pool, q_in.data(), batch, kv, 0, s, out.data());
+      for (int64_t t = 0; t < T; ++t) {
+        const auto& k = keys[static_cast<size_t>(seq_of[static_cast<size_t>(t)])];
+        const auto& v = values[static_cast<size_t>(seq_of[static_cast<size_t>(t)])];
+        for (int64_t h = 0; h < s.n_heads; ++h) {
+          const int64_t kvh = h / (s.n_heads / s.n_kv_heads);
+          const int64_t pos = positions[static_cast<size_t>(t)];
+          std::vector<double> sc;
+          std::vector<int64_t> js;
+          for (int64_t j = 0; j <= pos; ++j) {
+            if (window > 0 && pos - j >= window) continue;
+            double d = 0;
+            for (int64_t i = 0; i < s.head_dim; ++i)
+              d += static_cast<double>(
+                       q[static_cast<size_t>((t * s.n_heads + h) * s.head_dim + i)]) *
+                   k[static_cast<size_t>(j * kv_row + kvh * s.head_dim + i)];
+            sc.push_back(d / std::sqrt(static_cast<double>(s.head_dim)));
+            js.push_back(j);
+          }
+          const double m = *std::max_element(sc.begin(), sc.end());
+          double z = 0;
+          for (double& e : sc) z += (e = std::exp(e - m));
+          for (int64_t i = 0; i < s.head_dim; ++i) {
+            double ref = 0;
+            for (size_t n = 0; n < js.size(); ++n)
+              ref += sc[n] / z * v[static_cast<size_t>(js[n] * kv_row + kvh * s.head_dim + i)];
+            EXPECT_NEAR(out[static_cast<size_t>((t * s.n_heads + h) * s.head_dim + i)], ref, 1e-5)
+                << DTypeName(dtype) << " window " << window << " t " << t << " h " << h;
+          }
         }
       }
     }

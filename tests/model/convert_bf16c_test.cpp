@@ -57,7 +57,7 @@ std::vector<float> Logits(const fs::path& dir, const std::vector<int32_t>& token
   auto m = LoadCausalLM(dir, testing::WithThreads(2));
   EXPECT_TRUE(m.ok()) << m.message();
   if (!m.ok()) return {};
-  KvCache cache = (*m)->NewCache(64);
+  KvCache cache = *(*m)->NewCache(64);
   std::vector<float> logits;
   EXPECT_TRUE((*m)->Forward(tokens, cache, LogitsFor::kAllTokens, logits).ok());
   if (decode_bytes != nullptr) *decode_bytes = (*m)->DecodeBytesPerToken();

@@ -235,7 +235,7 @@ ModelRun RunModel(const fs::path& dir, const std::vector<int32_t>& tokens) {
   auto m = LoadCausalLM(dir, testing::WithThreads(2));
   EXPECT_TRUE(m.ok()) << m.message();
   if (!m.ok()) return out;
-  KvCache cache = (*m)->NewCache(64);
+  KvCache cache = *(*m)->NewCache(64);
   EXPECT_TRUE((*m)->Forward(tokens, cache, LogitsFor::kAllTokens, out.logits).ok());
   out.decode_bytes = (*m)->DecodeBytesPerToken();
   out.expert_dtype = (*m)->expert_dtype();
@@ -274,7 +274,7 @@ std::vector<std::vector<float>> DecodeLogits(const fs::path& dir,
   auto m = LoadCausalLM(dir, testing::WithThreads(2));
   EXPECT_TRUE(m.ok()) << m.message();
   if (!m.ok()) return {};
-  KvCache cache = (*m)->NewCache(64);
+  KvCache cache = *(*m)->NewCache(64);
   std::vector<std::vector<float>> out(forced.size() + 1);
   EXPECT_TRUE((*m)->Forward(prompt, cache, LogitsFor::kLastToken, out[0]).ok());
   for (size_t i = 0; i < forced.size(); ++i) {
@@ -367,7 +367,7 @@ TEST_P(QuantizedModels, Q8_0DecodeStepsFollowBf16) {
     {
       auto m = LoadCausalLM(hf, testing::WithThreads(2));
       ASSERT_TRUE(m.ok()) << m.message();
-      KvCache cache = (*m)->NewCache(64);
+      KvCache cache = *(*m)->NewCache(64);
       std::vector<int32_t> in = prompt;
       std::vector<float> logits;
       for (int i = 0; i < 8; ++i) {

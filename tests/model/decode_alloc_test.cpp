@@ -83,7 +83,7 @@ TEST_P(DecodeAllocations, NoneInSteadyStateDecodeSteps) {
   ASSERT_TRUE(model.ok()) << model.message();
   CausalLM& lm = **model;
   // Room for every position up front, so the cache never grows during the counted steps.
-  KvCache cache = lm.NewCache(64);
+  KvCache cache = *lm.NewCache(64);
   ASSERT_TRUE(cache.Reserve(64).ok());
   std::vector<float> logits;
   const std::vector<int32_t> prompt = {1, 5, 9, 14, 3, 7, 2, 11};

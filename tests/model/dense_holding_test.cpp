@@ -217,7 +217,7 @@ Loaded LoadAndRun(const std::filesystem::path& dir, DenseMemory memory, WeightPa
   Loaded out;
   if (!m.ok()) return out;
   out.model = std::move(*m);
-  KvCache cache = out.model->NewCache(64);
+  KvCache cache = *out.model->NewCache(64);
   const std::vector<int32_t> tokens = {1, 5, 9, 2, 7, 3, 11, 4};
   EXPECT_TRUE(out.model->Forward(tokens, cache, LogitsFor::kAllTokens, out.logits).ok());
   return out;

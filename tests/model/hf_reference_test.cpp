@@ -78,7 +78,7 @@ TEST_P(HfReference, LogitsAtEveryPositionMatch) {
     const auto want = ref_->Floats(key + ".logits", &shape);
     ASSERT_EQ(shape.size(), 2u);
     ASSERT_EQ(shape[1], V);
-    KvCache cache = model_->NewCache(64);
+    KvCache cache = *model_->NewCache(64);
     std::vector<float> logits;
     ASSERT_TRUE(model_->Forward(tokens, cache, LogitsFor::kAllTokens, logits).ok());
     const int64_t T = static_cast<int64_t>(tokens.size());
@@ -99,8 +99,8 @@ TEST_P(HfReference, GreedyContinuationsMatchUntilANearTie) {
     const auto margin = ref_->Floats(key + ".greedy_margin");
     GenerateOptions g;
     g.max_new_tokens = static_cast<int64_t>(want.size());
-    KvCache cache = model_->NewCache(64);
-    auto got = Generate(*model_, cache, tokens, g);
+    auto engine = testing::MakeEngine(*model_, 64);
+    auto got = Generate(*engine, tokens, g);
     ASSERT_TRUE(got.ok()) << got.message();
     ASSERT_EQ(got->ids.size(), want.size());
     size_t compared = 0;
@@ -114,7 +114,7 @@ TEST_P(HfReference, RouterLogitsMatch) {
   const auto tokens = ref_->Ints("prompt0.tokens");
   std::vector<std::vector<float>> router;
   model_->SetRouterLogitsSink(&router);
-  KvCache cache = model_->NewCache(8);
+  KvCache cache = *model_->NewCache(8);
   std::vector<float> logits;
   ASSERT_TRUE(model_->Forward(tokens, cache, LogitsFor::kLastToken, logits).ok());
   model_->SetRouterLogitsSink(nullptr);
@@ -135,12 +135,12 @@ TEST_P(HfReference, IncrementalDecodingEqualsFullRecompute) {
   const auto tokens = ref_->Ints("prompt2.tokens");
   const int64_t V = model_->config().vocab_size;
   const int64_t T = static_cast<int64_t>(tokens.size());
-  KvCache full_cache = model_->NewCache(64);
+  KvCache full_cache = *model_->NewCache(64);
   std::vector<float> full;
   ASSERT_TRUE(model_->Forward(tokens, full_cache, LogitsFor::kAllTokens, full).ok());
 
   // A prefill of the first 5 tokens, then one token at a time (cache growth included).
-  KvCache cache = model_->NewCache(64);
+  KvCache cache = *model_->NewCache(64);
   std::vector<float> step;
   const int64_t prefill = 5;
   ASSERT_TRUE(
@@ -169,7 +169,7 @@ TEST_P(HfReference, ThreadCountDoesNotChangeLogits) {
   for (int threads : {1, 2, 3}) {
     auto model = LoadCausalLM(dir_, testing::WithThreads(threads));
     ASSERT_TRUE(model.ok());
-    KvCache cache = (*model)->NewCache(16);
+    KvCache cache = *(*model)->NewCache(16);
     std::vector<float> logits;
     ASSERT_TRUE((*model)->Forward(tokens, cache, LogitsFor::kAllTokens, logits).ok());
     results.push_back(logits);

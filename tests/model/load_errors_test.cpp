@@ -174,7 +174,7 @@ TEST_F(LoadErrors, NonFiniteActivationsNameTheLayer) {
   testing::WriteSafetensors(weights(), tensors);
   auto m = LoadCausalLM(dir_, testing::WithThreads(1));
   ASSERT_TRUE(m.ok()) << m.message();
-  KvCache cache = (*m)->NewCache(8);
+  KvCache cache = *(*m)->NewCache(8);
   std::vector<float> logits;
   const std::vector<int32_t> tokens = {1, 2, 3};
   Status s = (*m)->Forward(tokens, cache, LogitsFor::kLastToken, logits);
@@ -227,7 +227,7 @@ TEST_F(LoadErrors, ShardedCheckpointMatchesSingleFile) {
   ASSERT_TRUE(single.ok()) << single.message();
   const std::vector<int32_t> tokens = {3, 17, 42, 7};
   std::vector<float> x, y;
-  KvCache c1 = (*sharded)->NewCache(8), c2 = (*single)->NewCache(8);
+  KvCache c1 = *(*sharded)->NewCache(8), c2 = *(*single)->NewCache(8);
   ASSERT_TRUE((*sharded)->Forward(tokens, c1, LogitsFor::kAllTokens, x).ok());
   ASSERT_TRUE((*single)->Forward(tokens, c2, LogitsFor::kAllTokens, y).ok());
   EXPECT_EQ(x, y);
@@ -259,7 +259,7 @@ TEST_F(LoadErrors, IndexEscapingTheDirectoryIsRejected) {
 TEST_F(LoadErrors, OutOfVocabularyTokenIsAnErrorNotACrash) {
   auto m = LoadCausalLM(dir_, testing::WithThreads(1));
   ASSERT_TRUE(m.ok());
-  KvCache cache = (*m)->NewCache(8);
+  KvCache cache = *(*m)->NewCache(8);
   std::vector<float> logits;
   const std::vector<int32_t> tokens = {1, 512};
   Status s = (*m)->Forward(tokens, cache, LogitsFor::kLastToken, logits);
@@ -270,7 +270,7 @@ TEST_F(LoadErrors, OutOfVocabularyTokenIsAnErrorNotACrash) {
 TEST_F(LoadErrors, ContextOverflowIsAnError) {
   auto m = LoadCausalLM(dir_, testing::WithThreads(1));
   ASSERT_TRUE(m.ok());
-  KvCache cache = (*m)->NewCache(2);
+  KvCache cache = *(*m)->NewCache(2);
   std::vector<float> logits;
   const std::vector<int32_t> tokens = {1, 2, 3};
   Status s = (*m)->Forward(tokens, cache, LogitsFor::kLastToken, logits);

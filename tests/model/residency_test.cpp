@@ -38,7 +38,7 @@ class Residency : public ::testing::TestWithParam<std::string> {
     auto m = LoadCausalLM(dir, load);
     EXPECT_TRUE(m.ok()) << m.message();
     if (!m.ok()) return {};
-    KvCache cache = (*m)->NewCache(16);
+    KvCache cache = *(*m)->NewCache(16);
     std::vector<float> logits;
     const std::vector<int32_t> tokens = {3, 17, 42, 7, 99, 1};
     EXPECT_TRUE((*m)->Forward(tokens, cache, LogitsFor::kAllTokens, logits).ok());

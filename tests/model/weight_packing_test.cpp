@@ -59,7 +59,7 @@ Loaded Load(const fs::path& dir, WeightPacking packing, Backend backend = Backen
   Loaded out;
   if (!m.ok()) return out;
   out.model = std::move(*m);
-  KvCache cache = out.model->NewCache(64);
+  KvCache cache = *out.model->NewCache(64);
   EXPECT_TRUE(out.model->Forward(kTokens, cache, LogitsFor::kAllTokens, out.logits).ok());
   return out;
 }

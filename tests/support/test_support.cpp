@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 
 #include "io/safetensors.h"
 #include "kernels/cpu/bf16c.h"
@@ -26,6 +27,16 @@ LoadOptions WithThreads(int n) {
   LoadOptions o;
   o.n_threads = n;
   return o;
+}
+
+std::unique_ptr<Engine> MakeEngine(CausalLM& model, int64_t kv_positions,
+                                   const text::Tokenizer* tokenizer, int parallel) {
+  EngineOptions o;
+  o.kv_positions = kv_positions;
+  o.max_running = parallel;
+  auto e = Engine::Create(model, tokenizer, o);
+  if (!e.ok()) throw std::runtime_error(e.message());
+  return std::move(e).value();
 }
 
 fs::path FixturesDir() {

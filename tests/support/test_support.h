@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "engine/engine.h"
 #include "model/causal_lm.h"
 
 namespace moetier::testing {
@@ -17,6 +18,9 @@ std::filesystem::path FixturesDir();
 
 // LoadOptions with n threads and everything else default.
 LoadOptions WithThreads(int n);
+// An engine for `model` with a KV pool of `kv_positions` (f32) and up to `parallel` sequences.
+std::unique_ptr<Engine> MakeEngine(CausalLM& model, int64_t kv_positions,
+                                   const text::Tokenizer* tokenizer = nullptr, int parallel = 1);
 // tests/fixtures/hf/<rel>, e.g. "qwen3_moe" or "realvocab/qwen3_moe_tiny".
 std::filesystem::path HfFixture(const std::string& rel);
 

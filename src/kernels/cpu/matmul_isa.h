@@ -188,12 +188,16 @@ struct Kernels {
                    int64_t row_end, const Prepared& x, float* y, int64_t y_stride, float* scratch);
   // Attention over n_q query heads (rows q_stride apart) that share one key/value head, n_keys
   // positions (rows key_stride / value_stride apart), head size d (any), float32 throughout:
-  // scores[g * n_keys + j] = scale * dot(q[g], key[j]); and, given softmaxed p in that layout,
-  // out[g * out_stride + i] = sum over j of p[g * n_keys + j] * value[j][i].
+  // scores[g * score_stride + j] = scale * dot(q[g], key[j]); and, given softmaxed p in that
+  // layout (rows p_stride apart), out[g * out_stride + i] = sum over j of p[g][j] * value[j][i],
+  // the sum continuing from out's values when `accumulate` (a run of keys after another: the
+  // keys of a paged cache come in blocks) and from 0 otherwise.
   void (*attn_scores)(const float* q, int64_t n_q, int64_t q_stride, const float* keys,
-                      int64_t key_stride, int64_t n_keys, int64_t d, float scale, float* scores);
-  void (*attn_values)(const float* p, int64_t n_q, int64_t n_keys, const float* values,
-                      int64_t value_stride, int64_t d, float* out, int64_t out_stride);
+                      int64_t key_stride, int64_t n_keys, int64_t d, float scale, float* scores,
+                      int64_t score_stride);
+  void (*attn_values)(const float* p, int64_t n_q, int64_t n_keys, int64_t p_stride,
+                      const float* values, int64_t value_stride, int64_t d, float* out,
+                      int64_t out_stride, bool accumulate);
   // Tile packing (null when the level has none). packed_bytes: bytes `pack` writes for n_tokens
   // of format f, 0 when f is not packed. pack: writes token tiles [tile_begin, tile_end) of
   // them (tile j = tokens 16j..16j+15, at its offset in `out`, kAlign-aligned) from the

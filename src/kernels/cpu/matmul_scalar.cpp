@@ -127,23 +127,24 @@ void DotRows(WFormat f, const uint8_t* w, int64_t row_bytes, int64_t row_begin, 
 
 // The reference attention: plain loops, double sums (the SIMD kernels use float FMA chains).
 void AttnScores(const float* q, int64_t n_q, int64_t q_stride, const float* keys,
-                int64_t key_stride, int64_t n_keys, int64_t d, float scale, float* scores) {
+                int64_t key_stride, int64_t n_keys, int64_t d, float scale, float* scores,
+                int64_t score_stride) {
   for (int64_t g = 0; g < n_q; ++g)
     for (int64_t j = 0; j < n_keys; ++j) {
       double s = 0.0;
       for (int64_t i = 0; i < d; ++i)
         s += static_cast<double>(q[g * q_stride + i]) * keys[j * key_stride + i];
-      scores[g * n_keys + j] = static_cast<float>(s) * scale;
+      scores[g * score_stride + j] = static_cast<float>(s) * scale;
     }
 }
 
-void AttnValues(const float* p, int64_t n_q, int64_t n_keys, const float* values,
-                int64_t value_stride, int64_t d, float* out, int64_t out_stride) {
+void AttnValues(const float* p, int64_t n_q, int64_t n_keys, int64_t p_stride, const float* values,
+                int64_t value_stride, int64_t d, float* out, int64_t out_stride, bool accumulate) {
   for (int64_t g = 0; g < n_q; ++g)
     for (int64_t i = 0; i < d; ++i) {
-      double s = 0.0;
+      double s = accumulate ? static_cast<double>(out[g * out_stride + i]) : 0.0;
       for (int64_t j = 0; j < n_keys; ++j)
-        s += static_cast<double>(p[g * n_keys + j]) * values[j * value_stride + i];
+        s += static_cast<double>(p[g * p_stride + j]) * values[j * value_stride + i];
       out[g * out_stride + i] = static_cast<float>(s);
     }
 }

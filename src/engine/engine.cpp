@@ -1,0 +1,498 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "engine/stop_strings.h"
+
+namespace moetier {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Ms(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+}  // namespace
+
+// One request on its way through the engine.
+struct Engine::Sequence {
+  RequestId id = 0;
+  RequestOptions req;
+  EventSink sink;
+  Status submit_error;  // a problem found at Submit, reported when it arrives
+
+  std::vector<int32_t> tokens;  // the prompt, then every generated token
+  int64_t n_prompt = 0;
+  int64_t n_generated = 0;
+  int64_t n_computed = 0;        // leading positions whose K/V the blocks hold
+  int64_t step_tokens = 0;       // positions this step computes
+  std::vector<int32_t> blocks;   // block table
+  std::vector<uint64_t> hashes;  // chain hash of each leading registered/matched block
+  int64_t cached_tokens = -1;    // prompt tokens from the prefix cache at first admission
+  bool requeue = false;          // preempted this step: back to the front of waiting
+  bool in_batch = false;
+  bool finished = false;
+  bool cancelled = false;
+
+  std::optional<Sampler> sampler;
+  std::optional<text::StreamDecoder> decoder;
+  std::optional<StopStringFilter> stops;
+  std::string piece;  // the text of the current event
+
+  Clock::time_point arrived, admitted, first_token, last_token;
+
+  int64_t pending() const { return static_cast<int64_t>(tokens.size()) - n_computed; }
+};
+
+Expected<std::unique_ptr<Engine>> Engine::Create(CausalLM& model, const text::Tokenizer* tokenizer,
+                                                 const EngineOptions& options) {
+  if (options.max_running <= 0) return Status::Error("--parallel must be at least 1");
+  if (options.max_batch_tokens <= 0) return Status::Error("--max-batch-tokens must be at least 1");
+  const int64_t B = options.block_size;
+  const int64_t n_blocks = (options.kv_positions + B - 1) / B;
+  MT_ASSIGN_OR_RETURN(KvPool pool, KvPool::Create(model.kv_shape(), n_blocks, B, options.kv_dtype));
+  return std::unique_ptr<Engine>(new Engine(model, tokenizer, options, std::move(pool)));
+}
+
+Engine::Engine(CausalLM& model, const text::Tokenizer* tokenizer, const EngineOptions& options,
+               KvPool pool)
+    : model_(model),
+      tokenizer_(tokenizer),
+      options_(options),
+      pool_(std::move(pool)),
+      blocks_(pool_.n_blocks(), pool_.block_size()) {
+  // The pool rounds up to whole blocks; a sequence gets exactly the positions asked for.
+  const int64_t pool_positions =
+      std::min(options.kv_positions, pool_.n_blocks() * pool_.block_size());
+  const int64_t model_max = model.config().max_position_embeddings;
+  max_sequence_positions_ = options.max_sequence_positions > 0 ? options.max_sequence_positions
+                            : model_max > 0                    ? model_max
+                                                               : pool_positions;
+  max_sequence_positions_ = std::min(max_sequence_positions_, pool_positions);
+}
+
+Engine::~Engine() {
+  Stop();
+}
+
+RequestId Engine::Submit(RequestOptions request, EventSink sink) {
+  auto s = std::make_unique<Sequence>();
+  if (request.prompt.empty()) s->submit_error = Status::Error("the prompt is empty");
+  if (request.text && tokenizer_ == nullptr)
+    s->submit_error = Status::Error("a text request needs the model's tokenizer");
+  s->req = std::move(request);
+  s->sink = std::move(sink);
+  std::lock_guard<std::mutex> l(inbox_mu_);
+  s->id = next_id_++;
+  const RequestId id = s->id;
+  inbox_.push_back(std::move(s));
+  inbox_cv_.notify_all();
+  return id;
+}
+
+void Engine::Cancel(RequestId id) {
+  std::lock_guard<std::mutex> l(inbox_mu_);
+  cancels_.push_back(id);
+  inbox_cv_.notify_all();
+}
+
+EngineStats Engine::stats() const {
+  return stats_;
+}
+
+bool Engine::HasWork() const {
+  return !future_.empty() || !waiting_.empty() || !running_.empty();
+}
+
+// Takes what other threads submitted and cancelled, and moves arrivals whose step has come to
+// the waiting queue. With nothing else to do, time jumps to the next arrival.
+bool Engine::DrainInbox() {
+  std::vector<std::unique_ptr<Sequence>> in;
+  std::vector<RequestId> cancels;
+  {
+    std::lock_guard<std::mutex> l(inbox_mu_);
+    in.swap(inbox_);
+    cancels.swap(cancels_);
+  }
+  for (auto& s : in) future_.push_back(std::move(s));
+  for (RequestId id : cancels) {
+    auto mark = [&](auto& list) {
+      for (auto& s : list)
+        if (s->id == id) s->cancelled = true;
+    };
+    mark(future_);
+    mark(waiting_);
+    mark(running_);
+  }
+  if (waiting_.empty() && running_.empty() && !future_.empty()) {
+    int64_t next = future_.front()->req.arrival_step;
+    for (auto& s : future_) next = std::min(next, s->req.arrival_step);
+    stats_.steps = std::max(stats_.steps, next);
+  }
+  for (size_t i = 0; i < future_.size();) {
+    if (future_[i]->req.arrival_step <= stats_.steps) {
+      future_[i]->arrived = Clock::now();
+      waiting_.push_back(std::move(future_[i]));
+      future_.erase(future_.begin() + static_cast<ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  return HasWork();
+}
+
+void Engine::RunUntilIdle() {
+  while (DrainInbox()) {
+    const Status s = Step();
+    (void)s;  // a failed step has finished its sequences with the error
+  }
+}
+
+void Engine::Start() {
+  {
+    std::lock_guard<std::mutex> l(inbox_mu_);
+    stop_ = false;
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Engine::Stop() {
+  {
+    std::lock_guard<std::mutex> l(inbox_mu_);
+    stop_ = true;
+    inbox_cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void Engine::Loop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> l(inbox_mu_);
+      inbox_cv_.wait(l, [&] { return stop_ || !inbox_.empty() || !cancels_.empty() || HasWork(); });
+      if (stop_) return;
+    }
+    if (DrainInbox()) {
+      const Status s = Step();
+      (void)s;
+    }
+  }
+}
+
+// ---- one step ------------------------------------------------------------------------------
+
+Status Engine::Step() {
+  // Cancelled requests end before the step, wherever they are.
+  for (auto* list : {&running_}) {
+    for (auto& s : *list)
+      if (s->cancelled && !s->finished) Finish(*s, StopReason::kCancelled);
+  }
+  for (auto& s : waiting_)
+    if (s->cancelled && !s->finished) Finish(*s, StopReason::kCancelled);
+  for (auto& s : future_)
+    if (s->cancelled && !s->finished) Finish(*s, StopReason::kCancelled);
+  RemoveFinished();
+
+  if (!Schedule()) {
+    ++stats_.steps;
+    return OkStatus();
+  }
+  Batch batch;
+  batch.tokens = tokens_;
+  batch.positions = positions_;
+  batch.seq_of = seq_of_;
+  batch.block_tables = tables_;
+  batch.logit_rows = logit_rows_;
+  const Status s = model_.Forward(batch, pool_, logits_);
+  ++stats_.steps;
+  if (!s.ok()) {
+    // The step's K/V are undefined for every sequence in it: they end with the error.
+    for (Sequence* seq : in_batch_) Finish(*seq, StopReason::kCancelled, s);
+    RemoveFinished();
+    return s;
+  }
+  AfterForward(logits_);
+  RemoveFinished();
+  return OkStatus();
+}
+
+// Fills the batch: decoding sequences first, then prompt chunks, then admissions, within
+// max_batch_tokens. False when there is nothing to run.
+bool Engine::Schedule() {
+  tokens_.clear();
+  positions_.clear();
+  seq_of_.clear();
+  logit_rows_.clear();
+  logit_seq_.clear();
+  tables_.clear();
+  in_batch_.clear();
+  for (auto& s : running_) s->in_batch = false;
+  int64_t budget = options_.max_batch_tokens;
+  // Two passes over the running sequences, in admission order: decode steps, then prefills.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+      Sequence& s = *running_[i];
+      if (s.finished || s.requeue || s.in_batch) continue;
+      const bool decoding = s.pending() == 1 && s.n_generated > 0;
+      if ((pass == 0) != decoding) continue;
+      bool preempted_self = false;
+      const int64_t n = std::min(s.pending(), budget);
+      if (n > 0 && TakeTokens(s, n, preempted_self)) budget -= n;
+    }
+  }
+  // Admissions, while there is room in the step, in the running set and in the pool.
+  while (budget > 0 && static_cast<int>(running_.size()) < options_.max_running &&
+         !waiting_.empty()) {
+    Sequence& next = *waiting_.front();
+    if (next.finished) {
+      waiting_.pop_front();
+      continue;
+    }
+    const int64_t B = pool_.block_size();
+    const int64_t need =
+        (static_cast<int64_t>(next.tokens.empty() ? next.req.prompt.size() : next.tokens.size()) +
+         B) /
+        B;
+    // A request too long for the whole pool is refused (in Admit); others wait for room.
+    if (next.submit_error.ok() && need <= pool_.n_blocks() && blocks_.n_available() < need &&
+        !running_.empty())
+      break;
+    std::unique_ptr<Sequence> seq = std::move(waiting_.front());
+    waiting_.pop_front();
+    Sequence* s = seq.get();
+    Admit(std::move(seq));
+    if (s->finished) continue;
+    bool preempted_self = false;
+    const int64_t n = std::min(s->pending(), budget);
+    if (TakeTokens(*s, n, preempted_self)) budget -= n;
+  }
+  // Preempted sequences go back to the front of the queue, oldest first.
+  for (size_t i = running_.size(); i-- > 0;) {
+    if (!running_[i]->requeue) continue;
+    running_[i]->requeue = false;
+    waiting_.push_front(std::move(running_[i]));
+    running_.erase(running_.begin() + static_cast<ptrdiff_t>(i));
+  }
+  return !tokens_.empty();
+}
+
+// Makes `seq` running: validates it, reuses the longest cached prefix of its tokens.
+void Engine::Admit(std::unique_ptr<Sequence> seq) {
+  Sequence& s = *seq;
+  running_.push_back(std::move(seq));
+  if (!s.submit_error.ok()) return Finish(s, StopReason::kCancelled, s.submit_error);
+  if (s.tokens.empty()) {  // first admission (a preempted sequence keeps its tokens)
+    s.tokens = s.req.prompt;
+    s.n_prompt = static_cast<int64_t>(s.tokens.size());
+    s.tokens.reserve(static_cast<size_t>(s.n_prompt + s.req.max_new_tokens));
+    const Status valid = ValidateSamplerOptions(s.req.sampler);
+    if (!valid.ok()) return Finish(s, StopReason::kCancelled, valid);
+    if (s.req.max_new_tokens <= 0) return Finish(s, StopReason::kMaxTokens);
+    s.sampler.emplace(s.req.sampler);
+    if (s.req.text) {
+      s.decoder.emplace(*tokenizer_, s.req.skip_special_tokens);
+      s.stops.emplace(s.req.stop_strings);
+    }
+  }
+  const int64_t B = pool_.block_size();
+  const int64_t n = static_cast<int64_t>(s.tokens.size());
+  if (n >= max_sequence_positions_ + (s.n_generated > 0 ? 1 : 0) ||
+      (n + B) / B > pool_.n_blocks()) {
+    const int64_t limit = std::min(max_sequence_positions_, pool_.n_blocks() * B);
+    return Finish(s, StopReason::kContextFull,
+                  Status::Error("the prompt has " + std::to_string(n) +
+                                " tokens but a sequence may hold " + std::to_string(limit) +
+                                " positions (the model's window and the KV cache); raise "
+                                "--ctx-size / --kv-cache-gb or shorten the prompt"));
+  }
+  s.admitted = Clock::now();
+  // The prefix cache: whole blocks, and at least the last token left to run for its logits.
+  if (options_.prefix_cache) {
+    const int64_t max_blocks = (n - 1 + B - 1) / B;
+    const int64_t matched = blocks_.Match(s.tokens, max_blocks, s.blocks, s.hashes);
+    s.n_computed = std::min(matched * B, n - 1);
+  }
+  if (s.cached_tokens < 0) {
+    s.cached_tokens = std::min(s.n_computed, s.n_prompt);
+    stats_.prefix_hit_tokens += s.cached_tokens;
+  }
+}
+
+// Adds positions [n_computed, n_computed + n) of `s` to the batch, with blocks for them
+// (preempting another sequence if the pool is short). False if `s` could not run this step.
+bool Engine::TakeTokens(Sequence& s, int64_t n, bool& preempted_self) {
+  for (;;) {
+    if (EnsureBlocks(s, s.n_computed + n) && MakeWritable(s, s.n_computed)) break;
+    if (PreemptOneBesides(s)) continue;
+    // Nobody else to preempt: `s` alone fills the pool.
+    if (in_batch_.empty() && running_.size() == 1) {
+      Finish(s, StopReason::kContextFull);
+    } else {
+      Preempt(s);
+      preempted_self = true;
+    }
+    return false;
+  }
+  const int32_t index = static_cast<int32_t>(tables_.size());
+  s.in_batch = true;
+  s.step_tokens = n;
+  in_batch_.push_back(&s);
+  tables_.push_back(s.blocks);
+  for (int64_t p = s.n_computed; p < s.n_computed + n; ++p) {
+    tokens_.push_back(s.tokens[static_cast<size_t>(p)]);
+    positions_.push_back(static_cast<int32_t>(p));
+    seq_of_.push_back(index);
+  }
+  if (s.n_computed + n == static_cast<int64_t>(s.tokens.size())) {
+    logit_rows_.push_back(static_cast<int32_t>(tokens_.size() - 1));
+    logit_seq_.push_back(&s);
+  }
+  return true;
+}
+
+bool Engine::EnsureBlocks(Sequence& s, int64_t n_positions) {
+  const int64_t B = pool_.block_size();
+  while (static_cast<int64_t>(s.blocks.size()) * B < n_positions) {
+    const int32_t b = blocks_.Allocate();
+    if (b < 0) return false;
+    s.blocks.push_back(b);
+  }
+  return true;
+}
+
+// A block that is cached or held by others is copied before `position` is written into it.
+bool Engine::MakeWritable(Sequence& s, int64_t position) {
+  const size_t index = static_cast<size_t>(position / pool_.block_size());
+  if (index >= s.blocks.size() || !blocks_.IsShared(s.blocks[index])) return true;
+  const int32_t copy = blocks_.Allocate();
+  if (copy < 0) return false;
+  pool_.CopyBlock(s.blocks[index], copy);
+  blocks_.Unref(s.blocks[index]);
+  s.blocks[index] = copy;
+  s.hashes.resize(std::min(s.hashes.size(), index));  // the copy is private until full again
+  return true;
+}
+
+// Preempts the most recently admitted running sequence other than `s` that is not in this
+// step's batch yet. False when there is none.
+bool Engine::PreemptOneBesides(const Sequence& s) {
+  for (size_t i = running_.size(); i-- > 0;) {
+    Sequence& victim = *running_[i];
+    if (&victim == &s || victim.in_batch || victim.finished || victim.requeue) continue;
+    Preempt(victim);
+    return true;
+  }
+  return false;
+}
+
+void Engine::Preempt(Sequence& s) {
+  ReleaseBlocks(s);
+  s.n_computed = 0;
+  s.requeue = true;
+  ++stats_.preemptions;
+}
+
+void Engine::ReleaseBlocks(Sequence& s) {
+  for (int32_t b : s.blocks) blocks_.Unref(b);
+  s.blocks.clear();
+  s.hashes.clear();
+}
+
+// ---- after the forward ---------------------------------------------------------------------
+
+void Engine::AfterForward(const std::vector<float>& logits) {
+  for (Sequence* s : in_batch_) {
+    s->n_computed += s->step_tokens;
+    if (options_.prefix_cache) RegisterFullBlocks(*s);
+  }
+  const size_t V = static_cast<size_t>(model_.config().vocab_size);
+  for (size_t r = 0; r < logit_seq_.size(); ++r) {
+    Sequence& s = *logit_seq_[r];
+    if (s.finished) continue;
+    auto next = s.sampler->Sample(std::span<const float>(logits.data() + r * V, V), s.tokens);
+    if (!next.ok()) {
+      Finish(s, StopReason::kCancelled, next.status());
+      continue;
+    }
+    OnToken(s, *next);
+  }
+}
+
+// Registers every block of `s` that is full and computed, so later sequences can share it.
+void Engine::RegisterFullBlocks(Sequence& s) {
+  const int64_t B = pool_.block_size();
+  while (static_cast<int64_t>(s.hashes.size() + 1) * B <= s.n_computed) {
+    const size_t i = s.hashes.size();
+    const uint64_t parent = i == 0 ? 0 : s.hashes[i - 1];
+    const std::span<const int32_t> block_tokens(s.tokens.data() + i * static_cast<size_t>(B),
+                                                static_cast<size_t>(B));
+    const uint64_t hash = KvBlocks::ChainHash(parent, block_tokens);
+    blocks_.Register(s.blocks[i], parent, hash, block_tokens);
+    s.hashes.push_back(hash);
+  }
+}
+
+void Engine::OnToken(Sequence& s, int32_t token) {
+  const Clock::time_point now = Clock::now();
+  if (s.n_generated == 0) s.first_token = now;
+  s.last_token = now;
+  s.tokens.push_back(token);
+  ++s.n_generated;
+  const bool is_stop_id =
+      std::find(s.req.stop_ids.begin(), s.req.stop_ids.end(), token) != s.req.stop_ids.end();
+  s.piece.clear();
+  // A stop id's text is not part of the answer.
+  if (s.req.text && !is_stop_id) s.piece = s.stops->Push(s.decoder->Push(token));
+  RequestEvent e;
+  e.kind = RequestEvent::Kind::kToken;
+  e.id = s.id;
+  e.token = token;
+  e.text = s.piece;
+  if (s.sink) s.sink(e);
+  if (s.cancelled) return Finish(s, StopReason::kCancelled);
+  if (is_stop_id) return Finish(s, StopReason::kEos);
+  if (s.req.text && s.stops->stopped()) return Finish(s, StopReason::kStopString);
+  if (s.n_generated >= s.req.max_new_tokens) return Finish(s, StopReason::kMaxTokens);
+  // The token just sampled needs a position of its own to be run for the next one.
+  if (static_cast<int64_t>(s.tokens.size()) > max_sequence_positions_)
+    return Finish(s, StopReason::kContextFull);
+}
+
+void Engine::Finish(Sequence& s, StopReason reason, Status status) {
+  if (s.finished) return;
+  s.finished = true;
+  ReleaseBlocks(s);
+  s.piece.clear();
+  if (status.ok() && s.req.text && s.decoder && !s.stops->stopped()) {
+    s.piece = s.stops->Push(s.decoder->Flush());
+    s.piece += s.stops->Flush();
+  }
+  RequestEvent e;
+  e.kind = RequestEvent::Kind::kFinished;
+  e.id = s.id;
+  e.text = s.piece;
+  e.reason = reason;
+  e.status = std::move(status);
+  e.usage.prompt_tokens = s.n_prompt > 0 ? s.n_prompt : static_cast<int64_t>(s.req.prompt.size());
+  e.usage.cached_tokens = std::max<int64_t>(0, s.cached_tokens);
+  e.usage.generated_tokens = s.n_generated;
+  if (s.admitted != Clock::time_point{}) e.timings.queue_ms = Ms(s.arrived, s.admitted);
+  if (s.n_generated > 0) e.timings.ttft_ms = Ms(s.arrived, s.first_token);
+  if (s.n_generated > 1)
+    e.timings.decode_tokens_per_s =
+        static_cast<double>(s.n_generated - 1) /
+        std::chrono::duration<double>(s.last_token - s.first_token).count();
+  if (s.sink) s.sink(e);
+}
+
+void Engine::RemoveFinished() {
+  auto gone = [](const std::unique_ptr<Sequence>& s) { return s->finished; };
+  running_.erase(std::remove_if(running_.begin(), running_.end(), gone), running_.end());
+  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), gone), waiting_.end());
+  future_.erase(std::remove_if(future_.begin(), future_.end(), gone), future_.end());
+}
+
+}  // namespace moetier

@@ -1,0 +1,181 @@
+// The engine: many requests served together by one model (continuous batching).
+//
+// Any thread submits a request (prompt ids, sampling, stops, limits) with a sink for its
+// events, and may cancel it. One thread at a time drives the model — RunUntilIdle() on the
+// caller's thread (the CLI commands), or Start() for a thread of the engine's own (a server).
+// Each step runs, in one Forward over a ragged batch:
+//   - the next token of every running sequence that is decoding (latency first),
+//   - then chunks of the prompts being prefilled, oldest first, up to max_batch_tokens in all
+//     (a long prompt is cut into chunks, so it does not stall the others' decoding),
+//   - then, while fewer than max_running sequences run and KV blocks are available, the next
+//     waiting requests (whose prompts may start from blocks the prefix cache holds).
+// KV blocks come from one pool (layers/kv_cache.h) through KvBlocks (engine/kv_blocks.h). When
+// a sequence needs a block and none is left, the most recently admitted other sequence is
+// preempted: its blocks are released and it waits to be recomputed from its tokens (the same
+// K/V bit for bit, so its output does not change). A request that alone cannot fit the pool is
+// refused with an error; the others go on.
+//
+// Events reach each request's sink on the driving thread, in order: a kToken per generated
+// token (with the text it completes, for text requests), then one kFinished. A sink must return
+// quickly (it runs inside the step) and may call Cancel.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "core/status.h"
+#include "engine/kv_blocks.h"
+#include "engine/sampler.h"
+#include "engine/stop_reason.h"
+#include "layers/kv_cache.h"
+#include "model/causal_lm.h"
+#include "text/tokenizer/tokenizer.h"
+
+namespace moetier {
+
+using RequestId = int64_t;
+
+struct RequestOptions {
+  std::vector<int32_t> prompt;  // token ids (at least one)
+  SamplerOptions sampler;
+  int64_t max_new_tokens = 256;
+  std::vector<int32_t> stop_ids;          // generation ends after emitting one of these
+  std::vector<std::string> stop_strings;  // text requests: generation ends before one of these
+  bool text = false;  // decode the tokens to text (needs the engine's tokenizer)
+  bool skip_special_tokens = true;
+  // The request joins once the engine has run this many steps (`batch`'s "after": joins in
+  // mid-flight, reproducibly); 0 joins at once.
+  int64_t arrival_step = 0;
+};
+
+struct RequestUsage {
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens whose K/V came from the prefix cache
+  int64_t generated_tokens = 0;
+};
+
+struct RequestTimings {
+  double queue_ms = 0;             // arrival to admission
+  double ttft_ms = 0;              // arrival to the first generated token
+  double decode_tokens_per_s = 0;  // after the first token (0 with fewer than two)
+};
+
+struct RequestEvent {
+  enum class Kind { kToken, kFinished };
+  Kind kind = Kind::kToken;
+  RequestId id = 0;
+  int32_t token = -1;     // kToken
+  std::string_view text;  // text requests: the text final with this event (may be empty)
+  // kFinished: why, or the error that ended this request (the others go on).
+  StopReason reason = StopReason::kMaxTokens;
+  Status status;
+  RequestUsage usage;
+  RequestTimings timings;
+};
+using EventSink = std::function<void(const RequestEvent&)>;
+
+struct EngineOptions {
+  int max_running = 4;             // --parallel: sequences running at once
+  int64_t max_batch_tokens = 512;  // --max-batch-tokens: tokens per step, all sequences
+  int64_t kv_positions = 8192;     // the pool, over all sequences (--ctx-size)
+  DType kv_dtype = DType::kF32;    // --kv-dtype
+  int64_t block_size = KvPool::kDefaultBlockSize;
+  // One sequence's most positions (0: the model's max_position_embeddings, capped by the pool).
+  int64_t max_sequence_positions = 0;
+  bool prefix_cache = true;
+};
+
+struct EngineStats {
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+  int64_t prefix_hit_tokens = 0;
+};
+
+class Engine {
+ public:
+  // `tokenizer` may be null when no request asks for text.
+  static Expected<std::unique_ptr<Engine>> Create(CausalLM& model, const text::Tokenizer* tokenizer,
+                                                  const EngineOptions& options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Thread-safe. Problems with the request itself (an empty prompt, a prompt the pool cannot
+  // hold, text without a tokenizer) arrive as its kFinished event with an error.
+  RequestId Submit(RequestOptions request, EventSink sink);
+  // Thread-safe; the request finishes with reason kCancelled at the next step.
+  void Cancel(RequestId id);
+
+  // Drives the model on this thread until every request submitted so far has finished.
+  void RunUntilIdle();
+  // A thread of the engine's own drives it until Stop() (or destruction).
+  void Start();
+  void Stop();
+
+  const EngineOptions& options() const { return options_; }
+  int64_t sequence_limit() const { return max_sequence_positions_; }
+  const KvPool& kv_pool() const { return pool_; }
+  EngineStats stats() const;
+
+ private:
+  struct Sequence;
+  Engine(CausalLM& model, const text::Tokenizer* tokenizer, const EngineOptions& options,
+         KvPool pool);
+
+  bool DrainInbox();  // moves submitted and cancelled requests in; false when idle for good
+  bool HasWork() const;
+  Status Step();
+  void Admit(std::unique_ptr<Sequence> seq);
+  bool Schedule();
+  bool TakeTokens(Sequence& s, int64_t n, bool& preempted_self);
+  bool EnsureBlocks(Sequence& s, int64_t n_positions);
+  bool MakeWritable(Sequence& s, int64_t position);
+  bool PreemptOneBesides(const Sequence& s);
+  void Preempt(Sequence& s);
+  void AfterForward(const std::vector<float>& logits);
+  void RegisterFullBlocks(Sequence& s);
+  void OnToken(Sequence& s, int32_t token);
+  void Finish(Sequence& s, StopReason reason, Status status = OkStatus());
+  void ReleaseBlocks(Sequence& s);
+  void RemoveFinished();
+  void Loop();
+
+  CausalLM& model_;
+  const text::Tokenizer* tokenizer_;
+  EngineOptions options_;
+  int64_t max_sequence_positions_ = 0;
+  KvPool pool_;
+  KvBlocks blocks_;
+
+  // Submitted, not yet taken by the driving thread.
+  mutable std::mutex inbox_mu_;
+  std::condition_variable inbox_cv_;
+  std::vector<std::unique_ptr<Sequence>> inbox_;
+  std::vector<RequestId> cancels_;
+  RequestId next_id_ = 1;
+
+  // Owned by the driving thread.
+  std::vector<std::unique_ptr<Sequence>> future_;   // arrival_step not reached yet
+  std::deque<std::unique_ptr<Sequence>> waiting_;   // arrived, not admitted (preempted first)
+  std::vector<std::unique_ptr<Sequence>> running_;  // admission order
+  std::vector<Sequence*> in_batch_;                 // per batch sequence index
+  std::vector<int32_t> tokens_, positions_, seq_of_, logit_rows_;
+  std::vector<Sequence*> logit_seq_;              // per logit row
+  std::vector<std::span<const int32_t>> tables_;  // per batch sequence
+  std::vector<float> logits_;
+  EngineStats stats_;
+
+  std::thread thread_;
+  bool stop_ = false;  // under inbox_mu_
+};
+
+}  // namespace moetier

@@ -1,0 +1,24 @@
+// One forward step's tokens, from any number of sequences: for every token its id, its position
+// in its sequence and which sequence it belongs to; per sequence the KV blocks that hold its
+// positions (layers/kv_cache.h); and which tokens need logits. The engine builds one per step;
+// a single-sequence client builds one per call (CausalLM::Forward over a KvCache).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace moetier {
+
+struct Batch {
+  std::span<const int32_t> tokens;     // [n_tokens] token ids
+  std::span<const int32_t> positions;  // [n_tokens] position of each token in its sequence
+  std::span<const int32_t> seq_of;     // [n_tokens] index into block_tables
+  // Per sequence, its blocks in position order; they must cover every position of its tokens.
+  std::span<const std::span<const int32_t>> block_tables;
+  // Ascending indices of the tokens whose logits are wanted; logits rows come in this order.
+  std::span<const int32_t> logit_rows;
+
+  int64_t n_tokens() const { return static_cast<int64_t>(tokens.size()); }
+};
+
+}  // namespace moetier

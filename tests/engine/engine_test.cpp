@@ -1,0 +1,292 @@
+// The engine: many requests at once give each the tokens it gets alone (greedy), whatever the
+// others, their arrival, the step size, preemption or the prefix cache; and its limits end
+// requests cleanly.
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "engine/generate.h"
+#include "support/test_support.h"
+
+namespace moetier {
+namespace {
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  StopReason reason = StopReason::kMaxTokens;
+  Status status;
+  RequestUsage usage;
+  bool finished = false;
+};
+
+// Submits every request with its sink, drives the engine, and returns each outcome.
+std::vector<Outcome> RunAll(Engine& engine, const std::vector<RequestOptions>& requests) {
+  std::vector<Outcome> out(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i)
+    engine.Submit(requests[i], [&out, i](const RequestEvent& e) {
+      if (e.kind == RequestEvent::Kind::kToken) {
+        out[i].tokens.push_back(e.token);
+        return;
+      }
+      out[i].finished = true;
+      out[i].reason = e.reason;
+      out[i].status = e.status;
+      out[i].usage = e.usage;
+    });
+  engine.RunUntilIdle();
+  return out;
+}
+
+// Prompts of several lengths (a shared start for some), greedy, fixed lengths.
+std::vector<RequestOptions> Requests(int n, uint32_t seed, int64_t vocab) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> shared(21);
+  for (auto& t : shared) t = static_cast<int32_t>(rng() % vocab);
+  std::vector<RequestOptions> r(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    const size_t len = 3 + rng() % 40;
+    if (i % 3 == 1) r[static_cast<size_t>(i)].prompt = shared;
+    while (r[static_cast<size_t>(i)].prompt.size() < len)
+      r[static_cast<size_t>(i)].prompt.push_back(static_cast<int32_t>(rng() % vocab));
+    r[static_cast<size_t>(i)].max_new_tokens = 4 + static_cast<int64_t>(rng() % 8);
+  }
+  return r;
+}
+
+class EngineBatching : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    auto m = LoadCausalLM(testing::HfFixture(GetParam()), testing::WithThreads(2));
+    ASSERT_TRUE(m.ok()) << m.message();
+    model_ = std::move(m).value();
+  }
+  // What each request gives alone, on a fresh engine with room for it.
+  std::vector<Outcome> Alone(const std::vector<RequestOptions>& requests) {
+    std::vector<Outcome> out;
+    for (const auto& r : requests) {
+      auto engine = testing::MakeEngine(*model_, 256);
+      out.push_back(RunAll(*engine, {r})[0]);
+      EXPECT_TRUE(out.back().status.ok()) << out.back().status.message();
+    }
+    return out;
+  }
+  std::unique_ptr<CausalLM> model_;
+};
+
+// Continuous batching with prompts cut into chunks, requests joining at different steps, and
+// every ordering the scheduler makes: each request's greedy tokens equal its tokens alone.
+TEST_P(EngineBatching, ManyRequestsGiveWhatEachGivesAlone) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto requests = Requests(7, seed, model_->config().vocab_size);
+  const auto alone = Alone(requests);
+  for (int64_t max_batch_tokens : {1, 5, 64}) {
+    for (int parallel : {2, 7}) {
+      for (size_t i = 0; i < requests.size(); ++i)
+        requests[i].arrival_step = static_cast<int64_t>(i % 3) * 2;
+      EngineOptions o;
+      o.kv_positions = 2048;
+      o.max_running = parallel;
+      o.max_batch_tokens = max_batch_tokens;
+      auto engine = Engine::Create(*model_, nullptr, o);
+      ASSERT_TRUE(engine.ok()) << engine.message();
+      const auto together = RunAll(**engine, requests);
+      for (size_t i = 0; i < requests.size(); ++i) {
+        ASSERT_TRUE(together[i].finished);
+        EXPECT_TRUE(together[i].status.ok()) << together[i].status.message();
+        EXPECT_EQ(together[i].tokens, alone[i].tokens)
+            << "request " << i << " batch tokens " << max_batch_tokens << " parallel " << parallel;
+        EXPECT_EQ(together[i].reason, StopReason::kMaxTokens);
+      }
+    }
+  }
+}
+
+// A pool too small for everyone at once: sequences are preempted and recomputed, and still
+// give what they give alone; one request that alone exceeds the pool is refused, the others go on.
+TEST_P(EngineBatching, PreemptionAndOversizedRequests) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  // Four sequences of 50 positions (4 blocks each) in 6 blocks: two are admitted (2 blocks of
+  // prompt each), and their decoding outgrows the pool, so one is preempted, and so on.
+  auto requests = Requests(4, seed, model_->config().vocab_size);
+  for (auto& r : requests) {
+    r.prompt.resize(20, 5);
+    r.max_new_tokens = 30;
+  }
+  const auto alone = Alone(requests);
+  RequestOptions huge;
+  huge.prompt.assign(200, 1);
+  huge.max_new_tokens = 2;
+  requests.insert(requests.begin() + 2, huge);
+  EngineOptions o;
+  o.kv_positions = 6 * KvPool::kDefaultBlockSize;
+  o.max_running = 5;
+  o.max_batch_tokens = 32;
+  auto engine = Engine::Create(*model_, nullptr, o);
+  ASSERT_TRUE(engine.ok());
+  const auto together = RunAll(**engine, requests);
+  ASSERT_FALSE(together[2].status.ok());
+  EXPECT_NE(together[2].status.message().find("200 tokens"), std::string::npos)
+      << together[2].status.message();
+  EXPECT_NE(together[2].status.message().find("--ctx-size"), std::string::npos);
+  for (size_t i = 0, j = 0; i < together.size(); ++i) {
+    if (i == 2) continue;
+    EXPECT_TRUE(together[i].status.ok()) << together[i].status.message();
+    EXPECT_EQ(together[i].tokens, alone[j].tokens) << "request " << i;
+    ++j;
+  }
+  EXPECT_GT((*engine)->stats().preemptions, 0);
+}
+
+// The prefix cache: a request sharing a finished one's prefix takes its blocks (and says how
+// many tokens), and gives exactly what it gives on a fresh engine; copy-on-write keeps the
+// cached blocks intact when a prompt ends exactly on a block boundary.
+TEST_P(EngineBatching, PrefixCacheReusesBlocksWithoutChangingOutputs) {
+  const int64_t B = KvPool::kDefaultBlockSize;
+  const int64_t V = model_->config().vocab_size;
+  std::vector<int32_t> system(3 * B + 5);
+  for (size_t i = 0; i < system.size(); ++i) system[i] = static_cast<int32_t>((i * 7 + 3) % V);
+  auto with = [&](std::vector<int32_t> tail) {
+    RequestOptions r;
+    r.prompt = system;
+    r.prompt.insert(r.prompt.end(), tail.begin(), tail.end());
+    r.max_new_tokens = 6;
+    return r;
+  };
+  const RequestOptions first = with({5, 6, 7}), second = with({9, 1}), exact = with({});
+  RequestOptions aligned;  // exactly 3 blocks, all of them cached after `first`
+  aligned.prompt.assign(system.begin(), system.begin() + 3 * B);
+  aligned.max_new_tokens = 6;
+  const auto alone = Alone({second, aligned, exact});
+  auto engine = testing::MakeEngine(*model_, 512);
+  const auto a = RunAll(*engine, {first});
+  EXPECT_EQ(a[0].usage.cached_tokens, 0);
+  const auto b = RunAll(*engine, {second, aligned, exact});
+  EXPECT_EQ(b[0].usage.cached_tokens, 3 * B);
+  EXPECT_EQ(b[1].usage.cached_tokens, 3 * B - 1);  // the last token runs again, for its logits
+  EXPECT_EQ(b[2].usage.cached_tokens, 3 * B);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(b[static_cast<size_t>(i)].tokens, alone[static_cast<size_t>(i)].tokens) << i;
+  // After all that, the first request again: its cached blocks were never overwritten.
+  const auto again = RunAll(*engine, {first});
+  EXPECT_EQ(again[0].tokens, a[0].tokens);
+  EXPECT_GE(again[0].usage.cached_tokens, 3 * B);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, EngineBatching,
+                         ::testing::Values("qwen3_moe", "mixtral", "realvocab/qwen3_moe_tiny",
+                                           "realvocab/mixtral_tiny"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           std::replace(s.begin(), s.end(), '/', '_');
+                           return s;
+                         });
+
+TEST(Engine, CancelFromAnotherThreadAndErrorsEndOnlyTheirRequest) {
+  auto m = LoadCausalLM(testing::HfFixture("qwen3_moe"), testing::WithThreads(1));
+  ASSERT_TRUE(m.ok());
+  auto engine = testing::MakeEngine(**m, 512, nullptr, 4);
+  engine->Start();
+  std::atomic<int> tokens{0};
+  std::atomic<bool> done_long{false}, done_ok{false};
+  StopReason long_reason = StopReason::kMaxTokens;
+  RequestOptions endless;
+  endless.prompt = {1, 2, 3};
+  endless.max_new_tokens = 400;
+  const RequestId id = engine->Submit(endless, [&](const RequestEvent& e) {
+    if (e.kind == RequestEvent::Kind::kToken) {
+      ++tokens;
+      return;
+    }
+    long_reason = e.reason;
+    done_long = true;
+  });
+  RequestOptions bad;  // an empty prompt: an error for this request only
+  Status bad_status;
+  engine->Submit(bad, [&](const RequestEvent& e) {
+    if (e.kind == RequestEvent::Kind::kFinished) bad_status = e.status;
+  });
+  RequestOptions ok;
+  ok.prompt = {4, 5};
+  ok.max_new_tokens = 3;
+  engine->Submit(ok, [&](const RequestEvent& e) {
+    if (e.kind == RequestEvent::Kind::kFinished) done_ok = true;
+  });
+  while (tokens < 5) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  engine->Cancel(id);
+  for (int i = 0; i < 5000 && !(done_long && done_ok); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  engine->Stop();
+  EXPECT_TRUE(done_long);
+  EXPECT_TRUE(done_ok);
+  EXPECT_EQ(long_reason, StopReason::kCancelled);
+  EXPECT_LT(tokens.load(), 400);
+  EXPECT_NE(bad_status.message().find("empty"), std::string::npos) << bad_status.message();
+}
+
+TEST(KvBlocks, ReferencesCachingAndEviction) {
+  KvBlocks blocks(4, 2);
+  const int32_t a = blocks.Allocate(), b = blocks.Allocate();
+  EXPECT_EQ(blocks.n_available(), 2);
+  const std::vector<int32_t> toks = {7, 8, 9, 10};
+  const uint64_t ha = KvBlocks::ChainHash(0, std::span(toks).subspan(0, 2));
+  const uint64_t hb = KvBlocks::ChainHash(ha, std::span(toks).subspan(2, 2));
+  blocks.Register(a, 0, ha, std::span(toks).subspan(0, 2));
+  blocks.Register(b, ha, hb, std::span(toks).subspan(2, 2));
+  EXPECT_TRUE(blocks.IsShared(a));  // registered: immutable
+  blocks.Unref(a);
+  blocks.Unref(b);
+  EXPECT_EQ(blocks.n_available(), 4);  // cached and idle count as available
+  EXPECT_EQ(blocks.n_cached(), 2);
+  std::vector<int32_t> got;
+  std::vector<uint64_t> hashes;
+  EXPECT_EQ(blocks.Match(toks, 8, got, hashes), 2);
+  EXPECT_EQ(got, (std::vector<int32_t>{a, b}));
+  EXPECT_EQ(hashes, (std::vector<uint64_t>{ha, hb}));
+  EXPECT_EQ(blocks.refs(a), 1);
+  // A different second block matches only the first.
+  const std::vector<int32_t> other = {7, 8, 1, 1};
+  got.clear();
+  hashes.clear();
+  EXPECT_EQ(blocks.Match(other, 8, got, hashes), 1);
+  blocks.Unref(a);
+  blocks.Unref(a);
+  blocks.Unref(b);
+  // Allocation takes free blocks first, then the least recently used cached one.
+  const int32_t c = blocks.Allocate(), d = blocks.Allocate(), e = blocks.Allocate();
+  EXPECT_NE(c, a);
+  EXPECT_NE(d, a);
+  EXPECT_EQ(e, a);  // released before b
+  EXPECT_EQ(blocks.n_cached(), 1);
+  got.clear();
+  hashes.clear();
+  EXPECT_EQ(blocks.Match(toks, 8, got, hashes), 0);  // the chain's first block is gone
+  EXPECT_EQ(blocks.Allocate(), b);
+  EXPECT_EQ(blocks.Allocate(), -1);
+}
+
+TEST(KvBlocks, ManyEvictionsKeepTheTableUsable) {
+  KvBlocks blocks(8, 1);
+  for (int32_t round = 0; round < 1000; ++round) {
+    const int32_t b = blocks.Allocate();
+    ASSERT_GE(b, 0);
+    const std::vector<int32_t> t = {round};
+    blocks.Register(b, 0, KvBlocks::ChainHash(0, t), t);
+    blocks.Unref(b);
+  }
+  EXPECT_EQ(blocks.n_cached(), 8);
+  std::vector<int32_t> got;
+  std::vector<uint64_t> hashes;
+  const std::vector<int32_t> last = {999}, gone = {3};
+  EXPECT_EQ(blocks.Match(last, 1, got, hashes), 1);
+  EXPECT_EQ(blocks.Match(gone, 1, got, hashes), 0);
+}
+
+}  // namespace
+}  // namespace moetier
