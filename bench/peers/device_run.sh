@@ -94,7 +94,7 @@ elif [ "$PHASE" = batched ]; then
       --out "$R" --threads "$T" --parallel "${PARALLEL:-1,4,16,64}" --repeats "${REPEATS:-3}" --label "$dt" \
       > "$W/batched/$dt.log" 2>&1 || rc=$?
     { echo "$dt (exit $rc, $(( $(date +%s) - START )) s after the start)"; cat "$R/summary.md" 2>/dev/null || true;
-      tail -3 "$W/batched/$dt.log"; echo; } | tee -a "$OUT/batched-summary.md"
+      grep '^compare_llama_batched.sh:' "$W/batched/$dt.log" || true; echo; } | tee -a "$OUT/batched-summary.md"
     cat "$R/summary.jsonl" >> "$OUT/batched-summary.jsonl" 2>/dev/null || true
   done
   tar -C "$W" -czf "$OUT/batched.tgz" batched
