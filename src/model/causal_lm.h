@@ -9,13 +9,13 @@
 #include <span>
 #include <vector>
 
+#include "backend/batch.h"
+#include "backend/kv_cache.h"
 #include "core/phase_times.h"
 #include "core/status.h"
 #include "experts/residency_plan.h"
 #include "experts/residency_report.h"
 #include "experts/weight_packing.h"
-#include "layers/batch.h"
-#include "layers/kv_cache.h"
 #include "model/config.h"
 #include "model/dense_holding.h"
 
@@ -47,6 +47,10 @@ class CausalLM {
   // The weights (elements) behind those bytes: the same for every format, so another engine's
   // bytes per token follow from its format (bf16: 2 bytes a weight; Q8_0: 34/32).
   virtual uint64_t DecodeWeightsPerToken() const = 0;
+  // Weight bytes every Forward so far has read (dense matrices once a step, the embedding rows
+  // and the experts the steps chose): what benchmarks divide by time for the GB/s a batched
+  // decode achieves.
+  virtual uint64_t WeightBytesStreamed() const = 0;
   // The dtype of the routed experts' weights.
   virtual DType expert_dtype() const = 0;
 

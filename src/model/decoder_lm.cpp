@@ -2,8 +2,9 @@
 
 #include <string>
 
-#include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/matmul.h"
+#include <algorithm>
+
+#include "backend/cpu/cpu_backend.h"
 #include "layers/mlp.h"
 
 namespace moetier {
@@ -16,14 +17,18 @@ DecoderLM::DecoderLM(ModelConfig config, std::unique_ptr<TensorStore> dense, Dec
       experts_(std::move(experts)),
       router_(router),
       rope_(config_.head_dim, config_.rope_theta),
-      pool_(n_threads),
-      ws_(pool_) {
+      backend_(std::make_unique<CpuBackend>(n_threads, *experts_, config_.hidden_size)) {
   attn_shape_.d_model = config_.hidden_size;
   attn_shape_.n_heads = config_.n_heads;
   attn_shape_.n_kv_heads = config_.n_kv_heads;
   attn_shape_.head_dim = config_.head_dim;
   attn_shape_.sliding_window = config_.sliding_window;
   attn_shape_.norm_eps = static_cast<float>(config_.rms_norm_eps);
+  for (size_t l = 0; l < w_.layers.size() && expert_bytes_ == 0; ++l) {
+    if (!w_.layers[l].is_moe) continue;
+    const ExpertWeights& e = experts_->Expert(static_cast<int64_t>(l), 0);
+    expert_bytes_ = e.gate.n_bytes + e.up.n_bytes + e.down.n_bytes;
+  }
 }
 
 Status DecoderLM::CheckBatch(const Batch& b, const KvPool& kv) const {
@@ -62,31 +67,29 @@ Status DecoderLM::CheckBatch(const Batch& b, const KvPool& kv) const {
 
 Status DecoderLM::Forward(const Batch& batch, KvPool& kv, std::vector<float>& logits) {
   MT_RETURN_IF_ERROR(CheckBatch(batch, kv));
+  ComputeBackend& be = *backend_;
   const int64_t T = batch.n_tokens();
   const int64_t H = config_.hidden_size;
   const int64_t V = config_.vocab_size;
-  ScopedPhase forward_phase(ws_.times(), Phase::kForward);
+  const int64_t n_out = static_cast<int64_t>(batch.logit_rows.size());
+  ScopedPhase forward_phase(be.phase_times(), Phase::kForward);
+  bytes_streamed_ += DenseBytesPerStep(T, n_out);
 
-  const size_t n_act = static_cast<size_t>(T * H);
-  h_.resize(n_act);
-  xn_.resize(n_act);
-  delta_.resize(n_act);
-  for (int64_t t = 0; t < T; ++t)
-    kernels::RowToF32(w_.embed, static_cast<int64_t>(batch.tokens[static_cast<size_t>(t)]) * H, H,
-                      h_.data() + t * H);
-  MT_RETURN_IF_ERROR(CheckFinite(h_.data(), batch, kEmbeddingLayer));
+  float* h = be.Activations(Act::kResidual, T, H);
+  float* xn = be.Activations(Act::kNormed, std::max(T, n_out), H);
+  float* delta = be.Activations(Act::kDelta, T, H);
+  be.Embed(w_.embed, batch.tokens, h);
+  MT_RETURN_IF_ERROR(CheckFinite(h, batch, kEmbeddingLayer));
 
   const float eps = static_cast<float>(config_.rms_norm_eps);
   if (router_sink_ != nullptr) router_sink_->assign(static_cast<size_t>(config_.n_layers), {});
   for (int64_t l = 0; l < config_.n_layers; ++l) {
     const DecoderLayerWeights& lw = w_.layers[static_cast<size_t>(l)];
-    for (int64_t t = 0; t < T; ++t)
-      kernels::RmsNormRow(h_.data() + t * H, lw.attn_norm.data(), eps, H, xn_.data() + t * H);
-    SelfAttention(ws_, lw.attn, attn_shape_, rope_, l, batch, kv, xn_.data(), delta_.data());
-    kernels::Axpy(1.0f, delta_.data(), T * H, h_.data());
+    be.RmsNorm(h, T, {}, lw.attn_norm, eps, H, xn);
+    SelfAttention(be, lw.attn, attn_shape_, rope_, l, batch, kv, xn, delta);
+    be.Add(delta, T * H, h);
 
-    for (int64_t t = 0; t < T; ++t)
-      kernels::RmsNormRow(h_.data() + t * H, lw.mlp_norm.data(), eps, H, xn_.data() + t * H);
+    be.RmsNorm(h, T, {}, lw.mlp_norm, eps, H, xn);
     if (lw.is_moe) {
       float* sink = nullptr;
       if (router_sink_ != nullptr) {
@@ -94,23 +97,22 @@ Status DecoderLM::Forward(const Batch& batch, KvPool& kv, std::vector<float>& lo
         dst.resize(static_cast<size_t>(T * router_.n_experts));
         sink = dst.data();
       }
-      MoeBlock(ws_, lw.router, router_, *experts_, l, xn_.data(), T, H, delta_.data(), sink);
+      MoeBlock(be, lw.router, router_, l, xn, T, routing_, delta, sink);
+      bytes_streamed_ += routing_.n_active() * expert_bytes_;
     } else {
-      SwiGlu(ws_, lw.dense, xn_.data(), T, delta_.data());
+      SwiGlu(be, lw.dense, xn, T, delta);
     }
-    kernels::Axpy(1.0f, delta_.data(), T * H, h_.data());
-    MT_RETURN_IF_ERROR(CheckFinite(h_.data(), batch, l));
+    be.Add(delta, T * H, h);
+    MT_RETURN_IF_ERROR(CheckFinite(h, batch, l));
   }
 
-  ScopedPhase lm_head_phase(ws_.times(), Phase::kLmHead);
-  const int64_t n_out = static_cast<int64_t>(batch.logit_rows.size());
-  for (int64_t r = 0; r < n_out; ++r)
-    kernels::RmsNormRow(h_.data() + batch.logit_rows[static_cast<size_t>(r)] * H,
-                        w_.final_norm.data(), eps, H, xn_.data() + r * H);
+  ScopedPhase lm_head_phase(be.phase_times(), Phase::kLmHead);
   logits.resize(static_cast<size_t>(n_out * V));
   if (n_out == 0) return OkStatus();
-  kernels::MatMul(pool_, xn_.data(), n_out, w_.lm_head, logits.data());
-  const int64_t bad = kernels::FirstNonFinite(logits.data(), n_out * V);
+  be.RmsNorm(h, T, batch.logit_rows, w_.final_norm, eps, H, xn);
+  const MatMulOut head[] = {{&w_.lm_head, logits.data()}};
+  be.MatMul(xn, n_out, head);
+  const int64_t bad = be.FirstNonFinite(logits.data(), n_out * V);
   if (bad >= 0)
     return NonFiniteError(
         "the lm_head",
@@ -126,7 +128,7 @@ Status DecoderLM::NonFiniteError(const std::string& where, int64_t position) con
 
 Status DecoderLM::CheckFinite(const float* h, const Batch& batch, int64_t layer) const {
   const int64_t H = config_.hidden_size;
-  const int64_t bad = kernels::FirstNonFinite(h, batch.n_tokens() * H);
+  const int64_t bad = backend_->FirstNonFinite(h, batch.n_tokens() * H);
   if (bad < 0) return OkStatus();
   return NonFiniteError(
       layer == kEmbeddingLayer ? "the embedding" : "layer " + std::to_string(layer),
@@ -150,6 +152,18 @@ uint64_t DecoderLM::SumPerToken(FunctionRef<uint64_t(const TensorView&)> size) c
     } else {
       n += size(lw.dense.gate) + size(lw.dense.up) + size(lw.dense.down);
     }
+  }
+  return n;
+}
+
+uint64_t DecoderLM::DenseBytesPerStep(int64_t n_tokens, int64_t n_logits) const {
+  uint64_t n = static_cast<uint64_t>(n_tokens) *
+               (w_.embed.n_bytes / static_cast<uint64_t>(config_.vocab_size));
+  if (n_logits > 0) n += w_.lm_head.n_bytes;
+  for (const DecoderLayerWeights& lw : w_.layers) {
+    n += lw.attn.q.n_bytes + lw.attn.k.n_bytes + lw.attn.v.n_bytes + lw.attn.o.n_bytes;
+    n += lw.is_moe ? lw.router.n_bytes
+                   : lw.dense.gate.n_bytes + lw.dense.up.n_bytes + lw.dense.down.n_bytes;
   }
   return n;
 }

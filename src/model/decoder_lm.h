@@ -9,13 +9,13 @@
 #include <memory>
 #include <vector>
 
+#include "backend/backend.h"
+#include "backend/rope.h"
 #include "core/thread_pool.h"
 #include "experts/expert_table.h"
 #include "io/tensor_store.h"
 #include "layers/attention.h"
 #include "layers/moe_block.h"
-#include "layers/rope.h"
-#include "layers/workspace.h"
 #include "model/causal_lm.h"
 
 namespace moetier {
@@ -48,7 +48,8 @@ class DecoderLM final : public CausalLM {
   uint64_t DecodeWeightsPerToken() const override;
   DType expert_dtype() const override;
   void SetRouterLogitsSink(std::vector<std::vector<float>>* sink) override { router_sink_ = sink; }
-  void SetPhaseTimes(PhaseTimes* times) override { ws_.set_times(times); }
+  void SetPhaseTimes(PhaseTimes* times) override { backend_->SetPhaseTimes(times); }
+  uint64_t WeightBytesStreamed() const override { return bytes_streamed_; }
 
  private:
   // Every token's id, sequence, position and block, the logit rows, and the pool's shape.
@@ -62,6 +63,8 @@ class DecoderLM final : public CausalLM {
   Status NonFiniteError(const std::string& where, int64_t position) const;
   // Sums size(view) over what a decode step streams (DecodeBytesPerToken's list).
   uint64_t SumPerToken(FunctionRef<uint64_t(const TensorView&)> size) const;
+  // The weight bytes a step of n_tokens with n_logits logit rows reads, but for the experts.
+  uint64_t DenseBytesPerStep(int64_t n_tokens, int64_t n_logits) const;
   ModelConfig config_;
   std::unique_ptr<TensorStore> dense_;  // owns the memory maps the dense views point into
   DecoderWeights w_;
@@ -69,9 +72,10 @@ class DecoderLM final : public CausalLM {
   RouterOptions router_;
   AttentionShape attn_shape_;
   Rope rope_;
-  ThreadPool pool_;
-  Workspace ws_;
-  std::vector<float> h_, xn_, delta_;  // [T, d_model]: residual stream, normed input, sublayer out
+  std::unique_ptr<ComputeBackend> backend_;
+  Routing routing_;            // the current MoE layer's, refilled each layer
+  uint64_t expert_bytes_ = 0;  // one expert's gate, up and down bytes (every layer alike)
+  uint64_t bytes_streamed_ = 0;
   std::vector<std::vector<float>>* router_sink_ = nullptr;
 };
 

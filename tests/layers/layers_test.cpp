@@ -5,9 +5,10 @@
 #include <numeric>
 #include <random>
 
-#include "layers/attention.h"
-#include "layers/moe_block.h"
-#include "layers/rope.h"
+#include "backend/cpu/paged_attention.h"
+#include "backend/rope.h"
+#include "core/thread_pool.h"
+#include "experts/routing.h"
 
 namespace moetier {
 namespace {

@@ -9,9 +9,11 @@
 #include <memory>
 #include <random>
 
+#include "backend/cpu/cpu_backend.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quant.h"
 #include "layers/moe_block.h"
+#include "ops/expert_source.h"
 
 namespace moetier {
 namespace {
@@ -191,12 +193,12 @@ Expected Reference(const Block& b, const ExpertSource& ex, const std::vector<flo
 
 std::vector<float> RunBlock(int threads, const Block& b, const ExpertSource& ex,
                             const std::vector<float>& x, int64_t T, int64_t tokens_per_call) {
-  ThreadPool pool(threads);
-  Workspace ws(pool);
+  CpuBackend backend(threads, ex, kDModel);
+  Routing routing;
   std::vector<float> out(x.size(), NAN);
   for (int64_t t0 = 0; t0 < T; t0 += tokens_per_call) {
     const int64_t n = std::min(tokens_per_call, T - t0);
-    MoeBlock(ws, b.router_view, b.opts, ex, 0, x.data() + t0 * kDModel, n, kDModel,
+    MoeBlock(backend, b.router_view, b.opts, 0, x.data() + t0 * kDModel, n, routing,
              out.data() + t0 * kDModel);
   }
   return out;
@@ -205,7 +207,9 @@ std::vector<float> RunBlock(int threads, const Block& b, const ExpertSource& ex,
 class MoeExecutor : public ::testing::TestWithParam<DType> {};
 
 TEST_P(MoeExecutor, MatchesDoublePrecisionReference) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
   const DType dtype = GetParam();
   RandomExperts ex(dtype, rng);
   const Block b = MakeRouter(rng);
@@ -240,7 +244,9 @@ TEST_P(MoeExecutor, MatchesDoublePrecisionReference) {
 // level for Q8_0/BF16, where an expert given PackMinTokens or more tokens runs on tiles and one
 // given fewer does not (both held to the reference above).
 TEST_P(MoeExecutor, BitIdenticalAcrossThreadsAndBatching) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
   RandomExperts ex(GetParam(), rng);
   const Block b = MakeRouter(rng);
   const int64_t T = 21;

@@ -1,4 +1,4 @@
-#include "layers/kv_cache.h"
+#include "backend/kv_cache.h"
 
 #include <sys/mman.h>
 

@@ -1,6 +1,6 @@
 // One forward step's tokens, from any number of sequences: for every token its id, its position
 // in its sequence and which sequence it belongs to; per sequence the KV blocks that hold its
-// positions (layers/kv_cache.h); and which tokens need logits. The engine builds one per step;
+// positions (backend/kv_cache.h); and which tokens need logits. The engine builds one per step;
 // a single-sequence client builds one per call (CausalLM::Forward over a KvCache).
 #pragma once
 

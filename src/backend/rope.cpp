@@ -1,4 +1,4 @@
-#include "layers/rope.h"
+#include "backend/rope.h"
 
 #include <cmath>
 

@@ -1,0 +1,50 @@
+// The CPU backend: every operation on the model's thread pool, with the kernels of
+// kernels/cpu at the run-time instruction set, and routed experts on the CPU executor
+// (experts/cpu_executor.h) over whatever host banks hold them.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/workspace.h"
+#include "core/thread_pool.h"
+#include "experts/cpu_executor.h"
+#include "ops/expert_source.h"
+
+namespace moetier {
+
+class CpuBackend final : public ComputeBackend {
+ public:
+  // n_threads <= 0: one per physical core. `experts` must outlive the backend.
+  CpuBackend(int n_threads, const ExpertSource& experts, int64_t d_model);
+
+  float* Activations(Act slot, int64_t n_tokens, int64_t width) override;
+  void Embed(const TensorView& table, std::span<const int32_t> tokens, float* h) override;
+  void RmsNorm(const float* x, int64_t n_rows, std::span<const int32_t> rows,
+               const std::vector<float>& weight, float eps, int64_t d, float* y) override;
+  void Add(const float* x, int64_t n, float* y) override;
+  void MatMul(const float* x, int64_t n_tokens, std::span<const MatMulOut> targets) override;
+  void SiluMul(float* gate, const float* up, int64_t n) override;
+  void Attend(const AttentionWeights& w, const AttentionShape& shape, const Rope& rope,
+              int64_t layer, const Batch& batch, KvPool& kv, float* q, float* k, float* v,
+              float* out) override;
+  void Route(const TensorView& router, const RouterOptions& opts, const float* x, int64_t n_tokens,
+             Routing& routing, float* router_logits) override;
+  ExpertExecutor& Experts() override { return executor_; }
+  int64_t FirstNonFinite(const float* x, int64_t n) override;
+  void SetPhaseTimes(PhaseTimes* times) override;
+  PhaseTimes* phase_times() const override { return times_; }
+
+  ThreadPool& pool() { return pool_; }
+
+ private:
+  ThreadPool pool_;
+  Workspace ws_;
+  CpuExpertExecutor executor_;
+  PhaseTimes* times_ = nullptr;
+  std::array<std::vector<float>, static_cast<size_t>(Act::kCount)> acts_;
+};
+
+}  // namespace moetier
