@@ -9,7 +9,7 @@
 //     (a long prompt is cut into chunks, so it does not stall the others' decoding),
 //   - then, while fewer than max_running sequences run and KV blocks are available, the next
 //     waiting requests (whose prompts may start from blocks the prefix cache holds).
-// KV blocks come from one pool (layers/kv_cache.h) through KvBlocks (engine/kv_blocks.h). When
+// KV blocks come from one pool (backend/kv_cache.h) through KvBlocks (engine/kv_blocks.h). When
 // a sequence needs a block and none is left, the most recently admitted other sequence is
 // preempted: its blocks are released and it waits to be recomputed from its tokens (the same
 // K/V bit for bit, so its output does not change). A request that alone cannot fit the pool is
@@ -32,11 +32,11 @@
 #include <thread>
 #include <vector>
 
+#include "backend/kv_cache.h"
 #include "core/status.h"
 #include "engine/kv_blocks.h"
 #include "engine/sampler.h"
 #include "engine/stop_reason.h"
-#include "layers/kv_cache.h"
 #include "model/causal_lm.h"
 #include "text/tokenizer/tokenizer.h"
 

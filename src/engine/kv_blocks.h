@@ -1,4 +1,4 @@
-// Who holds which block of the KV pool (layers/kv_cache.h), and the prefix cache.
+// Who holds which block of the KV pool (backend/kv_cache.h), and the prefix cache.
 //
 // Blocks are reference-counted: a sequence holds one reference to each block of its table.
 // A full block whose K/V have been computed can be registered under the hash of every token up
