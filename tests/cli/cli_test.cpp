@@ -49,7 +49,7 @@ TEST(Cli, LogitsWritesRowMajorFloat32OfEveryPosition) {
 
   auto model = LoadCausalLM(testing::HfFixture("qwen3_moe"), LoadOptions{});
   ASSERT_TRUE(model.ok());
-  KvCache cache = (*model)->NewCache(8);
+  KvCache cache = *(*model)->NewCache(8);
   std::vector<float> want;
   const std::vector<int32_t> tokens = {3, 17, 42};
   ASSERT_TRUE((*model)->Forward(tokens, cache, LogitsFor::kAllTokens, want).ok());
