@@ -13,7 +13,7 @@
 #include "cli/model_options.h"
 #include "core/log.h"
 #include "engine/bandwidth.h"
-#include "engine/sampler.h"
+#include "engine/engine.h"
 #include "experts/memory_limits.h"
 #include "kernels/cpu/cpu_isa.h"
 
@@ -26,6 +26,7 @@ struct Opts {
   int64_t prompt_tokens = 128;
   int64_t gen_tokens = 32;
   int repeats = 3;
+  int64_t parallel = 1;  // sequences decoding together
   bool json = false;
   bool profile = false;
   double bandwidth_mib = static_cast<double>(kBandwidthBufferBytes >> 20);
@@ -33,10 +34,6 @@ struct Opts {
 
 // The most of the available RAM the bandwidth buffer may take.
 constexpr double kBandwidthRamShare = 0.5;
-
-double Seconds(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -64,48 +61,90 @@ Status CheckBandwidthBuffer(double mib) {
   return OkStatus();
 }
 
+// One run's figures: N sequences prefilled together in one step, then decoding together.
+struct RunFigures {
+  double prefill_tokens_per_s = 0;
+  double decode_tokens_per_s = 0;  // all sequences together
+  double decode_gb_per_s = 0;      // weight bytes the decode steps read, per second
+};
+
+// Runs o.parallel greedy requests of o.prompt_tokens random ids each on a fresh engine: their
+// prompts in one step (the whole batch), then o.gen_tokens decode steps for all of them at once.
+// Phase times go to *prefill / *decode when profiling.
+Expected<RunFigures> BenchRun(const Opts& o, CausalLM& lm, int run, PhaseTimes* prefill_times,
+                              PhaseTimes* decode_times) {
+  const int64_t n = o.parallel;
+  EngineOptions e;
+  e.max_running = static_cast<int>(n);
+  e.max_batch_tokens = n * o.prompt_tokens;
+  e.kv_positions = n * (o.prompt_tokens + o.gen_tokens + 2);
+  e.max_sequence_positions = o.prompt_tokens + o.gen_tokens + 2;
+  e.prefix_cache = false;  // distinct random prompts; the cache would only cost
+  MT_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(lm, nullptr, e));
+  // Prompt tokens drawn from the vocabulary with a fixed seed: the same work every run.
+  std::mt19937 rng(1234);
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point prefilled, finished;
+  uint64_t bytes_at_prefilled = 0;
+  int64_t first_tokens = 0, done = 0;
+  Status error;
+  for (int64_t i = 0; i < n; ++i) {
+    RequestOptions r;
+    r.prompt.resize(static_cast<size_t>(o.prompt_tokens));
+    for (auto& t : r.prompt)
+      t = static_cast<int32_t>(rng() % static_cast<uint32_t>(lm.config().vocab_size));
+    r.max_new_tokens = o.gen_tokens + 1;  // the first comes from the prompt's logits
+    engine->Submit(std::move(r), [&](const RequestEvent& ev) {
+      if (ev.kind == RequestEvent::Kind::kToken) {
+        if (++first_tokens == n) {  // every prompt is in: decoding starts
+          prefilled = Clock::now();
+          bytes_at_prefilled = lm.WeightBytesStreamed();
+          lm.SetPhaseTimes(decode_times);
+        }
+        return;
+      }
+      if (!ev.status.ok()) error = ev.status;
+      if (++done == n) finished = Clock::now();
+    });
+  }
+  std::fprintf(stderr,
+               "bench: run %d/%d: %lld sequence(s), prefill %lld tokens each, decode %lld tokens "
+               "each\n",
+               run + 1, o.repeats, static_cast<long long>(n),
+               static_cast<long long>(o.prompt_tokens), static_cast<long long>(o.gen_tokens));
+  lm.SetPhaseTimes(prefill_times);
+  const Clock::time_point t0 = Clock::now();
+  engine->RunUntilIdle();
+  lm.SetPhaseTimes(nullptr);
+  MT_RETURN_IF_ERROR(error);
+  if (first_tokens < n || done < n) return Status::Error("bench: the sequences did not finish");
+  RunFigures f;
+  const double prefill_s = std::chrono::duration<double>(prefilled - t0).count();
+  const double decode_s = std::chrono::duration<double>(finished - prefilled).count();
+  f.prefill_tokens_per_s = static_cast<double>(n * o.prompt_tokens) / prefill_s;
+  f.decode_tokens_per_s = static_cast<double>(n * o.gen_tokens) / decode_s;
+  f.decode_gb_per_s =
+      static_cast<double>(lm.WeightBytesStreamed() - bytes_at_prefilled) / 1e9 / decode_s;
+  return f;
+}
+
 int Run(const Opts& o) {
   if (Status s = CheckBandwidthBuffer(o.bandwidth_mib); !s.ok()) return ReportError(s.message());
   auto loaded = LoadModel(o.model);
   if (!loaded.ok()) return ReportError(loaded.message());
   CausalLM& lm = **loaded;
   const int threads = o.model.n_threads > 0 ? o.model.n_threads : ThreadPool::DefaultThreads();
-  const int64_t ctx = o.prompt_tokens + o.gen_tokens + 1;
 
-  // Prompt tokens drawn from the vocabulary with a fixed seed: the same work every run.
-  std::mt19937 rng(1234);
-  std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_tokens));
-  for (auto& t : prompt)
-    t = static_cast<int32_t>(rng() % static_cast<uint32_t>(lm.config().vocab_size));
-
-  std::vector<double> prefill_tps, decode_tps;
+  std::vector<double> prefill_tps, decode_tps, decode_gbps;
   PhaseTimes decode_times;   // summed over every run's decode steps (--profile)
   PhaseTimes prefill_times;  // summed over every run's prompt (--profile)
-  std::vector<float> logits;
   for (int r = 0; r < o.repeats; ++r) {
-    std::fprintf(stderr, "bench: run %d/%d: prefill %lld tokens, decode %lld tokens\n", r + 1,
-                 o.repeats, static_cast<long long>(o.prompt_tokens),
-                 static_cast<long long>(o.gen_tokens));
-    auto made = lm.NewCache(ctx);
-    if (!made.ok()) return ReportError(made.message());
-    KvCache cache = std::move(made).value();
-    if (o.profile) lm.SetPhaseTimes(&prefill_times);
-    auto t0 = std::chrono::steady_clock::now();
-    Status s = lm.Forward(prompt, cache, LogitsFor::kLastToken, logits);
-    if (!s.ok()) return ReportError(s.message());
-    prefill_tps.push_back(static_cast<double>(o.prompt_tokens) / Seconds(t0));
-    lm.SetPhaseTimes(nullptr);
-    int32_t next = ArgMax(logits);
-    if (o.profile) lm.SetPhaseTimes(&decode_times);
-    t0 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < o.gen_tokens; ++i) {
-      const int32_t one[1] = {next};
-      s = lm.Forward(one, cache, LogitsFor::kLastToken, logits);
-      if (!s.ok()) return ReportError(s.message());
-      next = ArgMax(logits);
-    }
-    decode_tps.push_back(static_cast<double>(o.gen_tokens) / Seconds(t0));
-    lm.SetPhaseTimes(nullptr);
+    auto f = BenchRun(o, lm, r, o.profile ? &prefill_times : nullptr,
+                      o.profile ? &decode_times : nullptr);
+    if (!f.ok()) return ReportError(f.message());
+    prefill_tps.push_back(f->prefill_tokens_per_s);
+    decode_tps.push_back(f->decode_tokens_per_s);
+    decode_gbps.push_back(f->decode_gb_per_s);
   }
   std::fprintf(stderr, "bench: measuring read bandwidth with %d threads\n", threads);
   ThreadPool pool(threads);
@@ -116,7 +155,10 @@ int Run(const Opts& o) {
 
   const double prefill = Median(prefill_tps), decode = Median(decode_tps);
   const uint64_t bytes = lm.DecodeBytesPerToken();
-  const double gbps = decode * static_cast<double>(bytes) / 1e9;
+  // The weights the decode steps read, per second: with one sequence, decode x bytes per token;
+  // with several, each step reads every dense matrix once and each expert any of them chose.
+  const double gbps = Median(decode_gbps);
+  const double per_sequence = decode / static_cast<double>(o.parallel);
   nlohmann::ordered_json j;
   j["model"] = o.model.model_dir;
   // The experts' dtype as stored (the model's), and as held for the kernels: --weight-packing
@@ -131,8 +173,10 @@ int Run(const Opts& o) {
   j["prompt_tokens"] = o.prompt_tokens;
   j["gen_tokens"] = o.gen_tokens;
   j["repeats"] = o.repeats;
+  j["parallel"] = o.parallel;
   j["prefill_tokens_per_s"] = prefill;
-  j["decode_tokens_per_s"] = decode;
+  j["decode_tokens_per_s"] = decode;  // all sequences together
+  j["decode_tokens_per_s_per_sequence"] = per_sequence;
   j["decode_bytes_per_token"] = bytes;
   j["decode_weights_per_token"] = lm.DecodeWeightsPerToken();
   j["decode_gb_per_s"] = gbps;
@@ -155,10 +199,12 @@ int Run(const Opts& o) {
       p[total_name] = total_ms;
       return p;
     };
-    const auto decode_p =
-        by_phase(decode_times, static_cast<double>(o.gen_tokens * o.repeats), "step", 1e3 / decode);
-    const auto prefill_p = by_phase(prefill_times, static_cast<double>(o.repeats), "prompt",
-                                    1e3 * static_cast<double>(o.prompt_tokens) / prefill);
+    // Per decoded token of one sequence (a step), and per prompt (all of a run's prompts).
+    const auto decode_p = by_phase(decode_times, static_cast<double>(o.gen_tokens * o.repeats),
+                                   "step", 1e3 / per_sequence);
+    const auto prefill_p =
+        by_phase(prefill_times, static_cast<double>(o.repeats), "prompt",
+                 1e3 * static_cast<double>(o.prompt_tokens * o.parallel) / prefill);
     j["decode_phase_ms_per_token"] = decode_p;
     j["prefill_phase_ms_per_prompt"] = prefill_p;
     for (const auto& [name, ms] : decode_p.items())
@@ -176,10 +222,17 @@ int Run(const Opts& o) {
     std::printf("prefill  %.1f tokens/s (%lld-token prompt; %s kernels, %d threads)\n", prefill,
                 static_cast<long long>(o.prompt_tokens),
                 std::string(kernels::CpuIsaName(kernels::ActiveCpuIsa())).c_str(), threads);
-    std::printf(
-        "decode   %.2f tokens/s, %.1f MB/token, %.1f GB/s = %.0f%% of the %.1f GB/s read "
-        "bandwidth\n",
-        decode, static_cast<double>(bytes) / 1e6, gbps, bw > 0 ? 100.0 * gbps / bw : 0.0, bw);
+    if (o.parallel > 1)
+      std::printf(
+          "decode   %.2f tokens/s over %lld sequences (%.2f each), %.1f GB/s of weights = "
+          "%.0f%% of the %.1f GB/s read bandwidth\n",
+          decode, static_cast<long long>(o.parallel), per_sequence, gbps,
+          bw > 0 ? 100.0 * gbps / bw : 0.0, bw);
+    else
+      std::printf(
+          "decode   %.2f tokens/s, %.1f MB/token, %.1f GB/s = %.0f%% of the %.1f GB/s read "
+          "bandwidth\n",
+          decode, static_cast<double>(bytes) / 1e6, gbps, bw > 0 ? 100.0 * gbps / bw : 0.0, bw);
   }
   return 0;
 }
@@ -191,7 +244,8 @@ Command AddBenchCommand(CLI::App& root) {
   CLI::App* cmd = root.add_subcommand(
       "bench",
       "Measure prefill and decode tokens/s, the weight bytes a decoded token reads, the GB/s that "
-      "achieves, and the machine's read bandwidth in the same run (medians of --repeats runs).");
+      "achieves, and the machine's read bandwidth in the same run (medians of --repeats runs), "
+      "for one sequence or --parallel N decoding together on the engine.");
   AddModelOptions(*cmd, o->model);
   cmd->add_option("--prompt-tokens", o->prompt_tokens, "Prompt length for prefill")
       ->check(WholeNumber(1, kMaxContext));
@@ -199,6 +253,11 @@ Command AddBenchCommand(CLI::App& root) {
       ->check(WholeNumber(1, kMaxContext));
   cmd->add_option("--repeats", o->repeats, "Runs; the median is reported")
       ->check(WholeNumber(1, 1000));
+  cmd->add_option("--parallel", o->parallel,
+                  "Sequences decoding together after their prompts (prefilled in one step): "
+                  "decode tokens/s is then the aggregate over all of them (JSON: "
+                  "decode_tokens_per_s, and decode_tokens_per_s_per_sequence)")
+      ->check(WholeNumber(1, 4096));
   cmd->add_flag("--json", o->json, "Print one JSON object on stdout");
   cmd->add_option("--bandwidth-mib", o->bandwidth_mib,
                   "Buffer for the read-bandwidth measurement, MiB (far past any cache, so the "

@@ -287,7 +287,12 @@ void Engine::Admit(std::unique_ptr<Sequence> seq) {
   if (s.tokens.empty()) {  // first admission (a preempted sequence keeps its tokens)
     s.tokens = s.req.prompt;
     s.n_prompt = static_cast<int64_t>(s.tokens.size());
-    s.tokens.reserve(static_cast<size_t>(s.n_prompt + s.req.max_new_tokens));
+    // Room for every token, block and hash the sequence can reach, so decode steps allocate
+    // nothing (a preempted sequence keeps them).
+    const size_t most = static_cast<size_t>(s.n_prompt + s.req.max_new_tokens);
+    s.tokens.reserve(most);
+    s.blocks.reserve(most / static_cast<size_t>(pool_.block_size()) + 2);
+    s.hashes.reserve(most / static_cast<size_t>(pool_.block_size()) + 2);
     const Status valid = ValidateSamplerOptions(s.req.sampler);
     if (!valid.ok()) return Finish(s, StopReason::kCancelled, valid);
     if (s.req.max_new_tokens <= 0) return Finish(s, StopReason::kMaxTokens);

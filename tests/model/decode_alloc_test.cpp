@@ -8,6 +8,7 @@
 #include <new>
 #include <vector>
 
+#include "engine/engine.h"
 #include "model/causal_lm.h"
 #include "support/test_support.h"
 
@@ -108,6 +109,37 @@ TEST_P(DecodeAllocations, NoneInSteadyStateDecodeSteps) {
   }
   g_counting = false;
   EXPECT_EQ(g_allocations.load(), 0) << GetParam();
+}
+
+// The same with many sequences decoding together on the engine: once every prompt is in and the
+// per-thread scratch has grown, whole engine steps (schedule, forward, sampling, events) make no
+// call to operator new.
+TEST_P(DecodeAllocations, NoneInSteadyStateBatchedDecodeSteps) {
+  auto model = LoadCausalLM(testing::HfFixture(GetParam()), testing::WithThreads(2));
+  ASSERT_TRUE(model.ok()) << model.message();
+  constexpr int kSequences = 6;
+  auto engine = testing::MakeEngine(**model, 1024, nullptr, kSequences);
+  long during = -1;
+  int tokens_of_first = 0;
+  for (int i = 0; i < kSequences; ++i) {
+    RequestOptions r;
+    for (int t = 0; t < 5 + 3 * i; ++t) r.prompt.push_back((t * 13 + i * 7) % 100);
+    r.max_new_tokens = 60;
+    engine->Submit(std::move(r), [&, i](const RequestEvent& e) {
+      if (i != 0 || e.kind != RequestEvent::Kind::kToken) return;
+      // Request 0's tokens mark the steps: count over steps 40 to 48.
+      if (++tokens_of_first == 40) {
+        g_allocations = 0;
+        g_counting = true;
+      } else if (tokens_of_first == 48) {
+        g_counting = false;
+        during = g_allocations.load();
+      }
+    });
+  }
+  engine->RunUntilIdle();
+  g_counting = false;
+  EXPECT_EQ(during, 0) << GetParam();
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DecodeAllocations, ::testing::Values("qwen3_moe", "mixtral"),
