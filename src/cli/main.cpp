@@ -45,7 +45,7 @@ int Main(int argc, char** argv) {
   std::vector<Command> commands = {
       AddRunCommand(app),      AddGenerateCommand(app), AddLogitsCommand(app),
       AddConvertCommand(app),  AddPlanCommand(app),     AddBenchCommand(app),
-      AddTokenizeCommand(app), AddTemplateCommand(app),
+      AddTokenizeCommand(app), AddTemplateCommand(app), AddBatchCommand(app),
   };
   std::vector<std::string> names;
   for (const auto& c : commands) names.push_back(c.app->get_name());
