@@ -24,7 +24,7 @@ struct ModelOptions {
   int64_t ctx_size = 0;
   std::optional<double> kv_cache_gb;
   std::string kv_dtype = "f32";
-  // Residency flags (issue 4), as typed; parsed when the model loads.
+  // Residency flags, as typed; parsed when the model loads.
   std::string backend = "auto";
   std::optional<double> pin_budget_gb, lock_budget_gb;
   std::string cpu_layers = "auto";

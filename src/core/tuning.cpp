@@ -30,9 +30,9 @@ const std::array<TuningKnobSpec, 10> kTuningKnobSpecs = {{
      "1: pin each worker to a core; 0: leave them to the OS scheduler"},
 }};
 
-const std::array<std::string_view, 5> kOtherEnvironmentVariables = {
-    "MOETIER_CPU_ISA", "MOETIER_PIN_BUDGET_GB", "MOETIER_LOCK_BUDGET_GB", "MOETIER_INJECT_FAILURES",
-    "MOETIER_DEBUG"};
+const std::array<std::string_view, 6> kOtherEnvironmentVariables = {
+    "MOETIER_CPU_ISA",         "MOETIER_PIN_BUDGET_GB", "MOETIER_LOCK_BUDGET_GB",
+    "MOETIER_INJECT_FAILURES", "MOETIER_DEBUG",         "MOETIER_TEST_SEED"};
 
 namespace {
 

@@ -45,8 +45,9 @@ struct TuningKnobSpec {
 extern const std::array<TuningKnobSpec, 10> kTuningKnobSpecs;
 
 // MOETIER_* variables parsed elsewhere (with their own validation, reported by
-// CheckEnvironment): the kernel level, budgets, failure injection for tests, debug logging.
-extern const std::array<std::string_view, 5> kOtherEnvironmentVariables;
+// CheckEnvironment): the kernel level, budgets, failure injection and seeds for tests, debug
+// logging.
+extern const std::array<std::string_view, 6> kOtherEnvironmentVariables;
 
 using EnvLookup = FunctionRef<const char*(const char*)>;
 

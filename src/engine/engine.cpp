@@ -289,7 +289,9 @@ void Engine::Admit(std::unique_ptr<Sequence> seq) {
     s.n_prompt = static_cast<int64_t>(s.tokens.size());
     // Room for every token, block and hash the sequence can reach, so decode steps allocate
     // nothing (a preempted sequence keeps them).
-    const size_t most = static_cast<size_t>(s.n_prompt + s.req.max_new_tokens);
+    // (max_new_tokens may be anything up to INT64_MAX: capped by the sequence limit first.)
+    const size_t most = static_cast<size_t>(
+        s.n_prompt + std::min(s.req.max_new_tokens, max_sequence_positions_));
     s.tokens.reserve(most);
     s.blocks.reserve(most / static_cast<size_t>(pool_.block_size()) + 2);
     s.hashes.reserve(most / static_cast<size_t>(pool_.block_size()) + 2);

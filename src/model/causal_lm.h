@@ -82,7 +82,7 @@ class CausalLM {
   std::vector<int32_t> one_positions_, one_seq_of_, one_logit_rows_;
 };
 
-// How expert banks are placed (issue 4): the flags of every command that loads a model.
+// How expert banks are placed: the flags of every command that loads a model.
 struct ResidencyOptions {
   Backend backend = Backend::kAuto;  // --moe-backend
   BudgetFlags budgets;               // --pin-budget-gb, --lock-budget-gb

@@ -3,13 +3,11 @@
 // from the file mapping, packed as BF16C where experts/weight_packing.h says so, else copied as
 // stored.
 //
-// Why copy what is already mapped: reading the very same q8_0 attention matrices, the dev
-// machine (a 2-core Zen 3 VM) streamed 21-25 GB/s from the mapping of the model file and 29-37
-// GB/s from an anonymous copy, while the lm_head in the same mapping ran at ~32 either way; a
-// decoded token ran 16 % faster for q8_0 and 5 % for q4_0 (docs/benchmarks.md, eighth pass).
-// Why the mapping streams slower there is not known (that VM exposes no hardware counters; the
-// mapping takes no page faults after the first token). The copy costs RAM (the file's cached
-// pages stay, but the kernel may reclaim them) and a memcpy at load.
+// Why copy what is already mapped: on a dev VM the very same matrices streamed up to 1.5x faster
+// from an anonymous copy than from the model file's mapping, and a decoded token ran 5-16 %
+// faster (docs/benchmarks.md, "settings"); why the mapping streams slower there is not known.
+// The copy costs RAM (the file's cached pages stay, but the kernel may reclaim them) and a
+// memcpy at load.
 #pragma once
 
 #include <memory>

@@ -174,6 +174,11 @@ TEST(CliErrors, GenerationStopsAtTheContextLimit) {
   // 3 positions free after the prompt: 3 tokens run, a 4th sampled from the last.
   EXPECT_EQ(std::count(out.begin(), out.end(), ',') + 1, 4) << r.out;
   EXPECT_NE(r.err.find("the context of 6 positions is full"), std::string::npos) << r.err;
+  // A limit far past the context: the context ends it, nothing is reserved for the rest.
+  const auto huge = RunCli("generate " + Model() + " --tokens 3,17,42 -n 9223372036854775807 " +
+                           "--ctx-size 6");
+  EXPECT_EQ(huge.exit_code, 0) << huge.err;
+  EXPECT_EQ(huge.out, r.out);
   const auto too_long = RunCli("generate " + Model() + " --tokens 3,17,42,5 --ctx-size 3");
   ExpectOneLineError(too_long, "--ctx-size", "prompt longer than the context");
 }

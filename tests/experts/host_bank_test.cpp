@@ -11,6 +11,7 @@
 #include "experts/host_memory.h"
 #include "experts/memory_limits.h"
 #include "experts/settle.h"
+#include "support/seed.h"
 
 namespace moetier {
 namespace {
@@ -89,7 +90,7 @@ TEST(GpuPinnedBank, ExpertReadThroughDevicePointerMatches) {
   const size_t expert_bytes = 3 << 20, n_experts = 4;
   auto b = HostBank::Allocate(expert_bytes * n_experts);
   ASSERT_TRUE(b.ok());
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(testing::TestSeed());
   for (size_t i = 0; i < b->size(); ++i) b->data()[i] = static_cast<uint8_t>(rng());
   Status s = b->Pin();
   ASSERT_TRUE(s.ok()) << s.message();

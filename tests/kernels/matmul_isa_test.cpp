@@ -34,6 +34,7 @@
 #include "kernels/cpu/bf16c.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quant.h"
+#include "support/seed.h"
 
 namespace moetier::kernels {
 namespace {
@@ -206,7 +207,7 @@ constexpr double kU = 0x1p-24;
 class FormatTest : public ::testing::TestWithParam<DType> {};
 
 TEST_P(FormatTest, ScalarMatchesDoubleDot) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(testing::TestSeed());
   const DType dt = GetParam();
   for (const Shape& s : ShapesFor(dt)) {
     const Weights w = MakeWeights(dt, s.rows, s.k, rng, Fill::kNormal);
@@ -243,7 +244,7 @@ TEST_P(FormatTest, ScalarMatchesDoubleDot) {
 }
 
 TEST_P(FormatTest, EveryIsaMatchesScalar) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(testing::TestSeed());
   const DType dt = GetParam();
   for (CpuIsa cpu_isa : SupportedIsas()) {
     if (cpu_isa == CpuIsa::kScalar) continue;
@@ -364,7 +365,7 @@ void CheckSplitsThreadsAndBatching(DType dt, int64_t k, std::mt19937& rng) {
 }
 
 TEST_P(FormatTest, ResultsDoNotDependOnSplitsThreadsOrBatching) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(testing::TestSeed());
   const DType dt = GetParam();
   for (int64_t k : IsBlockFormat(dt) ? std::vector<int64_t>{160} : std::vector<int64_t>{75, 96}) {
     SCOPED_TRACE("k " + std::to_string(k));
@@ -376,7 +377,7 @@ TEST_P(FormatTest, ResultsDoNotDependOnSplitsThreadsOrBatching) {
 // Gather (the MoE executor's per-expert copy of a chunk's prepared tokens) gives what preparing
 // the gathered float rows gives, tile packing included.
 TEST_P(FormatTest, GatherEqualsPreparingTheGatheredRows) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(testing::TestSeed());
   const DType dt = GetParam();
   const int64_t rows = 21, k = IsBlockFormat(dt) ? 96 : 64, tokens = 11;
   const Weights w = MakeWeights(dt, rows, k, rng, Fill::kNormal);
@@ -403,7 +404,7 @@ TEST_P(FormatTest, GatherEqualsPreparingTheGatheredRows) {
 
 // Prepare spread over a pool (one task per 16 tokens) writes what the serial Prepare writes.
 TEST_P(FormatTest, PoolPrepareEqualsSerialPrepare) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(testing::TestSeed());
   const DType dt = GetParam();
   const int64_t rows = 19, k = IsBlockFormat(dt) ? 128 : 96;
   const int64_t tokens = std::max<int64_t>(ParallelPrepareTokens(), 32) + 9;  // a partial tile
@@ -437,7 +438,7 @@ TEST(FloatKernels, Avx512LevelsEqualAvx2BitForBit) {
     std::printf("[  SKIPPED ] no avx512 here\n");
     return;
   }
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(testing::TestSeed());
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const Shape& s : ShapesFor(dt)) {
       const Weights w = MakeWeights(dt, s.rows, s.k, rng, Fill::kNormal);
@@ -459,7 +460,7 @@ TEST(FloatKernels, Avx512LevelsEqualAvx2BitForBit) {
 // On kAvx512 / kAvx512Vnni, BF16C batches run that level's fp32 tiles on decoded rows and one
 // token the AVX2 BF16C kernel: a token's results are the same bits either way.
 TEST(Bf16cKernels, Avx512BatchesEqualOneTokenAtATime) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(testing::TestSeed());
   bool ran = false;
   for (CpuIsa cpu_isa : {CpuIsa::kAvx512, CpuIsa::kAvx512Vnni}) {
     if (!CpuSupports(cpu_isa)) continue;
@@ -485,7 +486,7 @@ TEST(Bf16cKernels, Avx512BatchesEqualOneTokenAtATime) {
 // BF16C batches on levels with bf16 dot instructions expand rows for the bf16 kernels; there
 // they give exactly plain bf16's results (same rows, same kernels).
 TEST(Bf16cKernels, ExpandedBatchesEqualBf16) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(testing::TestSeed());
   bool ran = false;
   for (CpuIsa cpu_isa : {CpuIsa::kAvx512Bf16, CpuIsa::kAmx}) {
     if (!CpuSupports(cpu_isa)) continue;
@@ -519,7 +520,7 @@ TEST(Bf16cKernels, Avx2ExpansionEqualsUnpacking) {
     std::printf("[  SKIPPED ] no avx2 here\n");
     return;
   }
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(testing::TestSeed());
   for (const Shape& s : ShapesFor(DType::kBF16C)) {
     const Weights c = MakeWeights(DType::kBF16C, s.rows, s.k, rng, Fill::kRandomBytes);
     const size_t row_bytes = DTypeRowBytes(DType::kBF16C, s.k);
@@ -536,7 +537,7 @@ TEST(Bf16cKernels, Avx2ExpansionEqualsUnpacking) {
 // and AVX2 levels (the ones that run it) its results equal plain bf16's bit for bit, decode and
 // prefill, with and without exceptions.
 TEST(Bf16cKernels, EqualBf16BitForBit) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(testing::TestSeed());
   for (CpuIsa cpu_isa : {CpuIsa::kScalar, CpuIsa::kAvx2}) {
     if (!CpuSupports(cpu_isa)) {
       std::printf("[  SKIPPED ] %s: not supported here\n",
@@ -570,7 +571,7 @@ TEST(Bf16cKernels, EqualBf16BitForBit) {
 // Every SIMD level asked for BF16C with one token hands it to the AVX2 kernels (its slot order
 // is theirs); so does a gathered copy of fewer tokens than Bf16cExpandMinTokens.
 TEST(Bf16cKernels, SimdLevelsRunTheAvx2Kernels) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(testing::TestSeed());
   const int64_t batch = Bf16cExpandMinTokens();
   const std::vector<float> x = RandomActivations(batch, 64, rng);
   const int32_t first[1] = {0};
@@ -596,7 +597,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, FormatTest,
 // Every level quantizes activations exactly as the scalar reference does (same quants and
 // scales, whatever its layout; the bias lanes are checked through the dot results above).
 TEST(PreparedActivationsTest, QuantizationIsBitIdenticalAcrossIsas) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(testing::TestSeed());
   for (int64_t k : {32, 96, 160, 2048}) {
     const int64_t tokens = 3;
     std::vector<float> x = RandomActivations(tokens, k, rng);

@@ -7,6 +7,7 @@
 #include "core/dtype.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/matmul.h"
+#include "support/seed.h"
 
 namespace moetier {
 namespace {
@@ -45,7 +46,7 @@ RandomMatrix MakeMatrix(DType dtype, int64_t rows, int64_t cols, std::mt19937& r
 class MatMulTest : public ::testing::TestWithParam<DType> {};
 
 TEST_P(MatMulTest, MatchesDoubleReference) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(testing::TestSeed());
   ThreadPool pool(3);
   for (auto [rows, cols, tokens] :
        {std::tuple{1, 1, 1}, {7, 33, 1}, {64, 100, 5}, {129, 1024, 3}}) {
@@ -113,7 +114,7 @@ TEST(Kernels, F16ConversionRoundTripsAndKnownValues) {
 }
 
 TEST(Kernels, RmsNormSoftmaxSiluAgainstDouble) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(testing::TestSeed());
   std::normal_distribution<float> dist(0.0f, 3.0f);
   const int n = 257;
   std::vector<float> x(n), w(n), y(n);

@@ -10,6 +10,7 @@
 #include "core/dtype.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quant.h"
+#include "support/seed.h"
 
 namespace moetier {
 namespace {
@@ -78,7 +79,7 @@ TEST(QuantFormat, HandBuiltBlocksDecodeAsGguf) {
 // Q8_0 |x - w| <= |d|/2, Q4_0 |x - w| <= |d|/2 except clamped top codes (<= |d|). The slack
 // 2^-22 |x| covers the one rounding of x / d before round-half-even.
 TEST(QuantFormat, RoundTripErrorWithinTheBlockStep) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(testing::TestSeed());
   for (float sigma : {1e-3f, 1.0f, 300.0f}) {
     std::normal_distribution<float> dist(0.0f, sigma);
     const int64_t k = 32 * 40;
@@ -111,7 +112,7 @@ TEST(QuantFormat, RoundTripErrorWithinTheBlockStep) {
 }
 
 TEST(QuantFormat, ExactlyRepresentableValuesStayExact) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(testing::TestSeed());
   std::uniform_int_distribution<int> q8code(-127, 127), q4code(-8, 7), expo(-12, 6);
   for (int trial = 0; trial < 200; ++trial) {
     // d: a random fp16 value (normal range), either sign for Q4_0.
@@ -158,7 +159,7 @@ TEST(QuantFormat, NonFiniteInputsDoNotCrash) {
 }
 
 TEST(QuantFormat, RowToF32DequantizesAnyRange) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(testing::TestSeed());
   std::normal_distribution<float> dist(0.0f, 1.0f);
   const int64_t rows = 3, k = 96;
   std::vector<float> x(rows * k);

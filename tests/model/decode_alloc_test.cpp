@@ -1,4 +1,4 @@
-// The decode loop allocates nothing in steady state (issue 5): after warm-up steps, further
+// The decode loop allocates nothing in steady state: after warm-up steps, further
 // single-token Forward calls make no call to operator new, whichever thread would make it
 // (the pool's workers included). Its own executable: it replaces the global operator new.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// Every way a checkpoint directory can be broken that issue 2 names: each test builds its broken
+// Every way a checkpoint directory can be broken: each test builds its broken
 // copy of the qwen3_moe fixture and expects one clear error naming the file, never a crash or a
 // silent load. Also: a sharded checkpoint loads and computes what the single file does.
 #include <gtest/gtest.h>

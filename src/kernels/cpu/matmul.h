@@ -32,12 +32,9 @@ inline constexpr int64_t kPackMinTokens = 2;
 int64_t PackMinTokens();
 
 // How far ahead of a one-token bf16/bf16c/f16/f32 weight stream the AVX2 kernels prefetch (never
-// past the end of the call's row range). Measured on the AVX2 float decode tile, same binary,
-// interleaved runs: on a 2-core AMD Zen 3 VM (AVX2 only) 1 KB streamed 8-15 % faster than 2 KB
-// (2 threads, 1 GB); on a 16-core Intel Xeon (Sapphire Rapids-class) 2 KB was faster (one
-// thread 10.8-11.3 against 7.7-9.1 GB/s, 16 threads 89-92 against 80-86); on a 2-core AMD Zen 4
-// VM (AVX-512) bf16c one thread 19.9-20.4 GB/s at 1 KB, 21.2-21.7 at 2 KB, 22.3-22.6 at 4 KB
-// (2 threads: 30.9-33.4, within the VM's spread). So kFloatPrefetchBytesAmd on AMD CPUs without
+// past the end of the call's row range). The best distance differs by vendor: AMD CPUs without
+// AVX-512 streamed fastest 1 KB ahead, AMD with AVX-512 4 KB, Intel Xeons 2 KB
+// (docs/benchmarks.md, "settings"). So kFloatPrefetchBytesAmd on AMD CPUs without
 // AVX-512, kFloatPrefetchBytesAmdAvx512 on those with it, kFloatPrefetchBytes elsewhere;
 // MOETIER_FLOAT_PREFETCH_BYTES=N overrides (64 to 16384). Quantized formats prefetch 2 KB
 // ahead on AVX2 (best on both machines) and 4 KB in the AVX-512 decode kernels.

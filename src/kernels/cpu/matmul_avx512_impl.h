@@ -55,10 +55,8 @@ constexpr int kQuantAcc = 2;
 constexpr int64_t kPrefetchBytes = 2048;
 // Quantized decode prefetches further, but never past the end of the call's row range (what
 // lies there is another task's: fetching it here would read it from DRAM twice, and at 16
-// threads a task's run of down-projection rows is only ~7 KB). kernel_bench, one token, 1 GB,
-// avx512vnni, dev machine (Zen 4, 2 cores), GB/s at 1 / 2 threads, unclamped: 2048 ahead
-// q8_0 17.2-18.0 / 29.9-31.1, q4_0 16.0-16.6 / 28.7-30.0; 4096 ahead 19.4-20.0 / 31.8-32.1,
-// 18.0-18.2 / 30.5-31.2; 8192 ahead 20.1-20.5, 18.4-18.7 (one core).
+// threads a task's run of down-projection rows is only ~7 KB). 4 KB streamed 5-12 % faster than
+// 2 KB in kernel_bench's one-token runs, and 8 KB little more (docs/benchmarks.md).
 constexpr int64_t kQuantDecodePrefetchBytes = 4096;
 constexpr int64_t kQ4Group = 4;  // Q4_0 blocks per 512-bit step (nibble-interleaved layout)
 
@@ -498,9 +496,9 @@ void QuantTile(const uint8_t* w, int64_t row_bytes, const uint8_t* xrec, int64_t
 
 // Decode: one row against one token, the arithmetic of QuantTileOnce<F, 1, 1> (the same steps
 // into the same two accumulators, the same sums), written on its own and returning the result.
-// The same source through QuantTileOnce's general tile streamed ~25 % slower on the dev machine
-// (Zen 5, one core, q4_0: 15-16 against 20-22 GB/s in the same processes); the generated loops
-// differ only in register use and instruction order, so this is measured, not explained.
+// The same source through QuantTileOnce's general tile streamed ~25 % slower on a Zen 5 core;
+// the generated loops differ only in register use and instruction order, so this is measured,
+// not explained.
 template <WFormat F>
 __attribute__((always_inline)) inline float QuantDecodeRow(const uint8_t* w, const uint8_t* xrec,
                                                            int64_t k, int64_t ahead,
