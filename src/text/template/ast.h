@@ -1,5 +1,10 @@
 // Syntax tree of a parsed Jinja template. Nodes own their children; the tree is immutable after
 // parsing, so one parsed template can render concurrently from several threads.
+//
+// Depth: the parser builds no tree deeper than kMaxNestingDepth (nesting.h), statements and
+// expressions counted together. Evaluating, printing and destroying a tree (the unique_ptr
+// children) recurse once per level, so that bound is what keeps all of them off the end of the
+// stack; a tree built any other way must respect it too.
 #pragma once
 
 #include <memory>
@@ -46,6 +51,7 @@ enum class ExprKind {
 struct Expr {
   ExprKind kind;
   int line = 0;
+  int height = 1;  // levels of this subtree (1 for a leaf), set and bounded by the parser
   Value literal;
   std::string name;  // name, attribute, filter, test or operator
   bool negate = false;

@@ -26,6 +26,13 @@ Expected<nlohmann::ordered_json> ReadJson(const std::filesystem::path& path) {
   return j;
 }
 
+// Copying a JSON document (as BuildContext does) recurses once per level: deep ones are refused
+// before that.
+Status CheckInputNesting(const nlohmann::ordered_json& j, const std::string& what) {
+  Status nesting = jinja::CheckJsonNesting(j);
+  return nesting.ok() ? nesting : Status::Error(what + " " + nesting.message());
+}
+
 }  // namespace
 
 Expected<nlohmann::ordered_json> SpecialTokensFromConfig(const nlohmann::ordered_json& config) {
@@ -151,6 +158,9 @@ Expected<nlohmann::ordered_json> ChatTemplate::BuildContext(const ChatTemplateIn
   if (!in.extra.is_null() && !in.extra.is_object()) {
     return Status::Error("extra template variables must be a JSON object");
   }
+  MT_RETURN_IF_ERROR(CheckInputNesting(in.messages, "\"messages\""));
+  MT_RETURN_IF_ERROR(CheckInputNesting(in.tools, "\"tools\""));
+  MT_RETURN_IF_ERROR(CheckInputNesting(in.extra, "extra template variables"));
   // transformers: render(messages=..., tools=..., documents=..., add_generation_prompt=...,
   // **special_tokens_map, **kwargs) — tools and documents are passed as None when absent.
   nlohmann::ordered_json ctx = nlohmann::ordered_json::object();

@@ -217,6 +217,9 @@ Expected<Value> FMap(const Value& v, CallArgs& args, const CallSite& site) {
     return Status::Error("map needs attribute= or the name of a filter");
   }
   const std::string filter = args.positional[0].as_string();
+  // The filter may be map again (`map('map', 'map', ...)`), recursing once per argument.
+  NestingGuard level = site.interpreter->Nest();
+  if (level.exceeded()) return site.interpreter->NestingError();
   for (const Value& item : v.as_list()) {
     CallArgs rest = TailArgs(args, 1);
     MT_ASSIGN_OR_RETURN(Value mapped, ApplyFilter(filter, item, rest, site));

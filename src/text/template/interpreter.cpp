@@ -8,7 +8,7 @@
 
 namespace moetier::text::jinja {
 
-Status ErrorAt(int line, const std::string& message) {
+[[gnu::noinline]] Status ErrorAt(int line, const std::string& message) {
   return Status::Error("line " + std::to_string(line) + ": " + message);
 }
 
@@ -33,6 +33,11 @@ Status Interpreter::Step() {
   if (++steps_ <= limits_.max_steps) return OkStatus();
   return Status::Error("template exceeded the limit of " + std::to_string(limits_.max_steps) +
                        " evaluation steps (a runaway loop?)");
+}
+
+Status Interpreter::NestingError() const {
+  return Status::Error("the render nests deeper than " + std::to_string(limits_.max_depth) +
+                       " levels (statements and expressions, counting through macro calls)");
 }
 
 Status Interpreter::Raise(std::string message) {
@@ -91,66 +96,95 @@ Expected<Interpreter::Flow> Interpreter::Exec(const Body& body, const std::share
 Expected<Interpreter::Flow> Interpreter::ExecOne(const Stmt& s, const std::shared_ptr<Scope>& scope,
                                                  std::string* out) {
   MT_RETURN_IF_ERROR(AtLine(s.line, Step()));
-  if (statement_depth_ >= limits_.max_statement_depth) {
-    return ErrorAt(s.line, "statements nested deeper than " +
-                               std::to_string(limits_.max_statement_depth) +
-                               " levels (counting macro calls)");
-  }
-  ++statement_depth_;
-  struct DepthRestore {
-    int* depth;
-    ~DepthRestore() { --*depth; }
-  } restore{&statement_depth_};
+  NestingGuard level = Nest();
+  if (level.exceeded()) return AtLine(s.line, NestingError());
   switch (s.kind) {
-    case StmtKind::kText:
-      MT_RETURN_IF_ERROR(AtLine(s.line, Append(out, s.text)));
-      return Flow::kNormal;
-    case StmtKind::kOutput: {
-      MT_ASSIGN_OR_RETURN(Value v, Eval(*s.expr, scope));
-      auto text = ToOutputString(v);
-      if (!text.ok()) return ErrorAt(s.line, text.message());
-      MT_RETURN_IF_ERROR(AtLine(s.line, Append(out, *text)));
-      return Flow::kNormal;
-    }
-    case StmtKind::kIf: {
-      MT_ASSIGN_OR_RETURN(Value test, Eval(*s.expr, scope));
-      return Exec(Truthy(test) ? s.body : s.orelse, scope, out);
-    }
+    case StmtKind::kIf:
+      return ExecIf(s, scope, out);
     case StmtKind::kFor:
       return ExecFor(s, scope, out);
-    case StmtKind::kSet: {
-      MT_ASSIGN_OR_RETURN(Value v, Eval(*s.expr, scope));
-      MT_RETURN_IF_ERROR(ExecSet(s, scope, std::move(v)));
-      return Flow::kNormal;
-    }
-    case StmtKind::kSetBlock: {
-      MT_ASSIGN_OR_RETURN(std::string text, RenderBlock(s.body, scope));
-      MT_RETURN_IF_ERROR(ExecSet(s, scope, Value::String(std::move(text))));
-      return Flow::kNormal;
-    }
-    case StmtKind::kMacro:
-      scope->vars[s.text] = MakeMacro(s, "'" + s.text + "'", &s.params, &s.body, nullptr);
-      return Flow::kNormal;
-    case StmtKind::kCallBlock:
-      MT_RETURN_IF_ERROR(ExecCallBlock(s, scope, out));
-      return Flow::kNormal;
-    case StmtKind::kFilterBlock: {
-      MT_ASSIGN_OR_RETURN(std::string text, RenderBlock(s.body, scope));
-      MT_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(s.expr->args, scope));
-      auto v = ApplyFilter(s.expr->name, Value::String(std::move(text)), args,
-                           CallSite{this, scope, s.line});
-      if (!v.ok()) return AtLine(s.line, v.status());
-      auto printed = ToOutputString(*v);
-      if (!printed.ok()) return ErrorAt(s.line, printed.message());
-      MT_RETURN_IF_ERROR(AtLine(s.line, Append(out, *printed)));
-      return Flow::kNormal;
-    }
     case StmtKind::kBreak:
       return Flow::kBreak;
     case StmtKind::kContinue:
       return Flow::kContinue;
+    default:
+      MT_RETURN_IF_ERROR(ExecSimple(s, scope, out));
+      return Flow::kNormal;
   }
-  return Flow::kNormal;
+}
+
+[[gnu::noinline]] Expected<Interpreter::Flow> Interpreter::ExecIf(
+    const Stmt& s, const std::shared_ptr<Scope>& scope, std::string* out) {
+  MT_ASSIGN_OR_RETURN(const bool yes, EvalTruth(*s.expr, scope));
+  return Exec(yes ? s.body : s.orelse, scope, out);
+}
+
+[[gnu::noinline]] Expected<bool> Interpreter::EvalTruth(const Expr& e,
+                                                        const std::shared_ptr<Scope>& scope) {
+  MT_ASSIGN_OR_RETURN(Value v, Eval(e, scope));
+  return Truthy(v);
+}
+
+// Every statement but if, for, break and continue: those that produce no control flow. Each
+// kind has its own function, so that the blocks among them (set and filter blocks) recurse
+// through small frames.
+[[gnu::noinline]] Status Interpreter::ExecSimple(const Stmt& s, const std::shared_ptr<Scope>& scope,
+                                                 std::string* out) {
+  switch (s.kind) {
+    case StmtKind::kText:
+      return AtLine(s.line, Append(out, s.text));
+    case StmtKind::kOutput:
+      return ExecOutput(s, scope, out);
+    case StmtKind::kSet:
+    case StmtKind::kSetBlock:
+      return ExecSetStatement(s, scope);
+    case StmtKind::kMacro:
+      return ExecMacroDefinition(s, scope);
+    case StmtKind::kCallBlock:
+      return ExecCallBlock(s, scope, out);
+    case StmtKind::kFilterBlock:
+      return ExecFilterBlock(s, scope, out);
+    default:
+      return ErrorAt(s.line, "internal error: not a simple statement");
+  }
+}
+
+[[gnu::noinline]] Status Interpreter::ExecOutput(const Stmt& s, const std::shared_ptr<Scope>& scope,
+                                                 std::string* out) {
+  MT_ASSIGN_OR_RETURN(Value v, Eval(*s.expr, scope));
+  auto text = ToOutputString(v);
+  if (!text.ok()) return ErrorAt(s.line, text.message());
+  return AtLine(s.line, Append(out, *text));
+}
+
+// `set target = expr`, or the block form `set target %}body{% endset`.
+[[gnu::noinline]] Status Interpreter::ExecSetStatement(const Stmt& s,
+                                                       const std::shared_ptr<Scope>& scope) {
+  if (s.kind == StmtKind::kSetBlock) {
+    MT_ASSIGN_OR_RETURN(std::string text, RenderBlock(s.body, scope));
+    return ExecSet(s, scope, Value::String(std::move(text)));
+  }
+  MT_ASSIGN_OR_RETURN(Value v, Eval(*s.expr, scope));
+  return ExecSet(s, scope, std::move(v));
+}
+
+[[gnu::noinline]] Status Interpreter::ExecMacroDefinition(const Stmt& s,
+                                                          const std::shared_ptr<Scope>& scope) {
+  scope->vars[s.text] = MakeMacro(s, "'" + s.text + "'", &s.params, &s.body, nullptr);
+  return OkStatus();
+}
+
+[[gnu::noinline]] Status Interpreter::ExecFilterBlock(const Stmt& s,
+                                                      const std::shared_ptr<Scope>& scope,
+                                                      std::string* out) {
+  MT_ASSIGN_OR_RETURN(std::string text, RenderBlock(s.body, scope));
+  MT_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(s.expr->args, scope));
+  auto v = ApplyFilter(s.expr->name, Value::String(std::move(text)), args,
+                       CallSite{this, scope, s.line});
+  if (!v.ok()) return AtLine(s.line, v.status());
+  auto printed = ToOutputString(*v);
+  if (!printed.ok()) return ErrorAt(s.line, printed.message());
+  return AtLine(s.line, Append(out, *printed));
 }
 
 namespace {
@@ -175,10 +209,26 @@ Status BindLoopTarget(const Expr& target, const Value& item, Scope* scope, int l
 
 }  // namespace
 
-Expected<Interpreter::Flow> Interpreter::ExecFor(const Stmt& s, const std::shared_ptr<Scope>& outer,
-                                                 std::string* out) {
+[[gnu::noinline]] Expected<Interpreter::Flow> Interpreter::ExecFor(
+    const Stmt& s, const std::shared_ptr<Scope>& outer, std::string* out) {
   auto scope = std::make_shared<Scope>();
   scope->parent = outer;
+  MT_ASSIGN_OR_RETURN(const ValueList items, LoopItems(s, scope));
+  for (size_t i = 0; i < items.size(); ++i) {
+    MT_RETURN_IF_ERROR(BindLoopVariables(s, items, i, scope.get()));
+    MT_ASSIGN_OR_RETURN(Flow flow, Exec(s.body, scope, out));
+    if (flow == Flow::kBreak) break;
+  }
+  // Jinja2's rule: the else block runs when there was nothing to iterate over.
+  if (items.empty()) return Exec(s.orelse, scope, out);
+  return Flow::kNormal;
+}
+
+// What a `for` iterates over: the items of a list, the keys of a dict, the characters of a
+// string; with `for x in xs if cond`, only those passing cond (filtered first, so loop.length
+// counts the kept items).
+[[gnu::noinline]] Expected<ValueList> Interpreter::LoopItems(const Stmt& s,
+                                                             const std::shared_ptr<Scope>& scope) {
   MT_ASSIGN_OR_RETURN(Value iterable, Eval(*s.expr, scope));
   ValueList all;
   if (iterable.is_list()) {
@@ -196,39 +246,36 @@ Expected<Interpreter::Flow> Interpreter::ExecFor(const Stmt& s, const std::share
     return ErrorAt(s.line,
                    std::string("cannot iterate over a ") + TypeName(iterable) + " in 'for'");
   }
+  if (!s.cond) return all;
   ValueList items;
-  if (s.cond) {  // `for x in xs if cond`: filter first, so loop.length counts kept items
-    for (const Value& item : all) {
-      auto test_scope = std::make_shared<Scope>();
-      test_scope->parent = scope;
-      MT_RETURN_IF_ERROR(BindLoopTarget(*s.target, item, test_scope.get(), s.line));
-      MT_ASSIGN_OR_RETURN(Value keep, Eval(*s.cond, test_scope));
-      if (Truthy(keep)) items.push_back(item);
-    }
-  } else {
-    items = std::move(all);
+  for (const Value& item : all) {
+    auto test_scope = std::make_shared<Scope>();
+    test_scope->parent = scope;
+    MT_RETURN_IF_ERROR(BindLoopTarget(*s.target, item, test_scope.get(), s.line));
+    MT_ASSIGN_OR_RETURN(Value keep, Eval(*s.cond, test_scope));
+    if (Truthy(keep)) items.push_back(item);
   }
+  return items;
+}
+
+// `loop` and the loop variables for pass i over items.
+[[gnu::noinline]] Status Interpreter::BindLoopVariables(const Stmt& s, const ValueList& items,
+                                                        size_t i, Scope* scope) {
+  MT_RETURN_IF_ERROR(AtLine(s.line, Step()));
   const auto n = static_cast<int64_t>(items.size());
-  for (int64_t i = 0; i < n; ++i) {
-    MT_RETURN_IF_ERROR(AtLine(s.line, Step()));
-    ValueDict loop;
-    loop.Set("index", Value::Int(i + 1));
-    loop.Set("index0", Value::Int(i));
-    loop.Set("revindex", Value::Int(n - i));
-    loop.Set("revindex0", Value::Int(n - i - 1));
-    loop.Set("first", Value::Bool(i == 0));
-    loop.Set("last", Value::Bool(i == n - 1));
-    loop.Set("length", Value::Int(n));
-    loop.Set("previtem", i > 0 ? items[i - 1] : Value());
-    loop.Set("nextitem", i + 1 < n ? items[i + 1] : Value());
-    scope->vars["loop"] = Value::Dict(std::move(loop));
-    MT_RETURN_IF_ERROR(BindLoopTarget(*s.target, items[i], scope.get(), s.line));
-    MT_ASSIGN_OR_RETURN(Flow flow, Exec(s.body, scope, out));
-    if (flow == Flow::kBreak) break;
-  }
-  // Jinja2's rule: the else block runs when there was nothing to iterate over.
-  if (items.empty()) return Exec(s.orelse, scope, out);
-  return Flow::kNormal;
+  const auto k = static_cast<int64_t>(i);
+  ValueDict loop;
+  loop.Set("index", Value::Int(k + 1));
+  loop.Set("index0", Value::Int(k));
+  loop.Set("revindex", Value::Int(n - k));
+  loop.Set("revindex0", Value::Int(n - k - 1));
+  loop.Set("first", Value::Bool(k == 0));
+  loop.Set("last", Value::Bool(k == n - 1));
+  loop.Set("length", Value::Int(n));
+  loop.Set("previtem", k > 0 ? items[i - 1] : Value());
+  loop.Set("nextitem", k + 1 < n ? items[i + 1] : Value());
+  scope->vars["loop"] = Value::Dict(std::move(loop));
+  return BindLoopTarget(*s.target, items[i], scope, s.line);
 }
 
 Status Interpreter::ExecSet(const Stmt& s, const std::shared_ptr<Scope>& scope, Value value) {
@@ -272,62 +319,78 @@ Value Interpreter::MakeMacro(const Stmt& s, std::string display_name,
                              const std::vector<Arg>* params, const Body* body,
                              std::shared_ptr<Scope> defining_scope) {
   const int line = s.line;
-  return Value::Func(display_name,
-                     [display_name, params, body, defining_scope, line](
-                         CallArgs& args, const CallSite& site) -> Expected<Value> {
-                       Interpreter* self = site.interpreter;
-                       if (self->call_depth_ >= self->limits_.max_call_depth) {
-                         return ErrorAt(site.line,
-                                        "macro calls nested deeper than " +
-                                            std::to_string(self->limits_.max_call_depth) +
-                                            " (runaway recursion?)");
-                       }
-                       // Macros see their caller's variables (as in @huggingface/jinja); a call
-                       // block's body sees the scope it was written in.
-                       auto scope = std::make_shared<Scope>();
-                       scope->parent = defining_scope ? defining_scope : site.scope;
-                       std::vector<std::pair<std::string, Value>> keywords = args.keyword;
-                       std::vector<const Arg*> pending_defaults;
-                       for (size_t i = 0; i < params->size(); ++i) {
-                         const Arg& p = (*params)[i];
-                         std::optional<Value> v;
-                         if (i < args.positional.size()) v = args.positional[i];
-                         for (auto it = keywords.begin(); !v && it != keywords.end(); ++it) {
-                           if (it->first == p.name) {
-                             v = it->second;
-                             keywords.erase(it);
-                             break;
-                           }
-                         }
-                         if (!v && p.value) pending_defaults.push_back(&p);
-                         scope->vars[p.name] = v ? *v : Value();
-                       }
-                       ValueList varargs;
-                       for (size_t i = params->size(); i < args.positional.size(); ++i) {
-                         varargs.push_back(args.positional[i]);
-                       }
-                       ValueDict kwargs;
-                       for (auto& [k, v] : keywords) kwargs.Set(k, v);
-                       scope->vars["varargs"] = Value::List(std::move(varargs));
-                       scope->vars["kwargs"] = Value::Dict(std::move(kwargs));
-                       ++self->call_depth_;
-                       struct DepthRestore {
-                         int* d;
-                         ~DepthRestore() { --*d; }
-                       } restore{&self->call_depth_};
-                       for (const Arg* p : pending_defaults) {
-                         auto v = self->Eval(*p->value, scope);
-                         if (!v.ok()) return v.status();
-                         scope->vars[p->name] = std::move(v).value();
-                       }
-                       auto text = self->RenderBlock(*body, scope);
-                       if (!text.ok()) return AtLine(line, text.status());
-                       return Value::String(std::move(text).value());
+  return Value::Func(std::move(display_name),
+                     [params, body, defining_scope, line](CallArgs& args,
+                                                          const CallSite& site) -> Expected<Value> {
+                       return site.interpreter->CallMacro(*params, *body, defining_scope, line,
+                                                          args, site);
                      });
 }
 
-Status Interpreter::ExecCallBlock(const Stmt& s, const std::shared_ptr<Scope>& scope,
-                                  std::string* out) {
+[[gnu::noinline]] Expected<Value> Interpreter::CallMacro(
+    const std::vector<Arg>& params, const Body& body, const std::shared_ptr<Scope>& defining_scope,
+    int line, CallArgs& args, const CallSite& site) {
+  if (call_depth_ >= limits_.max_call_depth) return CallDepthError(site.line);
+  ++call_depth_;
+  struct DepthRestore {
+    int* d;
+    ~DepthRestore() { --*d; }
+  } restore{&call_depth_};
+  MT_ASSIGN_OR_RETURN(std::shared_ptr<Scope> scope,
+                      BindMacroArguments(params, defining_scope, args, site));
+  auto text = RenderBlock(body, scope);
+  if (!text.ok()) return AtLine(line, text.status());
+  return Value::String(std::move(text).value());
+}
+
+[[gnu::noinline]] Status Interpreter::CallDepthError(int line) const {
+  return ErrorAt(line, "macro calls nested deeper than " + std::to_string(limits_.max_call_depth) +
+                           " (runaway recursion?)");
+}
+
+// The scope a macro body runs in: its parameters bound to the arguments (defaults evaluated
+// there), the rest in varargs and kwargs. Macros see their caller's variables (as in
+// @huggingface/jinja); a call block's body sees the scope it was written in.
+[[gnu::noinline]] Expected<std::shared_ptr<Scope>> Interpreter::BindMacroArguments(
+    const std::vector<Arg>& params, const std::shared_ptr<Scope>& defining_scope,
+    const CallArgs& args, const CallSite& site) {
+  auto scope = std::make_shared<Scope>();
+  scope->parent = defining_scope ? defining_scope : site.scope;
+  std::vector<std::pair<std::string, Value>> keywords = args.keyword;
+  std::vector<const Arg*> pending_defaults;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Arg& p = params[i];
+    std::optional<Value> v;
+    if (i < args.positional.size()) v = args.positional[i];
+    for (auto it = keywords.begin(); !v && it != keywords.end(); ++it) {
+      if (it->first == p.name) {
+        v = it->second;
+        keywords.erase(it);
+        break;
+      }
+    }
+    if (!v && p.value) pending_defaults.push_back(&p);
+    scope->vars[p.name] = v ? *v : Value();
+  }
+  ValueList varargs;
+  for (size_t i = params.size(); i < args.positional.size(); ++i) {
+    varargs.push_back(args.positional[i]);
+  }
+  ValueDict kwargs;
+  for (auto& [k, v] : keywords) kwargs.Set(k, v);
+  scope->vars["varargs"] = Value::List(std::move(varargs));
+  scope->vars["kwargs"] = Value::Dict(std::move(kwargs));
+  for (const Arg* p : pending_defaults) {
+    auto v = Eval(*p->value, scope);
+    if (!v.ok()) return v.status();
+    scope->vars[p->name] = std::move(v).value();
+  }
+  return scope;
+}
+
+[[gnu::noinline]] Status Interpreter::ExecCallBlock(const Stmt& s,
+                                                    const std::shared_ptr<Scope>& scope,
+                                                    std::string* out) {
   const Expr& call = *s.expr;
   Value caller = MakeMacro(s, "caller", &s.params, &s.body, scope);
   MT_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(call.args, scope));
@@ -390,143 +453,8 @@ bool MulOverflows(int64_t a, int64_t b, int64_t* r) {
   return __builtin_mul_overflow(a, b, r);
 }
 
-}  // namespace
-
-Expected<Value> Interpreter::Eval(const Expr& e, const std::shared_ptr<Scope>& scope) {
-  MT_RETURN_IF_ERROR(AtLine(e.line, Step()));
-  switch (e.kind) {
-    case ExprKind::kLiteral:
-      return e.literal;
-    case ExprKind::kName: {
-      const Value* v = scope->Lookup(e.name);
-      return v ? *v : Value();
-    }
-    case ExprKind::kList:
-    case ExprKind::kTuple: {
-      ValueList items;
-      items.reserve(e.items.size());
-      for (const ExprPtr& item : e.items) {
-        MT_ASSIGN_OR_RETURN(Value v, Eval(*item, scope));
-        items.push_back(std::move(v));
-      }
-      return Value::List(std::move(items));
-    }
-    case ExprKind::kDict: {
-      ValueDict dict;
-      for (const auto& [k, v] : e.pairs) {
-        MT_ASSIGN_OR_RETURN(Value key, Eval(*k, scope));
-        if (!key.is_string()) {
-          return ErrorAt(e.line, std::string("dict keys must be strings, got a ") + TypeName(key));
-        }
-        MT_ASSIGN_OR_RETURN(Value value, Eval(*v, scope));
-        dict.Set(key.as_string(), std::move(value));
-      }
-      return Value::Dict(std::move(dict));
-    }
-    case ExprKind::kAttr: {
-      MT_ASSIGN_OR_RETURN(Value object, Eval(*e.a, scope));
-      const Value key = e.attr_is_index ? Value::Int(std::strtoll(e.name.c_str(), nullptr, 10))
-                                        : Value::String(e.name);
-      return EvalMember(e, object, key);
-    }
-    case ExprKind::kIndex: {
-      MT_ASSIGN_OR_RETURN(Value object, Eval(*e.a, scope));
-      MT_ASSIGN_OR_RETURN(Value key, Eval(*e.b, scope));
-      return EvalMember(e, object, key);
-    }
-    case ExprKind::kSlice:
-      return EvalSlice(e, scope);
-    case ExprKind::kCall:
-      return EvalCall(e, scope);
-    case ExprKind::kFilter:
-      return EvalFilter(e, scope);
-    case ExprKind::kTest:
-      return EvalTest(e, scope);
-    case ExprKind::kUnary: {
-      MT_ASSIGN_OR_RETURN(Value v, Eval(*e.a, scope));
-      if (e.name == "not") return Value::Bool(!Truthy(v));
-      const bool negate = e.name == "-";
-      if (v.is_float()) return Value::Float(negate ? -v.as_float() : v.as_float());
-      if (v.is_int() || v.is_bool()) {
-        const int64_t i = v.is_int() ? v.as_int() : (v.as_bool() ? 1 : 0);
-        int64_t r = 0;
-        if (negate && SubOverflows(0, i, &r)) return ErrorAt(e.line, "integer overflow");
-        return Value::Int(negate ? r : i);
-      }
-      return ErrorAt(e.line, "unary '" + e.name + "' needs a number, got a " + TypeName(v) + " (" +
-                                 Spell(*e.a) + ")");
-    }
-    case ExprKind::kBinary:
-      return EvalBinary(e, scope);
-    case ExprKind::kTernary: {
-      MT_ASSIGN_OR_RETURN(Value test, Eval(*e.a, scope));
-      return Eval(Truthy(test) ? *e.b : *e.c, scope);
-    }
-    case ExprKind::kSelect: {
-      MT_ASSIGN_OR_RETURN(Value test, Eval(*e.a, scope));
-      if (!Truthy(test)) return Value();
-      return Eval(*e.b, scope);
-    }
-  }
-  return Value();
-}
-
-Expected<Value> Interpreter::EvalMember(const Expr& e, const Value& object, const Value& key) {
-  if (object.is_dict() || object.is_namespace()) {
-    if (!key.is_string()) {
-      return ErrorAt(e.line, std::string("cannot index a ") + TypeName(object) + " with a " +
-                                 TypeName(key) + " (" + Spell(e) + ")");
-    }
-    const ValueDict& dict = object.is_dict() ? object.as_dict() : object.namespace_dict();
-    if (const Value* v = dict.Find(key.as_string())) return *v;
-    return object.is_dict() ? LookupMethod(object, key.as_string()) : Value();
-  }
-  if (object.is_list() || object.is_string()) {
-    if (key.is_int()) {
-      int64_t i = key.as_int();
-      if (object.is_list()) {
-        const auto n = static_cast<int64_t>(object.as_list().size());
-        if (i < 0) i += n;
-        if (i < 0 || i >= n) return Value();
-        return object.as_list()[static_cast<size_t>(i)];
-      }
-      const std::vector<char32_t> cps = utf8::Decode(object.as_string());
-      const auto n = static_cast<int64_t>(cps.size());
-      if (i < 0) i += n;
-      if (i < 0 || i >= n) return Value();
-      std::string ch;
-      utf8::Append(&ch, cps[static_cast<size_t>(i)]);
-      return Value::String(std::move(ch));
-    }
-    if (key.is_string()) return LookupMethod(object, key.as_string());
-    return ErrorAt(e.line, std::string("cannot index a ") + TypeName(object) + " with a " +
-                               TypeName(key) + " (" + Spell(e) + ")");
-  }
-  if (!key.is_string()) {
-    return ErrorAt(e.line, std::string("cannot index a ") + TypeName(object) + " with a " +
-                               TypeName(key) + " (" + Spell(e) + ")");
-  }
-  // Attributes of undefined and none are undefined, as in @huggingface/jinja.
-  return LookupMethod(object, key.as_string());
-}
-
-Expected<Value> Interpreter::EvalSlice(const Expr& e, const std::shared_ptr<Scope>& scope) {
-  MT_ASSIGN_OR_RETURN(Value object, Eval(*e.a, scope));
-  if (!object.is_list() && !object.is_string()) {
-    return ErrorAt(e.line,
-                   std::string("cannot slice a ") + TypeName(object) + " (" + Spell(*e.a) + ")");
-  }
-  std::optional<int64_t> parts[3];
-  const Expr* exprs[3] = {e.b.get(), e.c.get(), e.d.get()};
-  for (int k = 0; k < 3; ++k) {
-    if (!exprs[k]) continue;
-    MT_ASSIGN_OR_RETURN(Value v, Eval(*exprs[k], scope));
-    if (v.is_int()) {
-      parts[k] = v.as_int();
-    } else if (!v.is_undefined() && !v.is_none()) {
-      return ErrorAt(e.line, std::string("slice bounds must be integers, got a ") + TypeName(v));
-    }
-  }
+// object[start:stop:step] of a list or string, each part optional.
+[[gnu::noinline]] Value Slice(const Value& object, const std::optional<int64_t> (&parts)[3]) {
   const int64_t step = parts[2].value_or(1);
   std::vector<char32_t> cps;
   if (object.is_string()) cps = utf8::Decode(object.as_string());
@@ -558,78 +486,31 @@ Expected<Value> Interpreter::EvalSlice(const Expr& e, const std::shared_ptr<Scop
   return Value::String(std::move(out));
 }
 
-Expected<CallArgs> Interpreter::EvalArgs(const std::vector<Arg>& args,
-                                         const std::shared_ptr<Scope>& scope) {
-  CallArgs out;
-  // Positional arguments (with * unpacking) first, then keywords, as Python evaluates them.
-  for (const Arg& a : args) {
-    if (a.kind == ArgKind::kPositional) {
-      MT_ASSIGN_OR_RETURN(Value v, Eval(*a.value, scope));
-      out.positional.push_back(std::move(v));
-    } else if (a.kind == ArgKind::kSpread) {
-      MT_ASSIGN_OR_RETURN(Value v, Eval(*a.value, scope));
-      if (!v.is_list()) {
-        return ErrorAt(a.value->line, std::string("cannot unpack a ") + TypeName(v) + " with *");
-      }
-      for (const Value& item : v.as_list()) out.positional.push_back(item);
-    }
+// The key `.name` looks up: a string, or an integer for `a.0`.
+[[gnu::noinline]] Value AttrKey(const Expr& e) {
+  return e.attr_is_index ? Value::Int(std::strtoll(e.name.c_str(), nullptr, 10))
+                         : Value::String(e.name);
+}
+
+// `not v`, `-v`, `+v`.
+[[gnu::noinline]] Expected<Value> ApplyUnary(const Expr& e, const Value& v) {
+  if (e.name == "not") return Value::Bool(!Truthy(v));
+  const bool negate = e.name == "-";
+  if (v.is_float()) return Value::Float(negate ? -v.as_float() : v.as_float());
+  if (v.is_int() || v.is_bool()) {
+    const int64_t i = v.is_int() ? v.as_int() : (v.as_bool() ? 1 : 0);
+    int64_t r = 0;
+    if (negate && SubOverflows(0, i, &r)) return ErrorAt(e.line, "integer overflow");
+    return Value::Int(negate ? r : i);
   }
-  auto add_keyword = [&](const std::string& name, Value v, int line) -> Status {
-    if (out.Keyword(name)) return ErrorAt(line, "keyword argument '" + name + "' given twice");
-    out.keyword.emplace_back(name, std::move(v));
-    return OkStatus();
-  };
-  for (const Arg& a : args) {
-    if (a.kind == ArgKind::kKeyword) {
-      MT_ASSIGN_OR_RETURN(Value v, Eval(*a.value, scope));
-      MT_RETURN_IF_ERROR(add_keyword(a.name, std::move(v), a.value->line));
-    } else if (a.kind == ArgKind::kKeywordSpread) {
-      MT_ASSIGN_OR_RETURN(Value v, Eval(*a.value, scope));
-      if (!v.is_dict()) {
-        return ErrorAt(a.value->line, std::string("cannot unpack a ") + TypeName(v) + " with **");
-      }
-      for (const auto& [k, item] : v.as_dict().entries()) {
-        MT_RETURN_IF_ERROR(add_keyword(k, item, a.value->line));
-      }
-    }
-  }
-  return out;
+  return ErrorAt(e.line, "unary '" + e.name + "' needs a number, got a " + TypeName(v) + " (" +
+                             Spell(*e.a) + ")");
 }
 
-Expected<Value> Interpreter::EvalCall(const Expr& e, const std::shared_ptr<Scope>& scope) {
-  MT_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e.args, scope));
-  MT_ASSIGN_OR_RETURN(Value fn, Eval(*e.a, scope));
-  if (!fn.is_function()) {
-    if (fn.is_undefined()) return ErrorAt(e.line, "'" + Spell(*e.a) + "' is undefined");
-    return ErrorAt(e.line, "'" + Spell(*e.a) + "' is a " + TypeName(fn) + ", not a function");
-  }
-  auto result = fn.as_function().call(args, CallSite{this, scope, e.line});
-  if (!result.ok()) return AtLine(e.line, result.status());
-  return result;
-}
-
-Expected<Value> Interpreter::EvalFilter(const Expr& e, const std::shared_ptr<Scope>& scope) {
-  MT_ASSIGN_OR_RETURN(Value operand, Eval(*e.a, scope));
-  MT_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e.args, scope));
-  auto result = ApplyFilter(e.name, operand, args, CallSite{this, scope, e.line});
-  if (!result.ok()) return AtLine(e.line, result.status());
-  return result;
-}
-
-Expected<Value> Interpreter::EvalTest(const Expr& e, const std::shared_ptr<Scope>& scope) {
-  MT_ASSIGN_OR_RETURN(Value operand, Eval(*e.a, scope));
-  MT_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e.args, scope));
-  auto result = ApplyTest(e.name, operand, args);
-  if (!result.ok()) return AtLine(e.line, result.status());
-  return Value::Bool(e.negate ? !*result : *result);
-}
-
-Expected<Value> Interpreter::EvalBinary(const Expr& e, const std::shared_ptr<Scope>& scope) {
+// `left op right` for every binary operator but `and` and `or` (which short-circuit).
+[[gnu::noinline]] Expected<Value> ApplyBinary(const Interpreter& interp, const Expr& e,
+                                              const Value& left, const Value& right) {
   const std::string& op = e.name;
-  MT_ASSIGN_OR_RETURN(Value left, Eval(*e.a, scope));
-  if (op == "and") return Truthy(left) ? Eval(*e.b, scope) : Expected<Value>(left);
-  if (op == "or") return Truthy(left) ? Expected<Value>(left) : Eval(*e.b, scope);
-  MT_ASSIGN_OR_RETURN(Value right, Eval(*e.b, scope));
   if (op == "==") return Value::Bool(LooseEquals(left, right));
   if (op == "!=") return Value::Bool(!LooseEquals(left, right));
   const bool membership = op == "in" || op == "not in";
@@ -646,7 +527,7 @@ Expected<Value> Interpreter::EvalBinary(const Expr& e, const std::shared_ptr<Sco
     auto a = ToOutputString(left);
     auto b = ToOutputString(right);
     if (!a.ok() || !b.ok()) return ErrorAt(e.line, "cannot apply '~' to a function");
-    MT_RETURN_IF_ERROR(AtLine(e.line, CheckString(a->size() + b->size())));
+    MT_RETURN_IF_ERROR(AtLine(e.line, interp.CheckString(a->size() + b->size())));
     return Value::String(*a + *b);
   }
   const bool numeric =
@@ -707,7 +588,7 @@ Expected<Value> Interpreter::EvalBinary(const Expr& e, const std::shared_ptr<Sco
   }
   if (left.is_list() && right.is_list() && op == "+") {
     ValueList joined = left.as_list();
-    MT_RETURN_IF_ERROR(AtLine(e.line, CheckList(joined.size() + right.as_list().size())));
+    MT_RETURN_IF_ERROR(AtLine(e.line, interp.CheckList(joined.size() + right.as_list().size())));
     joined.insert(joined.end(), right.as_list().begin(), right.as_list().end());
     return Value::List(std::move(joined));
   }
@@ -726,7 +607,7 @@ Expected<Value> Interpreter::EvalBinary(const Expr& e, const std::shared_ptr<Sco
     }
     auto a = ToOutputString(left);
     auto b = ToOutputString(right);
-    MT_RETURN_IF_ERROR(AtLine(e.line, CheckString(a->size() + b->size())));
+    MT_RETURN_IF_ERROR(AtLine(e.line, interp.CheckString(a->size() + b->size())));
     return Value::String(*a + *b);
   }
   if (left.is_string() && right.is_string()) {
@@ -745,6 +626,269 @@ Expected<Value> Interpreter::EvalBinary(const Expr& e, const std::shared_ptr<Sco
   }
   return ErrorAt(e.line, "unsupported operand types for '" + op + "': " + TypeName(left) + " and " +
                              TypeName(right));
+}
+
+}  // namespace
+
+Expected<Value> Interpreter::Eval(const Expr& e, const std::shared_ptr<Scope>& scope) {
+  MT_RETURN_IF_ERROR(AtLine(e.line, Step()));
+  NestingGuard level = Nest();
+  if (level.exceeded()) return AtLine(e.line, NestingError());
+  switch (e.kind) {
+    case ExprKind::kLiteral:
+      return e.literal;
+    case ExprKind::kName: {
+      const Value* v = scope->Lookup(e.name);
+      return v ? *v : Value();
+    }
+    case ExprKind::kList:
+    case ExprKind::kTuple:
+      return EvalList(e, scope);
+    case ExprKind::kDict:
+      return EvalDict(e, scope);
+    case ExprKind::kAttr:
+      return EvalAttr(e, scope);
+    case ExprKind::kIndex:
+      return EvalIndex(e, scope);
+    case ExprKind::kSlice:
+      return EvalSlice(e, scope);
+    case ExprKind::kCall:
+      return EvalCall(e, scope);
+    case ExprKind::kFilter:
+      return EvalFilter(e, scope);
+    case ExprKind::kTest:
+      return EvalTest(e, scope);
+    case ExprKind::kUnary:
+      return EvalUnary(e, scope);
+    case ExprKind::kBinary:
+      return EvalBinary(e, scope);
+    case ExprKind::kTernary:
+    case ExprKind::kSelect:
+      return EvalConditional(e, scope);
+  }
+  return Value();
+}
+
+[[gnu::noinline]] Expected<Value> Interpreter::EvalList(const Expr& e,
+                                                        const std::shared_ptr<Scope>& scope) {
+  ValueList items;
+  items.reserve(e.items.size());
+  for (const ExprPtr& item : e.items) {
+    MT_ASSIGN_OR_RETURN(Value v, Eval(*item, scope));
+    items.push_back(std::move(v));
+  }
+  return Value::List(std::move(items));
+}
+
+[[gnu::noinline]] Expected<Value> Interpreter::EvalDict(const Expr& e,
+                                                        const std::shared_ptr<Scope>& scope) {
+  ValueDict dict;
+  for (const auto& [k, v] : e.pairs) {
+    MT_ASSIGN_OR_RETURN(Value key, Eval(*k, scope));
+    if (!key.is_string()) {
+      return ErrorAt(e.line, std::string("dict keys must be strings, got a ") + TypeName(key));
+    }
+    MT_ASSIGN_OR_RETURN(Value value, Eval(*v, scope));
+    dict.Set(key.as_string(), std::move(value));
+  }
+  return Value::Dict(std::move(dict));
+}
+
+[[gnu::noinline]] Expected<Value> Interpreter::EvalAttr(const Expr& e,
+                                                        const std::shared_ptr<Scope>& scope) {
+  MT_ASSIGN_OR_RETURN(Value object, Eval(*e.a, scope));
+  return EvalMember(e, object, AttrKey(e));
+}
+
+[[gnu::noinline]] Expected<Value> Interpreter::EvalIndex(const Expr& e,
+                                                         const std::shared_ptr<Scope>& scope) {
+  MT_ASSIGN_OR_RETURN(Value object, Eval(*e.a, scope));
+  MT_ASSIGN_OR_RETURN(Value key, Eval(*e.b, scope));
+  return EvalMember(e, object, key);
+}
+
+[[gnu::noinline]] Expected<Value> Interpreter::EvalUnary(const Expr& e,
+                                                         const std::shared_ptr<Scope>& scope) {
+  MT_ASSIGN_OR_RETURN(Value v, Eval(*e.a, scope));
+  return ApplyUnary(e, v);
+}
+
+// `b if a else c`, and `b if a` (undefined when a is false).
+[[gnu::noinline]] Expected<Value> Interpreter::EvalConditional(
+    const Expr& e, const std::shared_ptr<Scope>& scope) {
+  MT_ASSIGN_OR_RETURN(const bool yes, EvalTruth(*e.a, scope));
+  if (yes) return Eval(*e.b, scope);
+  if (e.kind == ExprKind::kSelect) return Value();
+  return Eval(*e.c, scope);
+}
+
+[[gnu::noinline]] Expected<Value> Interpreter::EvalMember(const Expr& e, const Value& object,
+                                                          const Value& key) {
+  if (object.is_dict() || object.is_namespace()) {
+    if (!key.is_string()) {
+      return ErrorAt(e.line, std::string("cannot index a ") + TypeName(object) + " with a " +
+                                 TypeName(key) + " (" + Spell(e) + ")");
+    }
+    const ValueDict& dict = object.is_dict() ? object.as_dict() : object.namespace_dict();
+    if (const Value* v = dict.Find(key.as_string())) return *v;
+    return object.is_dict() ? LookupMethod(object, key.as_string()) : Value();
+  }
+  if (object.is_list() || object.is_string()) {
+    if (key.is_int()) {
+      int64_t i = key.as_int();
+      if (object.is_list()) {
+        const auto n = static_cast<int64_t>(object.as_list().size());
+        if (i < 0) i += n;
+        if (i < 0 || i >= n) return Value();
+        return object.as_list()[static_cast<size_t>(i)];
+      }
+      const std::vector<char32_t> cps = utf8::Decode(object.as_string());
+      const auto n = static_cast<int64_t>(cps.size());
+      if (i < 0) i += n;
+      if (i < 0 || i >= n) return Value();
+      std::string ch;
+      utf8::Append(&ch, cps[static_cast<size_t>(i)]);
+      return Value::String(std::move(ch));
+    }
+    if (key.is_string()) return LookupMethod(object, key.as_string());
+    return ErrorAt(e.line, std::string("cannot index a ") + TypeName(object) + " with a " +
+                               TypeName(key) + " (" + Spell(e) + ")");
+  }
+  if (!key.is_string()) {
+    return ErrorAt(e.line, std::string("cannot index a ") + TypeName(object) + " with a " +
+                               TypeName(key) + " (" + Spell(e) + ")");
+  }
+  // Attributes of undefined and none are undefined, as in @huggingface/jinja.
+  return LookupMethod(object, key.as_string());
+}
+
+[[gnu::noinline]] Expected<Value> Interpreter::EvalSlice(const Expr& e,
+                                                         const std::shared_ptr<Scope>& scope) {
+  MT_ASSIGN_OR_RETURN(Value object, Eval(*e.a, scope));
+  if (!object.is_list() && !object.is_string()) {
+    return ErrorAt(e.line,
+                   std::string("cannot slice a ") + TypeName(object) + " (" + Spell(*e.a) + ")");
+  }
+  std::optional<int64_t> parts[3];
+  const Expr* exprs[3] = {e.b.get(), e.c.get(), e.d.get()};
+  for (int k = 0; k < 3; ++k) {
+    if (!exprs[k]) continue;
+    MT_ASSIGN_OR_RETURN(Value v, Eval(*exprs[k], scope));
+    if (v.is_int()) {
+      parts[k] = v.as_int();
+    } else if (!v.is_undefined() && !v.is_none()) {
+      return ErrorAt(e.line, std::string("slice bounds must be integers, got a ") + TypeName(v));
+    }
+  }
+  return Slice(object, parts);
+}
+
+// Positional arguments (with * unpacking) first, then keywords, as Python evaluates them.
+[[gnu::noinline]] Expected<CallArgs> Interpreter::EvalArgs(const std::vector<Arg>& args,
+                                                           const std::shared_ptr<Scope>& scope) {
+  CallArgs out;
+  for (const bool keywords : {false, true}) {
+    for (const Arg& a : args) {
+      const bool is_keyword = a.kind == ArgKind::kKeyword || a.kind == ArgKind::kKeywordSpread;
+      if (is_keyword != keywords) continue;
+      MT_ASSIGN_OR_RETURN(Value v, Eval(*a.value, scope));
+      MT_RETURN_IF_ERROR(AddArg(a, std::move(v), &out));
+    }
+  }
+  return out;
+}
+
+[[gnu::noinline]] Status Interpreter::AddArg(const Arg& a, Value v, CallArgs* out) {
+  const int line = a.value->line;
+  auto add_keyword = [&](const std::string& name, Value item) -> Status {
+    if (out->Keyword(name)) return ErrorAt(line, "keyword argument '" + name + "' given twice");
+    out->keyword.emplace_back(name, std::move(item));
+    return OkStatus();
+  };
+  switch (a.kind) {
+    case ArgKind::kPositional:
+      out->positional.push_back(std::move(v));
+      return OkStatus();
+    case ArgKind::kSpread:
+      if (!v.is_list()) {
+        return ErrorAt(line, std::string("cannot unpack a ") + TypeName(v) + " with *");
+      }
+      for (const Value& item : v.as_list()) out->positional.push_back(item);
+      return OkStatus();
+    case ArgKind::kKeyword:
+      return add_keyword(a.name, std::move(v));
+    case ArgKind::kKeywordSpread:
+      if (!v.is_dict()) {
+        return ErrorAt(line, std::string("cannot unpack a ") + TypeName(v) + " with **");
+      }
+      for (const auto& [k, item] : v.as_dict().entries()) {
+        MT_RETURN_IF_ERROR(add_keyword(k, item));
+      }
+      return OkStatus();
+  }
+  return OkStatus();
+}
+
+[[gnu::noinline]] Expected<Value> Interpreter::EvalCall(const Expr& e,
+                                                        const std::shared_ptr<Scope>& scope) {
+  MT_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e.args, scope));
+  MT_ASSIGN_OR_RETURN(Value fn, Eval(*e.a, scope));
+  return CallValue(e, fn, args, scope);
+}
+
+[[gnu::noinline]] Expected<Value> Interpreter::CallValue(const Expr& e, const Value& fn,
+                                                         CallArgs& args,
+                                                         const std::shared_ptr<Scope>& scope) {
+  if (!fn.is_function()) {
+    // Appended, not `"'" + Spell(...)`: GCC 12 warns falsely (-Wrestrict) on that form here.
+    std::string message = "'";
+    message += Spell(*e.a);
+    message += fn.is_undefined() ? std::string("' is undefined")
+                                 : std::string("' is a ") + TypeName(fn) + ", not a function";
+    return ErrorAt(e.line, message);
+  }
+  auto result = fn.as_function().call(args, CallSite{this, scope, e.line});
+  if (!result.ok()) return AtLine(e.line, result.status());
+  return result;
+}
+
+[[gnu::noinline]] Expected<Value> Interpreter::EvalFilter(const Expr& e,
+                                                          const std::shared_ptr<Scope>& scope) {
+  MT_ASSIGN_OR_RETURN(Value operand, Eval(*e.a, scope));
+  return FilterValue(e, operand, scope);
+}
+
+// `operand | name(args)`, the operand evaluated.
+[[gnu::noinline]] Expected<Value> Interpreter::FilterValue(const Expr& e, const Value& operand,
+                                                           const std::shared_ptr<Scope>& scope) {
+  MT_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e.args, scope));
+  auto result = ApplyFilter(e.name, operand, args, CallSite{this, scope, e.line});
+  if (!result.ok()) return AtLine(e.line, result.status());
+  return result;
+}
+
+[[gnu::noinline]] Expected<Value> Interpreter::EvalTest(const Expr& e,
+                                                        const std::shared_ptr<Scope>& scope) {
+  MT_ASSIGN_OR_RETURN(Value operand, Eval(*e.a, scope));
+  return TestValue(e, operand, scope);
+}
+
+// `operand is [not] name(args)`, the operand evaluated.
+[[gnu::noinline]] Expected<Value> Interpreter::TestValue(const Expr& e, const Value& operand,
+                                                         const std::shared_ptr<Scope>& scope) {
+  MT_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e.args, scope));
+  auto result = ApplyTest(e.name, operand, args);
+  if (!result.ok()) return AtLine(e.line, result.status());
+  return Value::Bool(e.negate ? !*result : *result);
+}
+
+[[gnu::noinline]] Expected<Value> Interpreter::EvalBinary(const Expr& e,
+                                                          const std::shared_ptr<Scope>& scope) {
+  MT_ASSIGN_OR_RETURN(Value left, Eval(*e.a, scope));
+  if (e.name == "and") return Truthy(left) ? Eval(*e.b, scope) : Expected<Value>(left);
+  if (e.name == "or") return Truthy(left) ? Expected<Value>(left) : Eval(*e.b, scope);
+  MT_ASSIGN_OR_RETURN(Value right, Eval(*e.b, scope));
+  return ApplyBinary(*this, e, left, right);
 }
 
 }  // namespace moetier::text::jinja

@@ -29,7 +29,11 @@ Expected<std::string> Template::Render(const nlohmann::ordered_json& context,
   InstallGlobals(globals.get());
   if (context.is_object()) {
     // Context keys may shadow globals, as keyword arguments of Jinja2's render() do.
-    for (const auto& [key, value] : context.items()) globals->vars[key] = FromJson(value);
+    for (const auto& [key, value] : context.items()) {
+      auto converted = FromJson(value);
+      if (!converted.ok()) return Status::Error(name_ + ": \"" + key + "\" " + converted.message());
+      globals->vars[key] = std::move(converted).value();
+    }
   }
   Interpreter interpreter(options.limits, options.now);
   auto out = interpreter.Render(*body_, globals);

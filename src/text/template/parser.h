@@ -7,14 +7,13 @@
 #include "core/status.h"
 #include "text/template/ast.h"
 #include "text/template/lexer.h"
+#include "text/template/nesting.h"
 
 namespace moetier::text::jinja {
 
-// Nesting deeper than this (blocks inside blocks, parentheses inside parentheses) is refused, so
-// that neither parsing nor rendering can exhaust the stack on a hostile template.
-inline constexpr int kMaxNestingDepth = 128;
-
-// Errors read "line N: <what>".
+// Errors read "line N: <what>". A template nested deeper than kMaxNestingDepth is refused
+// ("line N: expressions nest deeper than 128 levels", or "blocks nest ..."), so no tree the
+// parser returns is deeper than that.
 Expected<Body> Parse(const std::vector<Token>& tokens);
 
 }  // namespace moetier::text::jinja

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "text/template/nesting.h"
 #include "text/template/utf8.h"
 
 namespace moetier::text::jinja {
@@ -360,13 +361,12 @@ void AppendJsonString(std::string* out, std::string_view s, bool ensure_ascii) {
   out->push_back('"');
 }
 
-// Deepest nesting tojson/printing will walk. Values from JSON and literals stay far below it; a
-// namespace that holds itself (`{% set ns.me = ns %}{{ ns }}`) would otherwise recurse forever.
-constexpr int kMaxJsonDepth = 1000;
-
+// Recurses once per level, so stops at kMaxNestingDepth: values from JSON and literals stay
+// within it, but a template can build deeper ones in a loop, and a namespace that holds itself
+// (`{% set ns.me = ns %}{{ ns }}`) would recurse forever. `depth` is 1 for the top value.
 Status AppendJson(std::string* out, const Value& v, const JsonOptions& o, int depth) {
-  if (depth > kMaxJsonDepth) {
-    return Status::Error("value nested deeper than " + std::to_string(kMaxJsonDepth) +
+  if (depth > kMaxNestingDepth) {
+    return Status::Error("value nested deeper than " + std::to_string(kMaxNestingDepth) +
                          " levels (a namespace that contains itself?)");
   }
   const bool pretty = o.indent > 0;
@@ -403,10 +403,10 @@ Status AppendJson(std::string* out, const Value& v, const JsonOptions& o, int de
       out->push_back('[');
       for (size_t i = 0; i < items.size(); ++i) {
         if (i > 0) *out += o.item_separator;
-        if (pretty) newline(depth + 1);
+        if (pretty) newline(depth);
         MT_RETURN_IF_ERROR(AppendJson(out, items[i], o, depth + 1));
       }
-      if (pretty && !items.empty()) newline(depth);
+      if (pretty && !items.empty()) newline(depth - 1);
       out->push_back(']');
       return OkStatus();
     }
@@ -422,12 +422,12 @@ Status AppendJson(std::string* out, const Value& v, const JsonOptions& o, int de
       out->push_back('{');
       for (size_t i = 0; i < entries.size(); ++i) {
         if (i > 0) *out += o.item_separator;
-        if (pretty) newline(depth + 1);
+        if (pretty) newline(depth);
         AppendJsonString(out, entries[i]->first, o.ensure_ascii);
         *out += o.key_separator;
         MT_RETURN_IF_ERROR(AppendJson(out, entries[i]->second, o, depth + 1));
       }
-      if (pretty && !entries.empty()) newline(depth);
+      if (pretty && !entries.empty()) newline(depth - 1);
       out->push_back('}');
       return OkStatus();
     }
@@ -441,7 +441,7 @@ Status AppendJson(std::string* out, const Value& v, const JsonOptions& o, int de
 
 Expected<std::string> ToJson(const Value& v, const JsonOptions& options) {
   std::string out;
-  MT_RETURN_IF_ERROR(AppendJson(&out, v, options, 0));
+  MT_RETURN_IF_ERROR(AppendJson(&out, v, options, 1));
   return out;
 }
 
@@ -468,7 +468,14 @@ Expected<std::string> ToOutputString(const Value& v) {
   }
 }
 
-Value FromJson(const nlohmann::ordered_json& j) {
+namespace {
+
+Status DataTooDeep() {
+  return Status::Error("nested deeper than " + std::to_string(kMaxNestingDepth) + " levels");
+}
+
+// FromJson below, after CheckJsonNesting has bounded its recursion.
+Value FromCheckedJson(const nlohmann::ordered_json& j) {
   using J = nlohmann::ordered_json::value_t;
   switch (j.type()) {
     case J::null:
@@ -489,17 +496,37 @@ Value FromJson(const nlohmann::ordered_json& j) {
     case J::array: {
       ValueList items;
       items.reserve(j.size());
-      for (const auto& e : j) items.push_back(FromJson(e));
+      for (const auto& e : j) items.push_back(FromCheckedJson(e));
       return Value::List(std::move(items));
     }
     case J::object: {
       ValueDict dict;
-      for (const auto& [k, e] : j.items()) dict.Set(k, FromJson(e));
+      for (const auto& [k, e] : j.items()) dict.Set(k, FromCheckedJson(e));
       return Value::Dict(std::move(dict));
     }
     default:
       return Value();  // binary and discarded values have no template meaning
   }
+}
+
+}  // namespace
+
+Status CheckJsonNesting(const nlohmann::ordered_json& j) {
+  std::vector<std::pair<const nlohmann::ordered_json*, int>> work = {{&j, 1}};
+  while (!work.empty()) {
+    const auto [node, depth] = work.back();
+    work.pop_back();
+    if (depth > kMaxNestingDepth) return DataTooDeep();
+    if (node->is_structured()) {
+      for (const auto& child : *node) work.emplace_back(&child, depth + 1);
+    }
+  }
+  return OkStatus();
+}
+
+Expected<Value> FromJson(const nlohmann::ordered_json& j) {
+  MT_RETURN_IF_ERROR(CheckJsonNesting(j));
+  return FromCheckedJson(j);
 }
 
 }  // namespace moetier::text::jinja

@@ -186,8 +186,14 @@ struct JsonOptions {
 // The `tojson` filter: Python's json.dumps with the transformers defaults (no ASCII escaping).
 Expected<std::string> ToJson(const Value& v, const JsonOptions& options);
 
+// Fails with "nested deeper than N levels" when `j` nests arrays and objects deeper than
+// kMaxNestingDepth (the top value is level 1). It walks without recursing, so it is the check to
+// make before anything walks a document recursively: FromJson, but also the copy constructor of
+// nlohmann::json, one native frame per level.
+Status CheckJsonNesting(const nlohmann::ordered_json& j);
+
 // Converts context data: JSON objects become dicts in key order, integers stay ints, floats stay
-// floats (1.0 is a float, as in Python).
-Value FromJson(const nlohmann::ordered_json& j);
+// floats (1.0 is a float, as in Python). Fails as CheckJsonNesting does.
+Expected<Value> FromJson(const nlohmann::ordered_json& j);
 
 }  // namespace moetier::text::jinja
