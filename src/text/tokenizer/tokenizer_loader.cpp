@@ -170,6 +170,11 @@ Status BuildTables(const Json& root, TokenizerTables& t) {
     return FieldError("model.type", "unsupported model type \"" + type + "\" (supported: BPE)");
   }
   MT_ASSIGN_OR_RETURN(t.model, BpeModel::FromJson(*model, "model"));
+  // An empty vocabulary parses, but leaves the model nothing to split text into: every text
+  // would encode to no tokens at all, without an error anywhere.
+  if (t.model.id_limit() == 0) {
+    return FieldError("model.vocab", "is empty; a tokenizer needs at least one token");
+  }
   const Json null_json;
   auto section = [&](const char* key) -> const Json& {
     const auto it = root.find(key);

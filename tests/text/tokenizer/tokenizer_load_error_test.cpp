@@ -78,6 +78,21 @@ TEST(TokenizerLoadError, VocabAndMerges) {
   EXPECT_NE(LoadError(j.dump()).find("far from dense"), std::string::npos);
 }
 
+// An empty vocabulary would load and encode every text to nothing; added tokens do not make up
+// for it (any other text would still vanish).
+TEST(TokenizerLoadError, EmptyVocabulary) {
+  json j = Minimal();
+  j["model"]["vocab"] = json::object();
+  j["model"]["merges"] = json::array();
+  EXPECT_EQ(LoadError(j.dump()),
+            "models/x/tokenizer.json: field `model.vocab`: is empty; a tokenizer needs at least "
+            "one token");
+  j["added_tokens"] = {{{"id", 0}, {"content", "<s>"}, {"special", true}}};
+  EXPECT_NE(LoadError(j.dump()).find("field `model.vocab`: is empty"), std::string::npos);
+  j["model"].erase("merges");
+  EXPECT_NE(LoadError(j.dump()).find("field `model.vocab`: is empty"), std::string::npos);
+}
+
 TEST(TokenizerLoadError, BadRegexCarriesPcre2Message) {
   json j = Minimal();
   j["pre_tokenizer"] = {{"type", "Sequence"},
