@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "text/template/chat_template.h"
+#include "text/template/value.h"
 
 namespace moetier::cli {
 
@@ -47,6 +48,9 @@ Command AddTemplateCommand(CLI::App& root) {
         const auto doc = nlohmann::ordered_json::parse(*text_in, nullptr,
                                                        /*allow_exceptions=*/false);
         if (doc.is_discarded()) return ReportError(o->messages_file + ": not valid JSON");
+        // Before anything copies the document (nlohmann's copy recurses once per level).
+        if (Status deep = text::jinja::CheckJsonNesting(doc); !deep.ok())
+          return ReportError(o->messages_file + ": " + deep.message());
         if (!doc.is_object()) {
           return ReportError(o->messages_file + ": expected an object {\"messages\": [...]}");
         }

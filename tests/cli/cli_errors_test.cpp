@@ -142,6 +142,32 @@ TEST(CliErrors, OutputPathsAreCheckedBeforeTheWeightsLoad) {
                      "--kv-cache-gb", "both KV sizes");
 }
 
+// Templates and conversations that nest absurdly deep: one error line, from `template` and
+// from `run`, never a stack overflow.
+TEST(CliErrors, DeepTemplatesAndMessagesAreErrors) {
+  testing::TempDir tmp;
+  const fs::path model = tmp.path() / "model";
+  testing::CopyDir(testing::HfFixture("realvocab/qwen3_moe_tiny"), model);
+  std::string chain = "{% if false %}{{ 1";
+  for (int i = 0; i < 10000; ++i) chain += "+1";
+  chain += " }}{% endif %}";
+  testing::WriteFile(model / "chat_template.jinja", chain);
+  testing::WriteFile(tmp.path() / "m.json", R"({"messages": [{"role": "user", "content": "hi"}]})");
+  ExpectOneLineError(
+      RunCli("template --model " + Quote(model) + " --messages " + Quote(tmp.path() / "m.json")),
+      "nest deeper than", "deep template");
+  ExpectOneLineError(RunCli("run --model " + Quote(model) + " -p hi -n 2"), "nest deeper than",
+                     "deep template in run");
+  std::string deep = R"({"messages": [{"role": "user", "content": )";
+  for (int i = 0; i < 1000000; ++i) deep += "[";
+  for (int i = 0; i < 1000000; ++i) deep += "]";
+  deep += "}]}";
+  testing::WriteFile(tmp.path() / "deep.json", deep);
+  ExpectOneLineError(RunCli("template " + Model("realvocab/qwen3_moe_tiny") + " --messages " +
+                            Quote(tmp.path() / "deep.json")),
+                     "nested deeper than", "deep messages");
+}
+
 TEST(CliErrors, FlagsThatDoNothingSaySo) {
   ExpectOneLineError(RunCli("generate " + Model() + " --tokens 1 --chat"), "--chat",
                      "--chat with --tokens");
@@ -175,8 +201,8 @@ TEST(CliErrors, GenerationStopsAtTheContextLimit) {
   EXPECT_EQ(std::count(out.begin(), out.end(), ',') + 1, 4) << r.out;
   EXPECT_NE(r.err.find("the context of 6 positions is full"), std::string::npos) << r.err;
   // A limit far past the context: the context ends it, nothing is reserved for the rest.
-  const auto huge = RunCli("generate " + Model() + " --tokens 3,17,42 -n 9223372036854775807 " +
-                           "--ctx-size 6");
+  const auto huge =
+      RunCli("generate " + Model() + " --tokens 3,17,42 -n 9223372036854775807 " + "--ctx-size 6");
   EXPECT_EQ(huge.exit_code, 0) << huge.err;
   EXPECT_EQ(huge.out, r.out);
   const auto too_long = RunCli("generate " + Model() + " --tokens 3,17,42,5 --ctx-size 3");
