@@ -97,8 +97,6 @@ class KvCache {
   Status Reserve(int64_t n_new) const;
   // Marks n_new positions (whose K/V the layers wrote) as part of the sequence.
   void Advance(int64_t n_new) { n_past_ += n_new; }
-  // Forgets every position from `n` on (n <= n_past()).
-  void Truncate(int64_t n) { n_past_ = n < n_past_ ? n : n_past_; }
 
   KvPool& pool() { return pool_; }
   std::span<const int32_t> blocks() const { return blocks_; }

@@ -50,12 +50,4 @@ void Rope::Rotate(float* x, int64_t n_heads, const float* row) const {
   }
 }
 
-void Rope::Apply(float* x, int64_t n_tokens, int64_t n_heads, int64_t pos0) const {
-  std::vector<float> row(static_cast<size_t>(head_dim_));
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    Angles(pos0 + t, 1, row.data());
-    Rotate(x + t * n_heads * head_dim_, n_heads, row.data());
-  }
-}
-
 }  // namespace moetier

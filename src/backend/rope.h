@@ -12,10 +12,7 @@ class Rope {
   Rope() = default;
   Rope(int64_t head_dim, double theta);
 
-  // Rotates x: [n_tokens, n_heads, head_dim] in place; token t sits at position pos0 + t.
-  void Apply(float* x, int64_t n_tokens, int64_t n_heads, int64_t pos0) const;
-
-  // The same in two parts, so the angles are computed once and heads rotated by many threads:
+  // Rotation in two parts, so the angles are computed once and heads rotated by many threads:
   // table[t * head_dim + i] = cos and table[t * head_dim + head_dim/2 + i] = sin of position
   // pos0 + t's angle i (i < head_dim/2); then n_heads heads of one token rotated with its row.
   void Angles(int64_t pos0, int64_t n_tokens, float* table) const;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -27,6 +28,7 @@ struct Opts {
   int64_t gen_tokens = 32;
   int repeats = 3;
   int64_t parallel = 1;  // sequences decoding together
+  int64_t max_batch_tokens = kDefaultMaxBatchTokens;
   bool json = false;
   bool profile = false;
   double bandwidth_mib = static_cast<double>(kBandwidthBufferBytes >> 20);
@@ -61,70 +63,98 @@ Status CheckBandwidthBuffer(double mib) {
   return OkStatus();
 }
 
-// One run's figures: N sequences prefilled together in one step, then decoding together.
+// One run's figures: N sequences' prompts, then N sequences decoding together.
 struct RunFigures {
   double prefill_tokens_per_s = 0;
   double decode_tokens_per_s = 0;  // all sequences together
   double decode_gb_per_s = 0;      // weight bytes the decode steps read, per second
+  uint64_t kv_pool_bytes = 0;      // the run's KV pool (reserved; RAM only as positions fill)
 };
 
-// Runs o.parallel greedy requests of o.prompt_tokens random ids each on a fresh engine: their
-// prompts in one step (the whole batch), then o.gen_tokens decode steps for all of them at once.
-// Phase times go to *prefill / *decode when profiling.
+// Submits one greedy request per prompt, each generating max_new tokens, and drives the engine
+// until all have finished. Returns each request's tokens; `error` is the first failure.
+// `on_all_started`, when set, runs once every request has its first token (inside that step).
+std::vector<std::vector<int32_t>> RunRequests(Engine& engine,
+                                              const std::vector<std::vector<int32_t>>& prompts,
+                                              int64_t max_new, Status& error,
+                                              const std::function<void()>& on_all_started = {}) {
+  std::vector<std::vector<int32_t>> out(prompts.size());
+  size_t started = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestOptions r;
+    r.prompt = prompts[i];
+    r.max_new_tokens = max_new;
+    engine.Submit(std::move(r), [&, i](const RequestEvent& ev) {
+      if (ev.kind == RequestEvent::Kind::kToken) {
+        out[i].push_back(ev.token);
+        if (out[i].size() == 1 && ++started == prompts.size() && on_all_started) on_all_started();
+      }
+      if (ev.kind == RequestEvent::Kind::kFinished && !ev.status.ok() && error.ok())
+        error = ev.status;
+    });
+  }
+  engine.RunUntilIdle();
+  return out;
+}
+
+// A run in two phases on one engine, as a server meets them. Prefill: o.parallel prompts of
+// o.prompt_tokens random ids each (fixed seed: the same work every run), in steps of at most
+// --max-batch-tokens, each sampling its first token. Decode: the same sequences, their whole
+// blocks taken from the prefix cache; after a first step that runs what the cache does not hold
+// (each first token, and a prompt's last partial block), o.gen_tokens steps in which every
+// sequence decodes one token: what is timed. Phase times go to *prefill / *decode when
+// profiling.
 Expected<RunFigures> BenchRun(const Opts& o, CausalLM& lm, int run, PhaseTimes* prefill_times,
                               PhaseTimes* decode_times) {
   const int64_t n = o.parallel;
   EngineOptions e;
   e.max_running = static_cast<int>(n);
-  e.max_batch_tokens = n * o.prompt_tokens;
-  e.kv_positions = n * (o.prompt_tokens + o.gen_tokens + 2);
+  e.max_batch_tokens = std::max(o.max_batch_tokens, n);  // a decode step takes every sequence
+  e.kv_positions = n * (o.prompt_tokens + o.gen_tokens + 2 * KvPool::kDefaultBlockSize);
   e.max_sequence_positions = o.prompt_tokens + o.gen_tokens + 2;
-  e.prefix_cache = false;  // distinct random prompts; the cache would only cost
   MT_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(lm, nullptr, e));
-  // Prompt tokens drawn from the vocabulary with a fixed seed: the same work every run.
   std::mt19937 rng(1234);
-  using Clock = std::chrono::steady_clock;
-  Clock::time_point prefilled, finished;
-  uint64_t bytes_at_prefilled = 0;
-  int64_t first_tokens = 0, done = 0;
-  Status error;
-  for (int64_t i = 0; i < n; ++i) {
-    RequestOptions r;
-    r.prompt.resize(static_cast<size_t>(o.prompt_tokens));
-    for (auto& t : r.prompt)
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(n));
+  for (auto& p : prompts) {
+    p.resize(static_cast<size_t>(o.prompt_tokens));
+    for (auto& t : p)
       t = static_cast<int32_t>(rng() % static_cast<uint32_t>(lm.config().vocab_size));
-    r.max_new_tokens = o.gen_tokens + 1;  // the first comes from the prompt's logits
-    engine->Submit(std::move(r), [&](const RequestEvent& ev) {
-      if (ev.kind == RequestEvent::Kind::kToken) {
-        if (++first_tokens == n) {  // every prompt is in: decoding starts
-          prefilled = Clock::now();
-          bytes_at_prefilled = lm.WeightBytesStreamed();
-          lm.SetPhaseTimes(decode_times);
-        }
-        return;
-      }
-      if (!ev.status.ok()) error = ev.status;
-      if (++done == n) finished = Clock::now();
-    });
   }
   std::fprintf(stderr,
                "bench: run %d/%d: %lld sequence(s), prefill %lld tokens each, decode %lld tokens "
                "each\n",
                run + 1, o.repeats, static_cast<long long>(n),
                static_cast<long long>(o.prompt_tokens), static_cast<long long>(o.gen_tokens));
+  using Clock = std::chrono::steady_clock;
+  Status error;
   lm.SetPhaseTimes(prefill_times);
   const Clock::time_point t0 = Clock::now();
-  engine->RunUntilIdle();
+  const auto first = RunRequests(*engine, prompts, 1, error);
+  const Clock::time_point t1 = Clock::now();
   lm.SetPhaseTimes(nullptr);
   MT_RETURN_IF_ERROR(error);
-  if (first_tokens < n || done < n) return Status::Error("bench: the sequences did not finish");
+  for (size_t i = 0; i < prompts.size(); ++i) prompts[i].push_back(first[i].at(0));
+  Clock::time_point decoding;
+  uint64_t bytes0 = 0;
+  const auto decoded = RunRequests(*engine, prompts, o.gen_tokens + 1, error, [&] {
+    decoding = Clock::now();
+    bytes0 = lm.WeightBytesStreamed();
+    lm.SetPhaseTimes(decode_times);
+  });
+  const Clock::time_point t2 = Clock::now();
+  lm.SetPhaseTimes(nullptr);
+  MT_RETURN_IF_ERROR(error);
+  for (const auto& d : decoded)
+    if (static_cast<int64_t>(d.size()) != o.gen_tokens + 1)
+      return Status::Error("bench: a sequence stopped after " + std::to_string(d.size()) + " of " +
+                           std::to_string(o.gen_tokens + 1) + " tokens");
   RunFigures f;
-  const double prefill_s = std::chrono::duration<double>(prefilled - t0).count();
-  const double decode_s = std::chrono::duration<double>(finished - prefilled).count();
+  f.kv_pool_bytes = engine->kv_pool().bytes();
+  const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
+  const double decode_s = std::chrono::duration<double>(t2 - decoding).count();
   f.prefill_tokens_per_s = static_cast<double>(n * o.prompt_tokens) / prefill_s;
   f.decode_tokens_per_s = static_cast<double>(n * o.gen_tokens) / decode_s;
-  f.decode_gb_per_s =
-      static_cast<double>(lm.WeightBytesStreamed() - bytes_at_prefilled) / 1e9 / decode_s;
+  f.decode_gb_per_s = static_cast<double>(lm.WeightBytesStreamed() - bytes0) / 1e9 / decode_s;
   return f;
 }
 
@@ -136,6 +166,7 @@ int Run(const Opts& o) {
   const int threads = o.model.n_threads > 0 ? o.model.n_threads : ThreadPool::DefaultThreads();
 
   std::vector<double> prefill_tps, decode_tps, decode_gbps;
+  uint64_t kv_pool_bytes = 0;
   PhaseTimes decode_times;   // summed over every run's decode steps (--profile)
   PhaseTimes prefill_times;  // summed over every run's prompt (--profile)
   for (int r = 0; r < o.repeats; ++r) {
@@ -145,7 +176,9 @@ int Run(const Opts& o) {
     prefill_tps.push_back(f->prefill_tokens_per_s);
     decode_tps.push_back(f->decode_tokens_per_s);
     decode_gbps.push_back(f->decode_gb_per_s);
+    kv_pool_bytes = f->kv_pool_bytes;
   }
+  const uint64_t peak_rss = ReadPeakRssBytes();  // before the bandwidth buffer
   std::fprintf(stderr, "bench: measuring read bandwidth with %d threads\n", threads);
   ThreadPool pool(threads);
   const auto measured =
@@ -182,6 +215,11 @@ int Run(const Opts& o) {
   j["decode_gb_per_s"] = gbps;
   j["read_bandwidth_gb_per_s"] = bw;
   j["decode_percent_of_read_bandwidth"] = bw > 0 ? 100.0 * gbps / bw : 0.0;
+  // Memory: the process's peak resident set beside what it is bounded by (the weights as held
+  // plus a run's KV pool, which is only touched as positions fill).
+  j["peak_rss_bytes"] = peak_rss;
+  j["weight_bytes"] = lm.WeightBytes();
+  j["kv_pool_bytes"] = kv_pool_bytes;
   if (o.profile) {
     // Milliseconds by phase, per decoded token and per prompt; "other" is the forward's time
     // outside the phases (norms, residual adds, embedding), "step" the whole decode step with
@@ -258,6 +296,10 @@ Command AddBenchCommand(CLI::App& root) {
                   "decode tokens/s is then the aggregate over all of them (JSON: "
                   "decode_tokens_per_s, and decode_tokens_per_s_per_sequence)")
       ->check(WholeNumber(1, 4096));
+  cmd->add_option("--max-batch-tokens", o->max_batch_tokens,
+                  "Tokens per engine step while the prompts are prefilled (chunks of prompts, "
+                  "as a server runs them)")
+      ->check(WholeNumber(1, kMaxContext));
   cmd->add_flag("--json", o->json, "Print one JSON object on stdout");
   cmd->add_option("--bandwidth-mib", o->bandwidth_mib,
                   "Buffer for the read-bandwidth measurement, MiB (far past any cache, so the "

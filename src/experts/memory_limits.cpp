@@ -64,4 +64,8 @@ uint64_t ReadVmLckBytes() {
   return ReadKbField("/proc/self/status", "VmLck:").value_or(0);
 }
 
+uint64_t ReadPeakRssBytes() {
+  return ReadKbField("/proc/self/status", "VmHWM:").value_or(0);
+}
+
 }  // namespace moetier

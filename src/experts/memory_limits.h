@@ -23,4 +23,7 @@ HostMemoryInfo ReadHostMemoryInfo();
 // VmLck of /proc/self/status in bytes: what the kernel counts as mlock'ed by this process.
 uint64_t ReadVmLckBytes();
 
+// VmHWM: the most resident memory this process has held so far.
+uint64_t ReadPeakRssBytes();
+
 }  // namespace moetier

@@ -51,6 +51,8 @@ class CausalLM {
   // and the experts the steps chose): what benchmarks divide by time for the GB/s a batched
   // decode achieves.
   virtual uint64_t WeightBytesStreamed() const = 0;
+  // Every weight byte as held: dense tensors and every expert of every MoE layer.
+  virtual uint64_t WeightBytes() const = 0;
   // The dtype of the routed experts' weights.
   virtual DType expert_dtype() const = 0;
 

@@ -168,6 +168,21 @@ uint64_t DecoderLM::DenseBytesPerStep(int64_t n_tokens, int64_t n_logits) const 
   return n;
 }
 
+uint64_t DecoderLM::WeightBytes() const {
+  auto vec = [](const std::vector<float>& v) {
+    return static_cast<uint64_t>(v.size() * sizeof(float));
+  };
+  uint64_t n = w_.embed.n_bytes + vec(w_.final_norm);
+  if (w_.lm_head.data != w_.embed.data) n += w_.lm_head.n_bytes;
+  for (const DecoderLayerWeights& lw : w_.layers) {
+    n += lw.attn.q.n_bytes + lw.attn.k.n_bytes + lw.attn.v.n_bytes + lw.attn.o.n_bytes;
+    n += vec(lw.attn_norm) + vec(lw.mlp_norm) + vec(lw.attn.q_norm) + vec(lw.attn.k_norm);
+    n += lw.is_moe ? lw.router.n_bytes + static_cast<uint64_t>(router_.n_experts) * expert_bytes_
+                   : lw.dense.gate.n_bytes + lw.dense.up.n_bytes + lw.dense.down.n_bytes;
+  }
+  return n;
+}
+
 uint64_t DecoderLM::DecodeBytesPerToken() const {
   return SumPerToken([](const TensorView& v) { return static_cast<uint64_t>(v.n_bytes); });
 }

@@ -50,6 +50,7 @@ class DecoderLM final : public CausalLM {
   void SetRouterLogitsSink(std::vector<std::vector<float>>* sink) override { router_sink_ = sink; }
   void SetPhaseTimes(PhaseTimes* times) override { backend_->SetPhaseTimes(times); }
   uint64_t WeightBytesStreamed() const override { return bytes_streamed_; }
+  uint64_t WeightBytes() const override;
 
  private:
   // Every token's id, sequence, position and block, the logit rows, and the pool's shape.

@@ -54,7 +54,9 @@ TEST(Rope, RotatesPairsHalfApart) {
   std::iota(x.begin(), x.end(), 1.0f);
   std::vector<float> y = x;
   const int64_t pos = 37;
-  rope.Apply(y.data(), 1, 1, pos);
+  std::vector<float> angles(hd);
+  rope.Angles(pos, 1, angles.data());
+  rope.Rotate(y.data(), 1, angles.data());
   for (int64_t i = 0; i < hd / 2; ++i) {
     const double f = 1.0 / std::pow(10000.0, 2.0 * i / hd);
     const double c = std::cos(pos * f), s = std::sin(pos * f);
