@@ -11,9 +11,14 @@ namespace {
 // Up to this many assignments (tokens x top_k) the down projection's activations are prepared
 // on the calling thread: a decode step's 8 rows take ~2 µs, less than a pool job's hand-off.
 constexpr size_t kSerialPrepareRows = 64;
-// Up to this many assignments the down projection runs expert-major (B'): its routed sum then
-// takes a serial pass of n_assign x d_model multiply-adds (16 x 2048: ~5 µs).
-constexpr size_t kExpertMajorDownMaxAssignments = 16;
+// The down projection runs expert-major (B') while experts have at most this many tokens each
+// on average: decode steps, of one sequence or of many (a step of 16 sequences gives ~1.6 tokens
+// to each of ~80 of 128 experts). Row-block tasks (B) would read every chosen expert's rows of
+// their block, each a short run of rows; with more tokens per expert their compute hides that.
+constexpr double kExpertMajorDownMaxTokensPerExpert = 2.0;
+// Up to this many assignments the routed sum after B' runs on the calling thread (16 x 2048
+// multiply-adds: ~5 µs, less than a pool job's hand-off); more are summed on the pool.
+constexpr size_t kSerialRoutedSumAssignments = 16;
 
 template <typename T>
 T* Fit(std::vector<T>& v, size_t n) {
@@ -35,7 +40,9 @@ void CpuExpertExecutor::Run(int64_t layer, const Routing& r, const float* x, flo
   phase.Switch(Phase::kRouting);
   PrepareHidden(r, width, e0.down.dtype);
   phase.Switch(Phase::kExpertsDown);
-  if (r.n_assignments() <= kExpertMajorDownMaxAssignments)
+  const double tokens_per_expert =
+      static_cast<double>(r.n_assignments()) / static_cast<double>(r.n_active());
+  if (tokens_per_expert <= kExpertMajorDownMaxTokensPerExpert)
     DownExpertMajor(layer, r, width, e0.down.dtype, out);
   else
     DownRowMajor(layer, r, width, e0.down.dtype, out);
@@ -114,11 +121,28 @@ void CpuExpertExecutor::DownExpertMajor(int64_t layer, const Routing& r, int64_t
     kernels::DotRows(experts_.Expert(layer, r.experts[a]).down, r0, std::min(d_model_, r0 + rows),
                      h_prep_[a], y + r.first(a) * d_model_, d_model_);
   });
-  std::memset(out, 0, static_cast<size_t>(r.n_tokens * d_model_) * sizeof(float));
-  for (size_t a = 0; a < n_active; ++a)
-    for (int64_t j = r.first(a); j < r.first(a) + r.count(a); ++j)
-      kernels::Axpy(r.weight_of[static_cast<size_t>(j)], y + j * d_model_, d_model_,
-                    out + r.token_of[static_cast<size_t>(j)] * d_model_);
+  RoutedSum(r, y, out);
+}
+
+// out[t, :] = Σ over t's assignments j, experts ascending, of weight_j · y[j, :]; by row blocks
+// on the pool when there are many assignments. Every element adds the same products in the same
+// order either way.
+void CpuExpertExecutor::RoutedSum(const Routing& r, const float* y, float* out) {
+  auto rows = [&](int64_t r0, int64_t r1) {
+    for (int64_t t = 0; t < r.n_tokens; ++t)
+      std::memset(out + t * d_model_ + r0, 0, static_cast<size_t>(r1 - r0) * sizeof(float));
+    for (size_t a = 0; a < r.n_active(); ++a)
+      for (int64_t j = r.first(a); j < r.first(a) + r.count(a); ++j)
+        kernels::Axpy(r.weight_of[static_cast<size_t>(j)], y + j * d_model_ + r0, r1 - r0,
+                      out + r.token_of[static_cast<size_t>(j)] * d_model_ + r0);
+  };
+  if (r.n_assignments() <= kSerialRoutedSumAssignments) return rows(0, d_model_);
+  const int64_t block = std::max<int64_t>(64, d_model_ / (4 * pool_.size()));
+  const int64_t n_blocks = (d_model_ + block - 1) / block;
+  pool_.ParallelTasks(static_cast<size_t>(n_blocks), [&](size_t task, int) {
+    const int64_t r0 = static_cast<int64_t>(task) * block;
+    rows(r0, std::min(d_model_, r0 + block));
+  });
 }
 
 // B: out[t, rows] = Σ over t's experts, ascending: weight · (down_e · hidden_j)[rows].

@@ -6,8 +6,8 @@
 //   B. down rows, (output row block) tasks, each running every chosen expert's rows of that
 //      block and adding them into `out` with the routing weights, experts in ascending id
 //      order: no two tasks write the same element, so no locks and no reduction pass;
-//   B'. for a decode step's few assignments instead (expert, row block) tasks, each one long run
-//      of an expert's down rows, then the same routed sum on the calling thread.
+//   B'. for decode steps (few tokens per expert) instead (expert, row block) tasks, each one long
+//      run of an expert's down rows, then the same routed sum by output row blocks.
 // Tokens are grouped by expert, so with many tokens (prefill, many sequences) every chosen
 // expert's bytes are read once per call. Activations are prepared (quantized for q8_0/q4_0
 // weights) once for all tokens, then gathered per expert. Every element's arithmetic is fixed by
@@ -39,6 +39,7 @@ class CpuExpertExecutor final : public ExpertExecutor {
   void DownExpertMajor(int64_t layer, const Routing& r, int64_t width, DType down_dtype,
                        float* out);
   void DownRowMajor(int64_t layer, const Routing& r, int64_t width, DType down_dtype, float* out);
+  void RoutedSum(const Routing& r, const float* y, float* out);
   const kernels::PreparedActivations& InputOf(const Routing& r, size_t a) const {
     return r.n_tokens > 1 ? x_prep_[a + 1] : x_prep_[0];
   }
