@@ -9,11 +9,16 @@
 // TensorViews of whatever memory the backend was given (host maps, banks, VRAM).
 //
 // Contract: one thread calls at a time (the engine's); each call's results are complete when the
-// next call that reads them runs (a GPU backend may queue work on one stream and synchronize
-// where results reach the host: Route, FirstNonFinite, and the logits).
+// next call that reads them runs (a GPU backend queues work on one stream and synchronizes
+// where results reach the host: Logits, and the router logits when asked for).
+//
+// A forward step: BeginStep(batch), Embed, per layer RmsNorm/MatMul/Attend/Moe/Add...,
+// ScanNonFinite after each layer, Logits, then EndStep, after which NonFiniteScans() and
+// TakeActiveExperts() hold the step's results.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -21,8 +26,8 @@
 #include "backend/kv_cache.h"
 #include "backend/rope.h"
 #include "core/phase_times.h"
+#include "core/status.h"
 #include "core/tensor.h"
-#include "experts/expert_executor.h"
 #include "experts/routing.h"
 
 namespace moetier {
@@ -63,9 +68,50 @@ enum class Act : size_t {
   kCount
 };
 
+// Where the decoder's operations run (--moe-backend picks it; model/load.cpp).
+enum class ComputeDevice {
+  kCpu,  // every operation on the CPU's thread pool
+  kGpu,  // every operation, and every expert, on the GPU (backend/cuda/)
+};
+
+struct ComputeOptions {
+  int n_threads = 0;  // CPU threads (0: one per physical core)
+  ComputeDevice device = ComputeDevice::kCpu;
+  // The most tokens one step may hold (--max-batch-tokens, or a whole prompt for a one-sequence
+  // client): a GPU backend sizes its buffers once for it. 0: a default.
+  int64_t max_step_tokens = 0;
+};
+
+// What a backend sizes its buffers and tables for.
+struct ModelDims {
+  int64_t n_layers = 0;
+  int64_t d_model = 0;
+  int64_t vocab = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  double rope_theta = 10000.0;
+  int64_t n_experts = 0;  // 0: no MoE layers
+  int64_t top_k = 0;
+  int64_t expert_width = 0;         // the routed experts' intermediate size
+  int64_t dense_width = 0;          // the dense MLPs' intermediate size (0: none)
+  std::vector<int64_t> moe_layers;  // the layers whose feed-forward is routed experts
+};
+
 class ComputeBackend {
  public:
   virtual ~ComputeBackend() = default;
+
+  // Every weight the decoder will pass to later calls, once, before the first step: a GPU
+  // backend copies them to its memory and maps later calls' views (by their host address) to
+  // its copies; the CPU uses them where they are.
+  virtual Status Hold(std::span<const TensorView* const> matrices,
+                      std::span<const std::vector<float>* const> vectors) = 0;
+  // Memory for a KV pool of n_bytes: host memory on the CPU, device memory on a GPU.
+  virtual Expected<std::unique_ptr<KvMemory>> AllocateKv(uint64_t n_bytes) = 0;
+  // The step's tokens, positions, sequences, block tables and logit rows, before its first
+  // operation (a GPU backend copies them to the device once).
+  virtual void BeginStep(const Batch& batch) = 0;
 
   // A buffer for `slot` of at least n_tokens x width floats (contents unspecified; kept and
   // reused, so steady-state steps allocate nothing).
@@ -91,16 +137,29 @@ class ComputeBackend {
                       int64_t layer, const Batch& batch, KvPool& kv, float* q, float* k, float* v,
                       float* out) = 0;
 
-  // The router: logits, softmax, top-k, and the batch's tokens grouped by expert in `routing`
-  // (host memory: what the expert executor schedules from). router_logits, when not null,
-  // receives the raw logits [n_tokens, n_experts] (tests against a reference).
-  virtual void Route(const TensorView& router, const RouterOptions& opts, const float* x,
-                     int64_t n_tokens, Routing& routing, float* router_logits) = 0;
-  // Where this backend runs routed experts.
-  virtual ExpertExecutor& Experts() = 0;
+  // The routed-expert block of MoE layer `layer`: the router (logits, softmax, top-k, the
+  // step's tokens grouped by expert), then every chosen expert's SwiGLU and the weighted sum:
+  // out [n_tokens, d_model] (overwritten) for x [n_tokens, d_model]. router_logits, when not
+  // null, receives the raw logits [n_tokens, n_experts] in host memory (tests against a
+  // reference).
+  virtual void Moe(const TensorView& router, const RouterOptions& opts, int64_t layer,
+                   const float* x, int64_t n_tokens, float* out, float* router_logits) = 0;
+  // The experts the Moe calls activated, summed over calls since the last TakeActiveExperts.
+  virtual int64_t TakeActiveExperts() = 0;
 
-  // The index of the first NaN or infinity of x[0, n), or -1.
-  virtual int64_t FirstNonFinite(const float* x, int64_t n) = 0;
+  // Scans x[0, n) for NaN and infinity, result `slot` (< kNonFiniteSlots) of NonFiniteScans.
+  // Returns the first non-finite index when known at once (the CPU), else -1 (a GPU defers the
+  // answer to NonFiniteScans and keeps its kernels safe on non-finite input meanwhile).
+  static constexpr int64_t kNonFiniteSlots = 1024;
+  virtual int64_t ScanNonFinite(const float* x, int64_t n, int64_t slot) = 0;
+  // Per slot scanned this step, the index of its first non-finite element or -1 (after EndStep).
+  virtual std::span<const int64_t> NonFiniteScans() = 0;
+  // Completes the step (a GPU waits for its stream and reads the scans and counts back); an
+  // error of the device during the step (a failed launch or allocation) is returned here.
+  virtual Status EndStep() = 0;
+
+  // logits [n_rows, vocab] in host memory = x [n_rows, d_model] · lm_headᵀ.
+  virtual void Logits(const float* x, int64_t n_rows, const TensorView& lm_head, float* logits) = 0;
 
   // Per-phase timing (bench --profile), or null.
   virtual void SetPhaseTimes(PhaseTimes* times) = 0;

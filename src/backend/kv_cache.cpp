@@ -20,8 +20,39 @@ uint64_t KvPool::BlockBytes(const KvShape& shape, int64_t block_size, DType dtyp
   return static_cast<uint64_t>(2 * shape.n_layers * block_size * shape.row()) * DTypeSize(dtype);
 }
 
+namespace {
+
+class HostKvMemory final : public KvMemory {
+ public:
+  HostKvMemory(uint8_t* data, uint64_t n_bytes) : data_(data), n_bytes_(n_bytes) {}
+  ~HostKvMemory() override { ::munmap(data_, n_bytes_); }
+  HostKvMemory(const HostKvMemory&) = delete;
+  HostKvMemory& operator=(const HostKvMemory&) = delete;
+  uint8_t* data() const override { return data_; }
+  bool on_host() const override { return true; }
+  void Copy(uint64_t dst, uint64_t src, uint64_t n) override {
+    std::memcpy(data_ + dst, data_ + src, n);
+  }
+
+ private:
+  uint8_t* data_;
+  uint64_t n_bytes_;
+};
+
+}  // namespace
+
+Expected<std::unique_ptr<KvMemory>> AllocateHostKv(uint64_t n_bytes) {
+  void* m = ::mmap(nullptr, n_bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED)
+    return Status::Error("cannot reserve " + std::to_string(n_bytes >> 20) +
+                         " MiB for the KV cache: " + std::strerror(errno) +
+                         "; lower --ctx-size or --kv-cache-gb");
+  return std::unique_ptr<KvMemory>(new HostKvMemory(static_cast<uint8_t*>(m), n_bytes));
+}
+
 Expected<KvPool> KvPool::Create(const KvShape& shape, int64_t n_blocks, int64_t block_size,
-                                DType dtype) {
+                                DType dtype, const KvAllocator& allocate) {
   if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16)
     return Status::Error("the KV cache holds f32, bf16 or f16, not " +
                          std::string(DTypeName(dtype)));
@@ -34,51 +65,13 @@ Expected<KvPool> KvPool::Create(const KvShape& shape, int64_t n_blocks, int64_t 
   p.dtype_ = dtype;
   p.plane_bytes_ = static_cast<uint64_t>(block_size * shape.row()) * DTypeSize(dtype);
   p.bytes_ = BlockBytes(shape, block_size, dtype) * static_cast<uint64_t>(n_blocks);
-  void* m = ::mmap(nullptr, p.bytes_, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (m == MAP_FAILED)
-    return Status::Error("cannot reserve " + std::to_string(p.bytes_ >> 20) +
-                         " MiB for the KV cache: " + std::strerror(errno) +
-                         "; lower --ctx-size or --kv-cache-gb");
-  p.data_ = static_cast<uint8_t*>(m);
+  MT_ASSIGN_OR_RETURN(p.memory_, allocate ? allocate(p.bytes_) : AllocateHostKv(p.bytes_));
   return p;
-}
-
-KvPool::~KvPool() {
-  Release();
-}
-
-KvPool::KvPool(KvPool&& other) noexcept
-    : shape_(other.shape_),
-      n_blocks_(other.n_blocks_),
-      block_size_(other.block_size_),
-      dtype_(other.dtype_),
-      plane_bytes_(other.plane_bytes_),
-      bytes_(std::exchange(other.bytes_, 0)),
-      data_(std::exchange(other.data_, nullptr)) {}
-
-KvPool& KvPool::operator=(KvPool&& other) noexcept {
-  if (this != &other) {
-    Release();
-    shape_ = other.shape_;
-    n_blocks_ = other.n_blocks_;
-    block_size_ = other.block_size_;
-    dtype_ = other.dtype_;
-    plane_bytes_ = other.plane_bytes_;
-    bytes_ = std::exchange(other.bytes_, 0);
-    data_ = std::exchange(other.data_, nullptr);
-  }
-  return *this;
-}
-
-void KvPool::Release() {
-  if (data_ != nullptr) ::munmap(data_, bytes_);
-  data_ = nullptr;
 }
 
 uint8_t* KvPool::Rows(int64_t block, int64_t layer, int kv) const {
   const uint64_t plane = static_cast<uint64_t>((block * shape_.n_layers + layer) * 2 + kv);
-  return data_ + plane * plane_bytes_;
+  return memory_->data() + plane * plane_bytes_;
 }
 
 namespace {
@@ -111,15 +104,18 @@ void KvPool::WriteRows(int64_t block, int64_t layer, int64_t slot, int64_t n, co
 
 void KvPool::CopyBlock(int64_t src, int64_t dst) {
   const uint64_t block_bytes = plane_bytes_ * static_cast<uint64_t>(2 * shape_.n_layers);
-  std::memcpy(Rows(dst, 0, 0), Rows(src, 0, 0), block_bytes);
+  memory_->Copy(static_cast<uint64_t>(dst) * block_bytes, static_cast<uint64_t>(src) * block_bytes,
+                block_bytes);
 }
 
-Expected<KvCache> KvCache::Create(const KvShape& shape, int64_t max_positions, DType dtype) {
+Expected<KvCache> KvCache::Create(const KvShape& shape, int64_t max_positions, DType dtype,
+                                  const KvAllocator& allocate) {
   if (max_positions <= 0) return Status::Error("the context must hold at least one position");
   KvCache c;
   const int64_t n_blocks =
       (max_positions + KvPool::kDefaultBlockSize - 1) / KvPool::kDefaultBlockSize;
-  MT_ASSIGN_OR_RETURN(c.pool_, KvPool::Create(shape, n_blocks, KvPool::kDefaultBlockSize, dtype));
+  MT_ASSIGN_OR_RETURN(c.pool_,
+                      KvPool::Create(shape, n_blocks, KvPool::kDefaultBlockSize, dtype, allocate));
   c.blocks_.resize(static_cast<size_t>(n_blocks));
   for (int64_t b = 0; b < n_blocks; ++b)
     c.blocks_[static_cast<size_t>(b)] = static_cast<int32_t>(b);

@@ -19,6 +19,8 @@ class Rope {
   // The same for tokens at arbitrary positions: row t for positions[t].
   void Angles(std::span<const int32_t> positions, float* table) const;
   void Rotate(float* x, int64_t n_heads, const float* row) const;
+  // The frequency of each dimension pair [head_dim / 2] (float32 values held as double).
+  const std::vector<double>& inv_freq() const { return inv_freq_; }
 
  private:
   void AnglesAt(int64_t pos, float* row) const;  // one row of the table

@@ -53,7 +53,7 @@ Expected<std::unique_ptr<Engine>> Engine::Create(CausalLM& model, const text::To
   if (options.max_batch_tokens <= 0) return Status::Error("--max-batch-tokens must be at least 1");
   const int64_t B = options.block_size;
   const int64_t n_blocks = (options.kv_positions + B - 1) / B;
-  MT_ASSIGN_OR_RETURN(KvPool pool, KvPool::Create(model.kv_shape(), n_blocks, B, options.kv_dtype));
+  MT_ASSIGN_OR_RETURN(KvPool pool, model.NewKvPool(n_blocks, B, options.kv_dtype));
   return std::unique_ptr<Engine>(new Engine(model, tokenizer, options, std::move(pool)));
 }
 
@@ -290,8 +290,8 @@ void Engine::Admit(std::unique_ptr<Sequence> seq) {
     // Room for every token, block and hash the sequence can reach, so decode steps allocate
     // nothing (a preempted sequence keeps them).
     // (max_new_tokens may be anything up to INT64_MAX: capped by the sequence limit first.)
-    const size_t most = static_cast<size_t>(
-        s.n_prompt + std::min(s.req.max_new_tokens, max_sequence_positions_));
+    const size_t most =
+        static_cast<size_t>(s.n_prompt + std::min(s.req.max_new_tokens, max_sequence_positions_));
     s.tokens.reserve(most);
     s.blocks.reserve(most / static_cast<size_t>(pool_.block_size()) + 2);
     s.hashes.reserve(most / static_cast<size_t>(pool_.block_size()) + 2);

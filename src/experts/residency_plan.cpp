@@ -29,6 +29,8 @@ std::string_view BackendName(Backend b) {
       return "auto";
     case Backend::kCpu:
       return "cpu";
+    case Backend::kGpu:
+      return "gpu";
     case Backend::kOffload:
       return "offload";
     case Backend::kHybrid:
@@ -38,13 +40,10 @@ std::string_view BackendName(Backend b) {
 }
 
 Expected<Backend> ParseBackend(const std::string& text) {
-  for (Backend b : {Backend::kAuto, Backend::kCpu, Backend::kOffload, Backend::kHybrid})
+  for (Backend b :
+       {Backend::kAuto, Backend::kCpu, Backend::kGpu, Backend::kOffload, Backend::kHybrid})
     if (BackendName(b) == text) return b;
-  if (text == "gpu")
-    return Status::Error(
-        "--moe-backend gpu (everything in VRAM) is not available yet; use auto, "
-        "cpu, offload or hybrid");
-  return Status::Error("--moe-backend '" + text + "': expected auto, cpu, offload or hybrid");
+  return Status::Error("--moe-backend '" + text + "': expected auto, cpu, gpu, offload or hybrid");
 }
 
 Expected<CpuLayersSpec> ParseCpuLayersSpec(const std::string& raw) {
@@ -155,8 +154,21 @@ Expected<ResidencyPlan> PlanResidency(const PlanInputs& in) {
   plan.backend = in.backend;
   if (plan.backend == Backend::kAuto)
     plan.backend = in.gpu_available ? Backend::kHybrid : Backend::kCpu;
+  if (plan.backend == Backend::kGpu && !in.gpu_available) {
+    plan.warnings.push_back(
+        "--moe-backend gpu: no usable CUDA device (or a build without CUDA); running on the CPU");
+    plan.backend = Backend::kCpu;
+  }
 
   const size_t n = in.banks.size();
+  if (plan.backend == Backend::kGpu) {  // every bank in VRAM, as stored (the GPU reads no BF16C)
+    MT_RETURN_IF_ERROR(CheckCpuLayersFit(in.cpu_layers, in.banks));
+    plan.layers.resize(n);
+    for (size_t i = 0; i < n; ++i)
+      plan.layers[i] =
+          LayerResidency{in.banks[i].layer, Tier::kGpu, in.banks[i].bytes, in.banks[i].dtype};
+    return plan;
+  }
   std::vector<bool> on_cpu(n, plan.backend == Backend::kCpu);
   const std::vector<size_t> order = LayerMoveOrder(in.banks);
 

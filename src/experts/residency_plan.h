@@ -14,9 +14,9 @@
 
 namespace moetier {
 
-enum class Backend { kAuto, kCpu, kOffload, kHybrid };
+enum class Backend { kAuto, kCpu, kGpu, kOffload, kHybrid };
 std::string_view BackendName(Backend b);
-// Parses --moe-backend (auto|cpu|offload|hybrid); `gpu` is refused as not available yet.
+// Parses --moe-backend (auto|cpu|gpu|offload|hybrid).
 Expected<Backend> ParseBackend(const std::string& text);
 
 // --moe-cpu-layers: which MoE layers are `locked` and decode on the CPU executor.

@@ -31,7 +31,8 @@ nlohmann::ordered_json ResidencyReportJson(const ResidencyReport& r) {
   const auto& counted = r.settled ? *r.settled : r.plan.layers;
   uint64_t by_tier[4] = {0, 0, 0, 0};
   for (const auto& l : counted) by_tier[static_cast<int>(l.tier)] += l.bytes;
-  j["bytes"] = {{"pinned", by_tier[static_cast<int>(Tier::kPinned)]},
+  j["bytes"] = {{"gpu", by_tier[static_cast<int>(Tier::kGpu)]},
+                {"pinned", by_tier[static_cast<int>(Tier::kPinned)]},
                 {"locked", by_tier[static_cast<int>(Tier::kLocked)]},
                 {"pageable", by_tier[static_cast<int>(Tier::kPageable)]}};
   j["stored_dtype"] = std::string(DTypeName(r.stored_dtype));

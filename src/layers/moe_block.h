@@ -10,11 +10,10 @@
 
 namespace moetier {
 
-// x, out: [n_tokens, d_model] (out overwritten); router: [n_experts, d_model]. `routing` is
-// the caller's, refilled (its vectors keep their capacity). If router_logits_out is not null it
-// receives the raw router logits [n_tokens, n_experts].
+// x, out: [n_tokens, d_model] (out overwritten); router: [n_experts, d_model]. If
+// router_logits_out is not null it receives the raw router logits [n_tokens, n_experts].
 void MoeBlock(ComputeBackend& backend, const TensorView& router, const RouterOptions& opts,
-              int64_t layer, const float* x, int64_t n_tokens, Routing& routing, float* out,
+              int64_t layer, const float* x, int64_t n_tokens, float* out,
               float* router_logits_out = nullptr);
 
 }  // namespace moetier

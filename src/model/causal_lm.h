@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/batch.h"
 #include "backend/kv_cache.h"
 #include "core/phase_times.h"
@@ -73,9 +74,19 @@ class CausalLM {
     const ModelConfig& c = config();
     return KvShape{c.n_layers, c.n_kv_heads, c.head_dim};
   }
+  // Where this model computes (--moe-backend gpu: the GPU).
+  virtual ComputeDevice device() const = 0;
+  // Memory for a KV pool of n_bytes where this model's attention reads it (RAM, or VRAM).
+  virtual Expected<std::unique_ptr<KvMemory>> AllocateKv(uint64_t n_bytes) const = 0;
+  // A pool of n_blocks blocks for this model's K/V rows, in its device's memory.
+  Expected<KvPool> NewKvPool(int64_t n_blocks, int64_t block_size, DType dtype) const {
+    return KvPool::Create(kv_shape(), n_blocks, block_size, dtype,
+                          [this](uint64_t n_bytes) { return AllocateKv(n_bytes); });
+  }
   // A single-sequence cache for this model holding up to max_positions positions.
   Expected<KvCache> NewCache(int64_t max_positions, DType kv_dtype = DType::kF32) const {
-    return KvCache::Create(kv_shape(), max_positions, kv_dtype);
+    return KvCache::Create(kv_shape(), max_positions, kv_dtype,
+                           [this](uint64_t n_bytes) { return AllocateKv(n_bytes); });
   }
 
  private:
@@ -97,6 +108,8 @@ struct ResidencyOptions {
 
 struct LoadOptions {
   int n_threads = 0;  // 0: one per physical core; at most ThreadPool::MaxThreads()
+  // The most tokens one Forward step will hold (a GPU sizes its buffers for it; 0: a default).
+  int64_t max_step_tokens = 0;
   ResidencyOptions residency;
   // Called with the parsed config once the model directory has been opened and planned, before
   // a weight byte is read: where a front end checks what depends on the model (token ids

@@ -4,20 +4,66 @@
 
 #include <algorithm>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/make_backend.h"
+#include "kernels/cpu/elementwise.h"
 #include "layers/mlp.h"
 
 namespace moetier {
 
+Expected<std::unique_ptr<CausalLM>> DecoderLM::Create(
+    ModelConfig config, std::unique_ptr<TensorStore> dense, DecoderWeights weights,
+    std::unique_ptr<ExpertSource> experts, RouterOptions router, const ComputeOptions& compute) {
+  std::unique_ptr<DecoderLM> m(new DecoderLM(std::move(config), std::move(dense),
+                                             std::move(weights), std::move(experts), router));
+  const ModelConfig& c = m->config_;
+  ModelDims dims;
+  dims.n_layers = c.n_layers;
+  dims.d_model = c.hidden_size;
+  dims.vocab = c.vocab_size;
+  dims.n_heads = c.n_heads;
+  dims.n_kv_heads = c.n_kv_heads;
+  dims.head_dim = c.head_dim;
+  dims.rope_theta = c.rope_theta;
+  dims.n_experts = router.n_experts;
+  dims.top_k = router.top_k;
+  dims.expert_width = c.expert_intermediate_size;
+  dims.dense_width = c.dense_intermediate_size;
+  for (size_t l = 0; l < m->w_.layers.size(); ++l)
+    if (m->w_.layers[l].is_moe) dims.moe_layers.push_back(static_cast<int64_t>(l));
+  MT_ASSIGN_OR_RETURN(m->backend_, MakeBackend(compute, *m->experts_, dims));
+  m->device_ = compute.device;
+  MT_RETURN_IF_ERROR(m->HoldWeights());
+  return std::unique_ptr<CausalLM>(std::move(m));
+}
+
+Status DecoderLM::HoldWeights() {
+  std::vector<const TensorView*> matrices = {&w_.embed, &w_.lm_head};
+  std::vector<const std::vector<float>*> vectors = {&w_.final_norm};
+  for (const DecoderLayerWeights& lw : w_.layers) {
+    for (const TensorView* m : {&lw.attn.q, &lw.attn.k, &lw.attn.v, &lw.attn.o})
+      matrices.push_back(m);
+    for (const std::vector<float>* v :
+         {&lw.attn_norm, &lw.mlp_norm, &lw.attn.q_bias, &lw.attn.k_bias, &lw.attn.v_bias,
+          &lw.attn.q_norm, &lw.attn.k_norm})
+      if (!v->empty()) vectors.push_back(v);
+    if (lw.is_moe) {
+      matrices.push_back(&lw.router);
+    } else {
+      for (const TensorView* m : {&lw.dense.gate, &lw.dense.up, &lw.dense.down})
+        matrices.push_back(m);
+    }
+  }
+  return backend_->Hold(matrices, vectors);
+}
+
 DecoderLM::DecoderLM(ModelConfig config, std::unique_ptr<TensorStore> dense, DecoderWeights weights,
-                     std::unique_ptr<ExpertSource> experts, RouterOptions router, int n_threads)
+                     std::unique_ptr<ExpertSource> experts, RouterOptions router)
     : config_(std::move(config)),
       dense_(std::move(dense)),
       w_(std::move(weights)),
       experts_(std::move(experts)),
       router_(router),
-      rope_(config_.head_dim, config_.rope_theta),
-      backend_(std::make_unique<CpuBackend>(n_threads, *experts_, config_.hidden_size)) {
+      rope_(config_.head_dim, config_.rope_theta) {
   attn_shape_.d_model = config_.hidden_size;
   attn_shape_.n_heads = config_.n_heads;
   attn_shape_.n_kv_heads = config_.n_kv_heads;
@@ -75,11 +121,12 @@ Status DecoderLM::Forward(const Batch& batch, KvPool& kv, std::vector<float>& lo
   ScopedPhase forward_phase(be.phase_times(), Phase::kForward);
   bytes_streamed_ += DenseBytesPerStep(T, n_out);
 
+  be.BeginStep(batch);
   float* h = be.Activations(Act::kResidual, T, H);
   float* xn = be.Activations(Act::kNormed, std::max(T, n_out), H);
   float* delta = be.Activations(Act::kDelta, T, H);
   be.Embed(w_.embed, batch.tokens, h);
-  MT_RETURN_IF_ERROR(CheckFinite(h, batch, kEmbeddingLayer));
+  MT_RETURN_IF_ERROR(ScanFinite(h, batch, 0));
 
   const float eps = static_cast<float>(config_.rms_norm_eps);
   if (router_sink_ != nullptr) router_sink_->assign(static_cast<size_t>(config_.n_layers), {});
@@ -97,22 +144,24 @@ Status DecoderLM::Forward(const Batch& batch, KvPool& kv, std::vector<float>& lo
         dst.resize(static_cast<size_t>(T * router_.n_experts));
         sink = dst.data();
       }
-      MoeBlock(be, lw.router, router_, l, xn, T, routing_, delta, sink);
-      bytes_streamed_ += routing_.n_active() * expert_bytes_;
+      MoeBlock(be, lw.router, router_, l, xn, T, delta, sink);
     } else {
       SwiGlu(be, lw.dense, xn, T, delta);
     }
     be.Add(delta, T * H, h);
-    MT_RETURN_IF_ERROR(CheckFinite(h, batch, l));
+    MT_RETURN_IF_ERROR(ScanFinite(h, batch, l + 1));
   }
 
   ScopedPhase lm_head_phase(be.phase_times(), Phase::kLmHead);
   logits.resize(static_cast<size_t>(n_out * V));
-  if (n_out == 0) return OkStatus();
-  be.RmsNorm(h, T, batch.logit_rows, w_.final_norm, eps, H, xn);
-  const MatMulOut head[] = {{&w_.lm_head, logits.data()}};
-  be.MatMul(xn, n_out, head);
-  const int64_t bad = be.FirstNonFinite(logits.data(), n_out * V);
+  if (n_out > 0) {
+    be.RmsNorm(h, T, batch.logit_rows, w_.final_norm, eps, H, xn);
+    be.Logits(xn, n_out, w_.lm_head, logits.data());
+  }
+  MT_RETURN_IF_ERROR(be.EndStep());
+  bytes_streamed_ += static_cast<uint64_t>(be.TakeActiveExperts()) * expert_bytes_;
+  MT_RETURN_IF_ERROR(CheckScans(batch));
+  const int64_t bad = kernels::FirstNonFinite(logits.data(), n_out * V);
   if (bad >= 0)
     return NonFiniteError(
         "the lm_head",
@@ -126,13 +175,21 @@ Status DecoderLM::NonFiniteError(const std::string& where, int64_t position) con
       std::to_string(position) + "; the model's weights hold NaN/inf or its config is wrong");
 }
 
-Status DecoderLM::CheckFinite(const float* h, const Batch& batch, int64_t layer) const {
-  const int64_t H = config_.hidden_size;
-  const int64_t bad = backend_->FirstNonFinite(h, batch.n_tokens() * H);
-  if (bad < 0) return OkStatus();
-  return NonFiniteError(
-      layer == kEmbeddingLayer ? "the embedding" : "layer " + std::to_string(layer),
-      batch.positions[static_cast<size_t>(bad / H)]);
+Status DecoderLM::NonFiniteAt(const Batch& batch, int64_t slot, int64_t index) const {
+  return NonFiniteError(slot == 0 ? "the embedding" : "layer " + std::to_string(slot - 1),
+                        batch.positions[static_cast<size_t>(index / config_.hidden_size)]);
+}
+
+Status DecoderLM::ScanFinite(const float* h, const Batch& batch, int64_t slot) const {
+  const int64_t bad = backend_->ScanNonFinite(h, batch.n_tokens() * config_.hidden_size, slot);
+  return bad < 0 ? OkStatus() : NonFiniteAt(batch, slot, bad);
+}
+
+Status DecoderLM::CheckScans(const Batch& batch) const {
+  const std::span<const int64_t> scans = backend_->NonFiniteScans();
+  for (size_t slot = 0; slot < scans.size(); ++slot)
+    if (scans[slot] >= 0) return NonFiniteAt(batch, static_cast<int64_t>(slot), scans[slot]);
+  return OkStatus();
 }
 
 }  // namespace moetier

@@ -38,8 +38,11 @@ struct DecoderWeights {
 
 class DecoderLM final : public CausalLM {
  public:
-  DecoderLM(ModelConfig config, std::unique_ptr<TensorStore> dense, DecoderWeights weights,
-            std::unique_ptr<ExpertSource> experts, RouterOptions router, int n_threads);
+  // The model on the backend `compute` asks for (backend/make_backend.h), every weight handed to
+  // it (ComputeBackend::Hold).
+  static Expected<std::unique_ptr<CausalLM>> Create(
+      ModelConfig config, std::unique_ptr<TensorStore> dense, DecoderWeights weights,
+      std::unique_ptr<ExpertSource> experts, RouterOptions router, const ComputeOptions& compute);
 
   const ModelConfig& config() const override { return config_; }
   using CausalLM::Forward;
@@ -51,16 +54,25 @@ class DecoderLM final : public CausalLM {
   void SetPhaseTimes(PhaseTimes* times) override { backend_->SetPhaseTimes(times); }
   uint64_t WeightBytesStreamed() const override { return bytes_streamed_; }
   uint64_t WeightBytes() const override;
+  Expected<std::unique_ptr<KvMemory>> AllocateKv(uint64_t n_bytes) const override {
+    return backend_->AllocateKv(n_bytes);
+  }
+  ComputeDevice device() const override { return device_; }
 
  private:
+  DecoderLM(ModelConfig config, std::unique_ptr<TensorStore> dense, DecoderWeights weights,
+            std::unique_ptr<ExpertSource> experts, RouterOptions router);
+  // Every dense matrix and vector of w_, for ComputeBackend::Hold.
+  Status HoldWeights();
   // Every token's id, sequence, position and block, the logit rows, and the pool's shape.
   Status CheckBatch(const Batch& batch, const KvPool& kv) const;
   // The residual stream h [n_tokens, d_model] must be finite after each layer: a NaN or inf
   // (NaN weights, an overflow) is an error naming where it first appeared, instead of logits a
-  // sampler cannot use. One vectorized pass, ~1/1000 of a layer's work. `layer` is
-  // kEmbeddingLayer for the embedding rows.
-  static constexpr int64_t kEmbeddingLayer = -1;
-  Status CheckFinite(const float* h, const Batch& batch, int64_t layer) const;
+  // sampler cannot use. One vectorized pass, ~1/1000 of a layer's work. Scan slot 0 is the
+  // embedding's, slot l + 1 layer l's; a GPU answers after the logits (CheckScans).
+  Status ScanFinite(const float* h, const Batch& batch, int64_t slot) const;
+  Status CheckScans(const Batch& batch) const;
+  Status NonFiniteAt(const Batch& batch, int64_t slot, int64_t index) const;
   Status NonFiniteError(const std::string& where, int64_t position) const;
   // Sums size(view) over what a decode step streams (DecodeBytesPerToken's list).
   uint64_t SumPerToken(FunctionRef<uint64_t(const TensorView&)> size) const;
@@ -74,7 +86,7 @@ class DecoderLM final : public CausalLM {
   AttentionShape attn_shape_;
   Rope rope_;
   std::unique_ptr<ComputeBackend> backend_;
-  Routing routing_;            // the current MoE layer's, refilled each layer
+  ComputeDevice device_ = ComputeDevice::kCpu;
   uint64_t expert_bytes_ = 0;  // one expert's gate, up and down bytes (every layer alike)
   uint64_t bytes_streamed_ = 0;
   std::vector<std::vector<float>>* router_sink_ = nullptr;

@@ -156,9 +156,14 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
           "dense: matrices read from the file mapping: too little RAM available to copy "
           "them (--dense-memory copy forces it)");
   }
-  MT_ASSIGN_OR_RETURN(
-      std::unique_ptr<CausalLM> model,
-      s.spec->create(config, std::move(dense), std::move(banks.experts), options.n_threads));
+  ComputeOptions compute;
+  compute.n_threads = options.n_threads;
+  compute.max_step_tokens = options.max_step_tokens;
+  compute.device = report.plan.backend == Backend::kGpu ? ComputeDevice::kGpu : ComputeDevice::kCpu;
+  MT_ASSIGN_OR_RETURN(std::unique_ptr<CausalLM> model,
+                      s.spec->create(config, std::move(dense), std::move(banks.experts), compute));
+  if (compute.device == ComputeDevice::kGpu)  // the banks were copied to VRAM by the backend
+    for (LayerResidency& l : *report.settled) l.tier = Tier::kGpu;
   model->set_residency(std::move(report));
   return model;
 }

@@ -221,10 +221,35 @@ TEST(Plan, PinnedLayersKeepTheStoredFormatAndCpuLayersArePacked) {
 
 TEST(Backend, Parse) {
   EXPECT_EQ(*ParseBackend("hybrid"), Backend::kHybrid);
-  EXPECT_FALSE(ParseBackend("gpu").ok());
+  EXPECT_EQ(*ParseBackend("gpu"), Backend::kGpu);
   auto bad = ParseBackend("fast");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find("--moe-backend 'fast'"), std::string::npos);
+}
+
+TEST(ResidencyPlan, GpuPutsEveryBankInVramAsStored) {
+  PlanInputs in;
+  in.backend = Backend::kGpu;
+  in.gpu_available = true;
+  in.banks = Banks(4);
+  in.banks[0].dtype = in.banks[1].dtype = in.banks[2].dtype = in.banks[3].dtype = DType::kBF16;
+  ResidencyPlan p = *PlanResidency(in);
+  EXPECT_EQ(p.backend, Backend::kGpu);
+  for (const LayerResidency& l : p.layers) {
+    EXPECT_EQ(l.tier, Tier::kGpu);
+    EXPECT_EQ(l.dtype, in.banks[0].dtype);  // never packed for the CPU
+  }
+}
+
+TEST(ResidencyPlan, GpuWithoutADeviceRunsOnTheCpuAndSaysSo) {
+  PlanInputs in;
+  in.backend = Backend::kGpu;
+  in.gpu_available = false;
+  in.banks = Banks(4);
+  ResidencyPlan p = *PlanResidency(in);
+  EXPECT_EQ(p.backend, Backend::kCpu);
+  ASSERT_FALSE(p.warnings.empty());
+  EXPECT_NE(p.warnings[0].find("no usable CUDA device"), std::string::npos);
 }
 
 }  // namespace

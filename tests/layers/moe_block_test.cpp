@@ -194,11 +194,10 @@ Expected Reference(const Block& b, const ExpertSource& ex, const std::vector<flo
 std::vector<float> RunBlock(int threads, const Block& b, const ExpertSource& ex,
                             const std::vector<float>& x, int64_t T, int64_t tokens_per_call) {
   CpuBackend backend(threads, ex, kDModel);
-  Routing routing;
   std::vector<float> out(x.size(), NAN);
   for (int64_t t0 = 0; t0 < T; t0 += tokens_per_call) {
     const int64_t n = std::min(tokens_per_call, T - t0);
-    MoeBlock(backend, b.router_view, b.opts, 0, x.data() + t0 * kDModel, n, routing,
+    MoeBlock(backend, b.router_view, b.opts, 0, x.data() + t0 * kDModel, n,
              out.data() + t0 * kDModel);
   }
   return out;

@@ -158,7 +158,8 @@ std::vector<float> Logits(const fs::path& dir, const arch::ArchSpec& spec, DType
   if (!banks.ok()) return {};
   for (const LayerResidency& r : banks->settled) EXPECT_EQ(r.dtype, held) << "layer " << r.layer;
   const ModelConfig config = s->config;
-  auto model = spec.create(config, s->TakeDense(), std::move(banks->experts), 2);
+  auto model = spec.create(config, s->TakeDense(), std::move(banks->experts),
+                           ComputeOptions{.n_threads = 2});
   EXPECT_TRUE(model.ok()) << model.message();
   if (!model.ok()) return {};
   auto made = (*model)->NewCache(64);

@@ -89,8 +89,24 @@ void CpuBackend::Route(const TensorView& router, const RouterOptions& opts, cons
   routing.Group(ids.data(), route_weight, n_tokens, K, E, ws_.ints(1));
 }
 
-int64_t CpuBackend::FirstNonFinite(const float* x, int64_t n) {
-  return kernels::FirstNonFinite(x, n);
+void CpuBackend::Moe(const TensorView& router, const RouterOptions& opts, int64_t layer,
+                     const float* x, int64_t n_tokens, float* out, float* router_logits) {
+  Route(router, opts, x, n_tokens, routing_, router_logits);
+  executor_.Run(layer, routing_, x, out);
+  active_experts_ += static_cast<int64_t>(routing_.n_active());
+}
+
+int64_t CpuBackend::ScanNonFinite(const float* x, int64_t n, int64_t slot) {
+  const int64_t first = kernels::FirstNonFinite(x, n);
+  if (non_finite_.size() <= static_cast<size_t>(slot))
+    non_finite_.resize(static_cast<size_t>(slot) + 1, -1);
+  non_finite_[static_cast<size_t>(slot)] = first;
+  return first;
+}
+
+void CpuBackend::Logits(const float* x, int64_t n_rows, const TensorView& lm_head, float* logits) {
+  const MatMulOut head[] = {{&lm_head, logits}};
+  MatMul(x, n_rows, head);
 }
 
 void CpuBackend::SetPhaseTimes(PhaseTimes* times) {

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -20,6 +21,14 @@ class CpuBackend final : public ComputeBackend {
   // n_threads <= 0: one per physical core. `experts` must outlive the backend.
   CpuBackend(int n_threads, const ExpertSource& experts, int64_t d_model);
 
+  Status Hold(std::span<const TensorView* const>,
+              std::span<const std::vector<float>* const>) override {
+    return OkStatus();  // the CPU reads weights where they are
+  }
+  Expected<std::unique_ptr<KvMemory>> AllocateKv(uint64_t n_bytes) override {
+    return AllocateHostKv(n_bytes);
+  }
+  void BeginStep(const Batch&) override { non_finite_.clear(); }
   float* Activations(Act slot, int64_t n_tokens, int64_t width) override;
   void Embed(const TensorView& table, std::span<const int32_t> tokens, float* h) override;
   void RmsNorm(const float* x, int64_t n_rows, std::span<const int32_t> rows,
@@ -30,10 +39,19 @@ class CpuBackend final : public ComputeBackend {
   void Attend(const AttentionWeights& w, const AttentionShape& shape, const Rope& rope,
               int64_t layer, const Batch& batch, KvPool& kv, float* q, float* k, float* v,
               float* out) override;
+  void Moe(const TensorView& router, const RouterOptions& opts, int64_t layer, const float* x,
+           int64_t n_tokens, float* out, float* router_logits) override;
+  int64_t TakeActiveExperts() override { return std::exchange(active_experts_, 0); }
+  int64_t ScanNonFinite(const float* x, int64_t n, int64_t slot) override;
+  std::span<const int64_t> NonFiniteScans() override { return non_finite_; }
+  Status EndStep() override { return OkStatus(); }
+  void Logits(const float* x, int64_t n_rows, const TensorView& lm_head, float* logits) override;
+
+  // The router alone: logits, softmax, top-k, and the tokens grouped by expert in `routing`
+  // (what the executor schedules from). router_logits as in Moe.
   void Route(const TensorView& router, const RouterOptions& opts, const float* x, int64_t n_tokens,
-             Routing& routing, float* router_logits) override;
-  ExpertExecutor& Experts() override { return executor_; }
-  int64_t FirstNonFinite(const float* x, int64_t n) override;
+             Routing& routing, float* router_logits);
+  CpuExpertExecutor& executor() { return executor_; }
   void SetPhaseTimes(PhaseTimes* times) override;
   PhaseTimes* phase_times() const override { return times_; }
 
@@ -44,6 +62,9 @@ class CpuBackend final : public ComputeBackend {
   Workspace ws_;
   CpuExpertExecutor executor_;
   PhaseTimes* times_ = nullptr;
+  Routing routing_;  // the current MoE layer's, refilled each call
+  int64_t active_experts_ = 0;
+  std::vector<int64_t> non_finite_;  // by slot
   std::array<std::vector<float>, static_cast<size_t>(Act::kCount)> acts_;
 };
 

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "io/tensor_store.h"
@@ -48,7 +49,7 @@ struct ArchSpec {
   Expected<std::unique_ptr<CausalLM>> (*create)(ModelConfig config,
                                                 std::unique_ptr<TensorStore> dense,
                                                 std::unique_ptr<ExpertSource> experts,
-                                                int n_threads);
+                                                const ComputeOptions& compute);
 
   // The name of the tensor holding that matrix (for a stacked layout, the stacked tensor).
   std::string expert_tensor_name(int64_t layer, int64_t expert, ExpertMatrix which) const {

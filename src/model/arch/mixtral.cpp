@@ -68,14 +68,14 @@ DecoderWeights BindMixtralDense(const ModelConfig& c, WeightBinder& b) {
 
 Expected<std::unique_ptr<CausalLM>> CreateMixtral(ModelConfig c, std::unique_ptr<TensorStore> dense,
                                                   std::unique_ptr<ExpertSource> experts,
-                                                  int n_threads) {
+                                                  const ComputeOptions& compute) {
   WeightBinder b(*dense, c);
   DecoderWeights w = BindMixtralDense(c, b);
   MT_RETURN_IF_ERROR(b.status());
 
   const RouterOptions router{c.n_experts, c.n_experts_per_token, true};
-  return std::unique_ptr<CausalLM>(std::make_unique<DecoderLM>(
-      std::move(c), std::move(dense), std::move(w), std::move(experts), router, n_threads));
+  return DecoderLM::Create(std::move(c), std::move(dense), std::move(w), std::move(experts), router,
+                           compute);
 }
 
 ExpertTensorBinding MixtralExpertTensor(int64_t layer, int64_t expert, ExpertMatrix which) {

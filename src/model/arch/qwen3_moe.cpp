@@ -107,14 +107,14 @@ DecoderWeights BindQwen3MoeDense(const ModelConfig& c, WeightBinder& b) {
 Expected<std::unique_ptr<CausalLM>> CreateQwen3Moe(ModelConfig c,
                                                    std::unique_ptr<TensorStore> dense,
                                                    std::unique_ptr<ExpertSource> experts,
-                                                   int n_threads) {
+                                                   const ComputeOptions& compute) {
   WeightBinder b(*dense, c);
   DecoderWeights w = BindQwen3MoeDense(c, b);
   MT_RETURN_IF_ERROR(b.status());
 
   const RouterOptions router{c.n_experts, c.n_experts_per_token, c.norm_topk_prob};
-  return std::unique_ptr<CausalLM>(std::make_unique<DecoderLM>(
-      std::move(c), std::move(dense), std::move(w), std::move(experts), router, n_threads));
+  return DecoderLM::Create(std::move(c), std::move(dense), std::move(w), std::move(experts), router,
+                           compute);
 }
 
 ExpertTensorBinding Qwen3MoeExpertTensor(int64_t layer, int64_t expert, ExpertMatrix which) {

@@ -1,0 +1,354 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "core/log.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/router.h"
+
+namespace moetier {
+
+namespace {
+
+// Steps are sized for this many tokens until a larger one comes (a whole prompt of a
+// one-sequence client): enough for decode batches and prefill chunks of the default
+// --max-batch-tokens.
+constexpr int64_t kDefaultStepTokens = 512;
+// memset(0x7f) of a scan slot: above any index, so "no non-finite element".
+constexpr unsigned long long kNoNonFinite = 0x7f7f7f7f7f7f7f7full;
+
+// A KV pool in VRAM; block copies (copy-on-write of a shared prefix) queue on the backend's
+// stream, after the writes of the steps before.
+class DeviceKvMemory final : public KvMemory {
+ public:
+  DeviceKvMemory(cuda::DeviceBuffer<uint8_t> b, cudaStream_t stream)
+      : b_(std::move(b)), stream_(stream) {}
+  uint8_t* data() const override { return b_.data(); }
+  bool on_host() const override { return false; }
+  void Copy(uint64_t dst, uint64_t src, uint64_t n) override {
+    cudaMemcpyAsync(b_.data() + dst, b_.data() + src, n, cudaMemcpyDeviceToDevice, stream_);
+  }
+
+ private:
+  cuda::DeviceBuffer<uint8_t> b_;
+  cudaStream_t stream_;
+};
+
+int64_t RoundUpPow2(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<ComputeBackend>> CudaBackend::Create(const ComputeOptions& options,
+                                                              const ExpertSource& experts,
+                                                              const ModelDims& dims) {
+  if (!cuda::DeviceAvailable())
+    return Status::Error("--moe-backend gpu: no CUDA device answers (driver missing or busy)");
+  MT_CUDA_RETURN_IF_ERROR(cudaSetDevice(0), "selecting GPU 0");
+  std::unique_ptr<CudaBackend> b(new CudaBackend(experts, dims));
+  MT_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&b->stream_), "creating a CUDA stream");
+  MT_ASSIGN_OR_RETURN(b->scans_dev_, cuda::DeviceBuffer<unsigned long long>::Create(
+                                         kNonFiniteSlots, "the non-finite scans"));
+  MT_RETURN_IF_ERROR(b->scans_host_.Reserve(kNonFiniteSlots, "the non-finite scans"));
+  MT_ASSIGN_OR_RETURN(b->active_dev_, cuda::DeviceBuffer<int32_t>::Create(
+                                          static_cast<size_t>(std::max<int64_t>(dims.n_layers, 1)),
+                                          "the expert counts"));
+  MT_RETURN_IF_ERROR(b->active_host_.Reserve(
+      static_cast<size_t>(std::max<int64_t>(dims.n_layers, 1)), "the expert counts"));
+  MT_RETURN_IF_ERROR(
+      b->Reserve(options.max_step_tokens > 0 ? options.max_step_tokens : kDefaultStepTokens));
+  return std::unique_ptr<ComputeBackend>(std::move(b));
+}
+
+CudaBackend::CudaBackend(const ExpertSource& experts, const ModelDims& dims)
+    : experts_(experts), dims_(dims) {}
+
+CudaBackend::~CudaBackend() {
+  if (stream_ != nullptr) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+void CudaBackend::Check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess && error_.empty())
+    error_ = std::string(what) + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+}
+
+Status CudaBackend::Hold(std::span<const TensorView* const> matrices,
+                         std::span<const std::vector<float>* const> vectors) {
+  MT_RETURN_IF_ERROR(weights_.AddDense(matrices, vectors));
+  MT_RETURN_IF_ERROR(
+      weights_.AddExperts(experts_, dims_.moe_layers, dims_.n_layers, dims_.n_experts));
+  LogInfo("gpu: " + std::to_string(weights_.bytes() >> 20) + " MiB of weights in VRAM");
+  return Reserve(capacity_tokens_);  // the expert kernels' scratch, now that the shape is known
+}
+
+Status CudaBackend::Reserve(int64_t n_tokens) {
+  const bool experts_known = weights_.expert_shape().d_model > 0;
+  if (n_tokens <= capacity_tokens_ && (!experts_known || ffn_built_)) return OkStatus();
+  MT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "waiting for the GPU");
+  const int64_t T = std::max(RoundUpPow2(n_tokens), capacity_tokens_);
+  const int64_t H = dims_.d_model;
+  const int64_t qkv = dims_.n_heads * dims_.head_dim;
+  const int64_t max_cols = std::max({H, qkv, dims_.dense_width});
+  const int64_t max_rows = std::max({dims_.vocab, qkv, H, dims_.dense_width, dims_.n_experts});
+  MT_ASSIGN_OR_RETURN(dense_, cuda::DenseMatMul::Create(T, max_cols, max_rows));
+  if (experts_known) {
+    MT_ASSIGN_OR_RETURN(ffn_, cuda::ExpertFfn::Create(weights_.expert_shape(), T, dims_.top_k));
+    ffn_built_ = true;
+  }
+  const int64_t E = std::max<int64_t>(dims_.n_experts, 1);
+  const int64_t K = std::max<int64_t>(dims_.top_k, 1);
+  const auto n_assign = static_cast<size_t>(T * K);
+  MT_ASSIGN_OR_RETURN(router_logits_, cuda::DeviceBuffer<float>::Create(static_cast<size_t>(T * E),
+                                                                        "the router logits"));
+  MT_ASSIGN_OR_RETURN(topk_ids_, cuda::DeviceBuffer<int32_t>::Create(n_assign, "the routing"));
+  MT_ASSIGN_OR_RETURN(topk_weights_, cuda::DeviceBuffer<float>::Create(n_assign, "the routing"));
+  // n_active, experts [E], begin [E + 1], token_of and assign_of [T * K].
+  MT_ASSIGN_OR_RETURN(routing_ints_,
+                      cuda::DeviceBuffer<int32_t>::Create(
+                          1 + static_cast<size_t>(2 * E + 1) + 2 * n_assign, "the routing"));
+  MT_ASSIGN_OR_RETURN(routing_weights_, cuda::DeviceBuffer<float>::Create(n_assign, "the routing"));
+  int32_t* ints = routing_ints_.data();
+  routing_.top_k = dims_.top_k;
+  routing_.n_experts = dims_.n_experts;
+  routing_.n_active = ints;
+  routing_.experts = ints + 1;
+  routing_.begin = ints + 1 + E;
+  routing_.token_of = ints + 1 + 2 * E + 1;
+  routing_.assign_of = routing_.token_of + n_assign;
+  routing_.weight_of = routing_weights_.data();
+  capacity_tokens_ = T;
+  return OkStatus();
+}
+
+Expected<std::unique_ptr<KvMemory>> CudaBackend::AllocateKv(uint64_t n_bytes) {
+  MT_ASSIGN_OR_RETURN(cuda::DeviceBuffer<uint8_t> b,
+                      cuda::DeviceBuffer<uint8_t>::Create(
+                          n_bytes, "the KV cache (lower --ctx-size or --kv-cache-gb)"));
+  return std::unique_ptr<KvMemory>(new DeviceKvMemory(std::move(b), stream_));
+}
+
+void CudaBackend::BeginStep(const Batch& batch) {
+  error_.clear();
+  const int64_t T = batch.n_tokens();
+  if (Status s = Reserve(T); !s.ok()) error_ = s.message();
+  int64_t max_blocks = 1;
+  for (const auto& table : batch.block_tables)
+    max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(table.size()));
+  const size_t n_out = batch.logit_rows.size();
+  const size_t n_seqs = batch.block_tables.size();
+  const size_t n = 3 * static_cast<size_t>(T) + n_out + n_seqs * static_cast<size_t>(max_blocks);
+  if (step_host_.size() < n) {
+    Check(cudaStreamSynchronize(stream_), "waiting for the GPU");
+    if (Status s = step_host_.Reserve(2 * n, "the step's indices"); !s.ok()) error_ = s.message();
+    auto dev = cuda::DeviceBuffer<int32_t>::Create(2 * n, "the step's indices");
+    if (dev.ok())
+      step_dev_ = std::move(*dev);
+    else
+      error_ = dev.status().message();
+  }
+  if (!error_.empty()) return;
+  int32_t* h = step_host_.data();
+  std::copy(batch.tokens.begin(), batch.tokens.end(), h);
+  std::copy(batch.positions.begin(), batch.positions.end(), h + T);
+  std::copy(batch.seq_of.begin(), batch.seq_of.end(), h + 2 * T);
+  std::copy(batch.logit_rows.begin(), batch.logit_rows.end(), h + 3 * T);
+  int32_t* tables = h + 3 * T + n_out;
+  std::fill(tables, tables + n_seqs * static_cast<size_t>(max_blocks), 0);
+  int32_t max_position = 0;
+  for (int32_t p : batch.positions) max_position = std::max(max_position, p);
+  for (size_t s = 0; s < n_seqs; ++s)
+    std::copy(batch.block_tables[s].begin(), batch.block_tables[s].end(),
+              tables + s * static_cast<size_t>(max_blocks));
+  Check(cudaMemcpyAsync(step_dev_.data(), h, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+        "copying the step's indices to the GPU");
+  const int32_t* d = step_dev_.data();
+  tokens_dev_ = d;
+  logit_rows_dev_ = d + 3 * T;
+  logit_rows_host_ = batch.logit_rows.data();
+  batch_dev_.n_tokens = T;
+  batch_dev_.positions = d + T;
+  batch_dev_.seq_of = d + 2 * T;
+  batch_dev_.block_tables = d + 3 * T + n_out;
+  batch_dev_.max_blocks = max_blocks;
+  batch_dev_.max_position = max_position;
+  Check(cudaMemsetAsync(scans_dev_.data(), 0x7f, scans_dev_.bytes(), stream_),
+        "clearing the non-finite scans");
+  n_scans_ = 0;
+  moe_calls_ = 0;
+}
+
+float* CudaBackend::Activations(Act slot, int64_t n_tokens, int64_t width) {
+  cuda::DeviceBuffer<float>& b = acts_[static_cast<size_t>(slot)];
+  const auto n = static_cast<size_t>(std::max(n_tokens, capacity_tokens_) * width);
+  if (b.size() < n) {
+    Check(cudaStreamSynchronize(stream_), "waiting for the GPU");
+    auto made = cuda::DeviceBuffer<float>::Create(n, "activations");
+    if (made.ok())
+      b = std::move(*made);
+    else if (error_.empty())
+      error_ = made.status().message();
+  }
+  return b.data();
+}
+
+void CudaBackend::Embed(const TensorView& table, std::span<const int32_t> tokens, float* h) {
+  cuda::LaunchEmbed(weights_.Matrix(table), tokens_dev_, static_cast<int64_t>(tokens.size()), h,
+                    stream_);
+}
+
+void CudaBackend::RmsNorm(const float* x, int64_t n_rows, std::span<const int32_t> rows,
+                          const std::vector<float>& weight, float eps, int64_t d, float* y) {
+  const int32_t* rows_dev = nullptr;
+  if (!rows.empty()) {
+    // The decoder picks rows only for the logits: the step's logit rows, already on the device.
+    if (rows.data() != logit_rows_host_) {
+      if (error_.empty()) error_ = "RmsNorm on the GPU takes only the step's logit rows";
+      return;
+    }
+    rows_dev = logit_rows_dev_;
+    n_rows = static_cast<int64_t>(rows.size());
+  }
+  cuda::LaunchRmsNorm(x, rows_dev, n_rows, weights_.Vector(weight), eps, d, y, stream_);
+}
+
+void CudaBackend::Add(const float* x, int64_t n, float* y) {
+  cuda::LaunchAdd(x, n, y, stream_);
+}
+
+void CudaBackend::MatMul(const float* x, int64_t n_tokens, std::span<const MatMulOut> targets) {
+  for (const MatMulOut& t : targets) dense_.Run(weights_.Matrix(*t.w), x, n_tokens, t.y, stream_);
+}
+
+void CudaBackend::SiluMul(float* gate, const float* up, int64_t n) {
+  cuda::LaunchSiluMul(gate, up, n, stream_);
+}
+
+void CudaBackend::Attend(const AttentionWeights& w, const AttentionShape& shape, const Rope& rope,
+                         int64_t layer, const Batch&, KvPool& kv, float* q, float* k, float* v,
+                         float* out) {
+  if (inv_freq_.size() == 0) {
+    std::vector<float> f(rope.inv_freq().begin(), rope.inv_freq().end());
+    auto made = cuda::DeviceBuffer<float>::Create(f.size(), "the RoPE frequencies");
+    if (!made.ok()) {
+      if (error_.empty()) error_ = made.status().message();
+      return;
+    }
+    inv_freq_ = std::move(*made);
+    Check(cudaMemcpy(inv_freq_.data(), f.data(), f.size() * sizeof(float), cudaMemcpyHostToDevice),
+          "copying the RoPE frequencies");
+  }
+  cuda::QkvPrologue p;
+  p.q_bias = weights_.Vector(w.q_bias);
+  p.k_bias = weights_.Vector(w.k_bias);
+  p.v_bias = weights_.Vector(w.v_bias);
+  p.q_norm = weights_.Vector(w.q_norm);
+  p.k_norm = weights_.Vector(w.k_norm);
+  p.inv_freq = inv_freq_.data();
+  cuda::AttentionDims dims;
+  dims.n_heads = shape.n_heads;
+  dims.n_kv_heads = shape.n_kv_heads;
+  dims.head_dim = shape.head_dim;
+  dims.sliding_window = shape.sliding_window;
+  dims.norm_eps = shape.norm_eps;
+  cuda::DeviceKvPool pool;
+  pool.dtype = kv.dtype();
+  pool.n_layers = kv.shape().n_layers;
+  pool.n_blocks = kv.n_blocks();
+  pool.block_size = kv.block_size();
+  pool.n_kv_heads = kv.shape().n_kv_heads;
+  pool.head_dim = kv.shape().head_dim;
+  pool.data = kv.base();
+  cuda::LaunchAttentionPrologue(p, dims, batch_dev_, layer, pool, q, k, v, stream_);
+  cuda::LaunchPagedAttention(dims, batch_dev_, layer, pool, q, out, stream_);
+}
+
+void CudaBackend::Moe(const TensorView& router, const RouterOptions& opts, int64_t layer,
+                      const float* x, int64_t n_tokens, float* out, float* router_logits) {
+  const int64_t E = opts.n_experts;
+  dense_.Run(weights_.Matrix(router), x, n_tokens, router_logits_.data(), stream_);
+  if (router_logits != nullptr) {
+    Check(cudaMemcpyAsync(router_logits, router_logits_.data(),
+                          static_cast<size_t>(n_tokens * E) * sizeof(float), cudaMemcpyDeviceToHost,
+                          stream_),
+          "copying the router logits");
+    Check(cudaStreamSynchronize(stream_), "waiting for the router logits");
+  }
+  cuda::LaunchTopK(router_logits_.data(), n_tokens, E, opts.top_k, opts.normalize_top_k,
+                   topk_ids_.data(), topk_weights_.data(), stream_);
+  routing_.n_tokens = n_tokens;
+  cuda::LaunchGroupByExpert(topk_ids_.data(), topk_weights_.data(), routing_, stream_);
+  ffn_.Run(routing_, weights_.ExpertTable(layer), x, out, stream_);
+  if (moe_calls_ < static_cast<int64_t>(active_host_.size())) {
+    Check(cudaMemcpyAsync(active_dev_.data() + moe_calls_, routing_.n_active, sizeof(int32_t),
+                          cudaMemcpyDeviceToDevice, stream_),
+          "recording the active experts");
+    ++moe_calls_;
+  }
+}
+
+int64_t CudaBackend::ScanNonFinite(const float* x, int64_t n, int64_t slot) {
+  if (slot >= 0 && slot < kNonFiniteSlots) {
+    cuda::LaunchFirstNonFinite(x, n, scans_dev_.data() + slot, stream_);
+    n_scans_ = std::max(n_scans_, slot + 1);
+  }
+  return -1;
+}
+
+Status CudaBackend::EndStep() {
+  Check(cudaMemcpyAsync(scans_host_.data(), scans_dev_.data(),
+                        static_cast<size_t>(n_scans_) * sizeof(unsigned long long),
+                        cudaMemcpyDeviceToHost, stream_),
+        "reading the non-finite scans");
+  Check(cudaMemcpyAsync(active_host_.data(), active_dev_.data(),
+                        static_cast<size_t>(moe_calls_) * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                        stream_),
+        "reading the expert counts");
+  Check(cudaStreamSynchronize(stream_), "the step on the GPU");
+  if (!error_.empty()) return Status::Error("GPU: " + error_);
+  scans_.assign(static_cast<size_t>(n_scans_), -1);
+  for (int64_t i = 0; i < n_scans_; ++i) {
+    const unsigned long long v = scans_host_.data()[i];
+    if (v < kNoNonFinite) scans_[static_cast<size_t>(i)] = static_cast<int64_t>(v);
+  }
+  for (int64_t i = 0; i < moe_calls_; ++i) active_experts_ += active_host_.data()[i];
+  moe_calls_ = 0;
+  return OkStatus();
+}
+
+int64_t CudaBackend::TakeActiveExperts() {
+  return std::exchange(active_experts_, 0);
+}
+
+void CudaBackend::Logits(const float* x, int64_t n_rows, const TensorView& lm_head, float* logits) {
+  const auto n = static_cast<size_t>(n_rows * dims_.vocab);
+  if (logits_dev_.size() < n) {
+    auto made = cuda::DeviceBuffer<float>::Create(n, "the logits");
+    if (!made.ok()) {
+      if (error_.empty()) error_ = made.status().message();
+      return;
+    }
+    logits_dev_ = std::move(*made);
+  }
+  if (Status s = logits_host_.Reserve(n, "the logits"); !s.ok()) {
+    if (error_.empty()) error_ = s.message();
+    return;
+  }
+  dense_.Run(weights_.Matrix(lm_head), x, n_rows, logits_dev_.data(), stream_);
+  Check(cudaMemcpyAsync(logits_host_.data(), logits_dev_.data(), n * sizeof(float),
+                        cudaMemcpyDeviceToHost, stream_),
+        "copying the logits");
+  Check(cudaStreamSynchronize(stream_), "the step on the GPU");
+  if (error_.empty()) std::memcpy(logits, logits_host_.data(), n * sizeof(float));
+}
+
+}  // namespace moetier

@@ -1,0 +1,115 @@
+// The CUDA backend (--moe-backend gpu): every operation of the forward pass on one GPU stream,
+// every weight and routed expert in VRAM (DeviceWeights), the KV pool in VRAM. The kernels are
+// kernels/cuda's; this file only sizes buffers, maps the decoder's host views to device copies
+// and moves what must cross PCIe each step: the batch's indices in (one copy), the logits out.
+//
+// Nothing reaches the host inside a step but the router logits when a test asks for them: the
+// routing stays on the device (router.h), the non-finite scans and the active-expert counts are
+// read after the logits. So a step is a fixed sequence of launches on one stream.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/device_weights.h"
+#include "backend/cuda/pinned_buffer.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/dense.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/expert_ffn.h"
+#include "kernels/cuda/routing.h"
+#include "ops/expert_source.h"
+
+namespace moetier {
+
+class CudaBackend final : public ComputeBackend {
+ public:
+  // On device 0; fails (naming what) when no device answers. `experts` must outlive it.
+  static Expected<std::unique_ptr<ComputeBackend>> Create(const ComputeOptions& options,
+                                                          const ExpertSource& experts,
+                                                          const ModelDims& dims);
+  ~CudaBackend() override;
+
+  Status Hold(std::span<const TensorView* const> matrices,
+              std::span<const std::vector<float>* const> vectors) override;
+  Expected<std::unique_ptr<KvMemory>> AllocateKv(uint64_t n_bytes) override;
+  void BeginStep(const Batch& batch) override;
+  float* Activations(Act slot, int64_t n_tokens, int64_t width) override;
+  void Embed(const TensorView& table, std::span<const int32_t> tokens, float* h) override;
+  void RmsNorm(const float* x, int64_t n_rows, std::span<const int32_t> rows,
+               const std::vector<float>& weight, float eps, int64_t d, float* y) override;
+  void Add(const float* x, int64_t n, float* y) override;
+  void MatMul(const float* x, int64_t n_tokens, std::span<const MatMulOut> targets) override;
+  void SiluMul(float* gate, const float* up, int64_t n) override;
+  void Attend(const AttentionWeights& w, const AttentionShape& shape, const Rope& rope,
+              int64_t layer, const Batch& batch, KvPool& kv, float* q, float* k, float* v,
+              float* out) override;
+  void Moe(const TensorView& router, const RouterOptions& opts, int64_t layer, const float* x,
+           int64_t n_tokens, float* out, float* router_logits) override;
+  int64_t TakeActiveExperts() override;
+  int64_t ScanNonFinite(const float* x, int64_t n, int64_t slot) override;
+  std::span<const int64_t> NonFiniteScans() override { return scans_; }
+  Status EndStep() override;
+  void Logits(const float* x, int64_t n_rows, const TensorView& lm_head, float* logits) override;
+  void SetPhaseTimes(PhaseTimes* times) override { times_ = times; }
+  PhaseTimes* phase_times() const override { return times_; }
+
+ private:
+  CudaBackend(const ExpertSource& experts, const ModelDims& dims);
+  // Buffers for steps of up to n_tokens tokens (kept; regrown, after a sync, only for a larger
+  // step than any before).
+  Status Reserve(int64_t n_tokens);
+  // A CUDA error inside a step: the backend's calls return nothing, so the first one is kept
+  // and EndStep reports it as the step's failure.
+  void Check(cudaError_t err, const char* what);
+
+  const ExpertSource& experts_;
+  ModelDims dims_;
+  cudaStream_t stream_ = nullptr;
+  cuda::DeviceWeights weights_;
+  cuda::DenseMatMul dense_;
+  cuda::ExpertFfn ffn_;
+  int64_t capacity_tokens_ = 0;
+  bool ffn_built_ = false;  // ffn_ is sized for the experts (known after Hold)
+  PhaseTimes* times_ = nullptr;
+  std::string error_;  // the first CUDA error of the current step
+
+  std::array<cuda::DeviceBuffer<float>, static_cast<size_t>(Act::kCount)> acts_;
+  cuda::DeviceBuffer<float> inv_freq_;  // [head_dim / 2] RoPE
+
+  // The step's indices: tokens, positions, seq_of, logit rows, block tables, staged then copied.
+  cuda::PinnedBuffer<int32_t> step_host_;
+  cuda::DeviceBuffer<int32_t> step_dev_;
+  const int32_t* tokens_dev_ = nullptr;
+  const int32_t* logit_rows_dev_ = nullptr;
+  const int32_t* logit_rows_host_ = nullptr;  // the Batch's, to recognise RmsNorm's rows
+  cuda::DeviceBatch batch_dev_;
+
+  // The router's outputs and the device routing of the current MoE layer.
+  cuda::DeviceBuffer<float> router_logits_;  // [tokens, n_experts]
+  cuda::DeviceBuffer<int32_t> topk_ids_;     // [tokens, top_k]
+  cuda::DeviceBuffer<float> topk_weights_;
+  cuda::DeviceBuffer<int32_t> routing_ints_;
+  cuda::DeviceBuffer<float> routing_weights_;
+  cuda::DeviceRouting routing_;
+
+  // Read back after the logits: per MoE call its active-expert count, per scan slot its first
+  // non-finite index.
+  cuda::DeviceBuffer<int32_t> active_dev_;  // [n_layers]
+  cuda::PinnedBuffer<int32_t> active_host_;
+  int64_t moe_calls_ = 0;
+  int64_t active_experts_ = 0;  // summed at EndStep, taken by TakeActiveExperts
+  cuda::DeviceBuffer<unsigned long long> scans_dev_;  // [kNonFiniteSlots]
+  cuda::PinnedBuffer<unsigned long long> scans_host_;
+  int64_t n_scans_ = 0;
+  std::vector<int64_t> scans_;
+
+  cuda::DeviceBuffer<float> logits_dev_;
+  cuda::PinnedBuffer<float> logits_host_;
+};
+
+}  // namespace moetier

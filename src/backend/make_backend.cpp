@@ -1,0 +1,29 @@
+#include "backend/make_backend.h"
+
+#include "backend/cpu/cpu_backend.h"
+#ifdef MOETIER_WITH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace moetier {
+
+Expected<std::unique_ptr<ComputeBackend>> MakeBackend(const ComputeOptions& options,
+                                                      const ExpertSource& experts,
+                                                      const ModelDims& dims) {
+  switch (options.device) {
+    case ComputeDevice::kCpu:
+      return std::unique_ptr<ComputeBackend>(
+          std::make_unique<CpuBackend>(options.n_threads, experts, dims.d_model));
+    case ComputeDevice::kGpu:
+#ifdef MOETIER_WITH_CUDA
+      return CudaBackend::Create(options, experts, dims);
+#else
+      return Status::Error(
+          "this moetier was built without CUDA: --moe-backend gpu needs a build with the CUDA "
+          "toolkit (README, Build)");
+#endif
+  }
+  return Status::Error("unknown compute device");
+}
+
+}  // namespace moetier

@@ -1,0 +1,18 @@
+// The one place that turns ComputeOptions into a backend: the CPU's, or the GPU's in builds
+// with CUDA (a build without it refuses the GPU with an error saying so).
+#pragma once
+
+#include <memory>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "ops/expert_source.h"
+
+namespace moetier {
+
+// `experts` must outlive the backend.
+Expected<std::unique_ptr<ComputeBackend>> MakeBackend(const ComputeOptions& options,
+                                                      const ExpertSource& experts,
+                                                      const ModelDims& dims);
+
+}  // namespace moetier

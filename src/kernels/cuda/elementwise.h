@@ -1,0 +1,35 @@
+// Element-wise and per-row CUDA kernels of the forward pass: the embedding gather, RMSNorm, the
+// residual add, SwiGLU's gate, and the non-finite scan. Each mirrors the CPU kernel it replaces
+// (kernels/cpu/elementwise.h, the CPU backend); tests/kernels/cuda/elementwise_test.cpp states
+// the tolerances. All pointers are device addresses; work is queued on `stream`.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/device_matrix.h"
+
+namespace moetier::cuda {
+
+// h[t, :] = table row tokens[t] as float32 (table: f32, f16, bf16, Q8_0 or Q4_0).
+void LaunchEmbed(const DeviceMatrix& table, const int32_t* tokens, int64_t n_tokens, float* h,
+                 cudaStream_t stream);
+
+// y[i, :] = x[r, :] * (1 / sqrt(mean(x[r, :]^2) + eps)) * weight, r = rows[i] (rows == nullptr:
+// r = i), for i < n_rows; d elements a row; weight [d] float32.
+void LaunchRmsNorm(const float* x, const int32_t* rows, int64_t n_rows, const float* weight,
+                   float eps, int64_t d, float* y, cudaStream_t stream);
+
+// y[i] += x[i], i < n.
+void LaunchAdd(const float* x, int64_t n, float* y, cudaStream_t stream);
+
+// gate[i] = silu(gate[i]) * up[i], i < n.
+void LaunchSiluMul(float* gate, const float* up, int64_t n, cudaStream_t stream);
+
+// *first = min(*first, index of the first NaN or infinity of x[0, n)). The caller sets *first
+// to INT64_MAX (as unsigned long long: ~0ull >> 1) before, and reads it after the stream syncs.
+void LaunchFirstNonFinite(const float* x, int64_t n, unsigned long long* first,
+                          cudaStream_t stream);
+
+}  // namespace moetier::cuda
