@@ -107,6 +107,8 @@ class ComputeBackend {
   // its copies; the CPU uses them where they are.
   virtual Status Hold(std::span<const TensorView* const> matrices,
                       std::span<const std::vector<float>* const> vectors) = 0;
+  // Bytes free now where this backend's KV pool would go (available RAM; free VRAM).
+  virtual uint64_t KvMemoryFree() const = 0;
   // Memory for a KV pool of n_bytes: host memory on the CPU, device memory on a GPU.
   virtual Expected<std::unique_ptr<KvMemory>> AllocateKv(uint64_t n_bytes) = 0;
   // The step's tokens, positions, sequences, block tables and logit rows, before its first

@@ -14,9 +14,10 @@ namespace moetier::cli {
 void AddResidencyOptions(CLI::App& cmd, ModelOptions& opts) {
   auto* g = cmd.add_option_group("Expert residency");
   g->add_option("--moe-backend", opts.backend,
-                "auto | cpu | offload | hybrid. cpu: every expert bank locked in RAM, run on the "
-                "CPU. offload/hybrid: banks pinned for the GPU except the --moe-cpu-layers. auto: "
-                "hybrid with a GPU, else cpu");
+                "auto | cpu | gpu | offload | hybrid. cpu: every expert bank locked in RAM, run "
+                "on the CPU. gpu: the whole model and the KV cache in VRAM, run on the GPU (no "
+                "GPU: the CPU, with a notice). offload/hybrid: banks pinned for the GPU except "
+                "the --moe-cpu-layers. auto: hybrid with a GPU, else cpu");
   g->add_option(
        "--pin-budget-gb", opts.pin_budget_gb,
        "Most GB (1e9 bytes) of expert banks to pin for the GPU (env MOETIER_PIN_BUDGET_GB; "
@@ -68,7 +69,8 @@ void AddKvOptions(CLI::App& cmd, ModelOptions& opts) {
       ->excludes(ctx);
   g->add_option("--kv-dtype", opts.kv_dtype,
                 "f32 | bf16 | f16. How keys and values are stored: f32 is exact; bf16 and f16 "
-                "halve the memory (outputs then differ from f32 in the last bits)")
+                "halve the memory (outputs then differ from f32 in the last bits). Default: f32 "
+                "on the CPU, bf16 with --moe-backend gpu")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
 }
 
@@ -129,7 +131,9 @@ Expected<EngineOptions> MakeEngineOptions(const ModelOptions& opts, const Causal
   EngineOptions e;
   e.max_running = parallel;
   e.max_batch_tokens = max_batch_tokens;
-  MT_ASSIGN_OR_RETURN(e.kv_dtype, ParseKvDType(opts.kv_dtype));
+  const bool on_gpu = model.device() == ComputeDevice::kGpu;
+  const std::string kv_dtype = !opts.kv_dtype.empty() ? opts.kv_dtype : on_gpu ? "bf16" : "f32";
+  MT_ASSIGN_OR_RETURN(e.kv_dtype, ParseKvDType(kv_dtype));
   const uint64_t per_position =
       KvPool::BlockBytes(model.kv_shape(), 1, e.kv_dtype);  // all layers, K and V
   const int64_t window = model.config().max_position_embeddings;
@@ -147,20 +151,20 @@ Expected<EngineOptions> MakeEngineOptions(const ModelOptions& opts, const Causal
                            " bytes) of this model");
   } else {
     const int64_t wanted = (window > 0 ? window : 8192) * parallel;
-    const auto ram =
-        static_cast<int64_t>(static_cast<double>(ReadHostMemoryInfo().available_bytes) *
-                             kDefaultKvRamShare / static_cast<double>(per_position));
+    const auto ram = static_cast<int64_t>(static_cast<double>(model.KvMemoryFree()) *
+                                          kDefaultKvRamShare / static_cast<double>(per_position));
     e.kv_positions = std::max<int64_t>(1, std::min(wanted, ram));
-    how = e.kv_positions < wanted ? "auto: half the free RAM" : "auto: the model's window";
+    how = e.kv_positions < wanted ? (on_gpu ? "auto: half the free VRAM" : "auto: half the free RAM")
+                                  : "auto: the model's window";
     if (parallel > 1 && e.kv_positions == wanted) how += " x " + std::to_string(parallel);
   }
   const double gb = static_cast<double>(per_position) * static_cast<double>(e.kv_positions) / 1e9;
   char line[256];
   std::snprintf(
       line, sizeof line,
-      "kv cache: %lld positions (%s), %s, %.2f GB at most (RAM is used as positions "
-      "fill), one sequence up to %lld",
-      static_cast<long long>(e.kv_positions), how.c_str(), opts.kv_dtype.c_str(), gb,
+      "kv cache: %lld positions (%s), %s, %.2f GB at most (%s), one sequence up to %lld",
+      static_cast<long long>(e.kv_positions), how.c_str(), kv_dtype.c_str(), gb,
+      on_gpu ? "in VRAM, allocated at once" : "RAM is used as positions fill",
       static_cast<long long>(window > 0 ? std::min(window, e.kv_positions) : e.kv_positions));
   LogInfo(line);
   return e;

@@ -23,7 +23,7 @@ struct ModelOptions {
   // window times the sequences and half the free RAM allow) or --kv-cache-gb, in --kv-dtype.
   int64_t ctx_size = 0;
   std::optional<double> kv_cache_gb;
-  std::string kv_dtype = "f32";
+  std::string kv_dtype;  // empty: f32 on the CPU, bf16 on the GPU
   // Residency flags, as typed; parsed when the model loads.
   std::string backend = "auto";
   std::optional<double> pin_budget_gb, lock_budget_gb;

@@ -76,6 +76,8 @@ class CausalLM {
   }
   // Where this model computes (--moe-backend gpu: the GPU).
   virtual ComputeDevice device() const = 0;
+  // Bytes free now where a KV pool would go (available RAM, or free VRAM).
+  virtual uint64_t KvMemoryFree() const = 0;
   // Memory for a KV pool of n_bytes where this model's attention reads it (RAM, or VRAM).
   virtual Expected<std::unique_ptr<KvMemory>> AllocateKv(uint64_t n_bytes) const = 0;
   // A pool of n_blocks blocks for this model's K/V rows, in its device's memory.

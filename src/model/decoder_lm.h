@@ -54,6 +54,7 @@ class DecoderLM final : public CausalLM {
   void SetPhaseTimes(PhaseTimes* times) override { backend_->SetPhaseTimes(times); }
   uint64_t WeightBytesStreamed() const override { return bytes_streamed_; }
   uint64_t WeightBytes() const override;
+  uint64_t KvMemoryFree() const override { return backend_->KvMemoryFree(); }
   Expected<std::unique_ptr<KvMemory>> AllocateKv(uint64_t n_bytes) const override {
     return backend_->AllocateKv(n_bytes);
   }

@@ -1,7 +1,8 @@
-// The CPU forward against Hugging Face transformers' own outputs (tests/fixtures/hf/*/
+// The forward against Hugging Face transformers' own outputs (tests/fixtures/hf/*/
 // reference.safetensors, computed in float64 from the same bf16 weights): logits at every
 // position, greedy continuations, router logits, and incremental decoding against a full
-// recompute.
+// recompute — on the CPU, and on the GPU (--moe-backend gpu) where one is present, with the
+// same tolerances.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include "engine/generate.h"
 #include "io/safetensors.h"
 #include "model/causal_lm.h"
+#include "support/gpu.h"
 #include "support/test_support.h"
 
 namespace moetier {
@@ -53,17 +55,21 @@ void ExpectRowClose(const float* mine, const float* ref, int64_t n, const std::s
                         << ", reference " << ref[worst_i];
 }
 
-class HfReference : public ::testing::TestWithParam<std::string> {
+class HfReference : public ::testing::TestWithParam<std::tuple<std::string, Backend>> {
  protected:
   void SetUp() override {
-    dir_ = testing::HfFixture(GetParam());
+    if (backend() == Backend::kGpu) MT_REQUIRE_GPU();
+    dir_ = testing::HfFixture(std::get<0>(GetParam()));
     auto ref = SafetensorsFile::Open(dir_ / "reference.safetensors");
     ASSERT_TRUE(ref.ok()) << ref.message();
     ref_ = std::make_unique<Reference>(Reference{std::move(ref).value()});
-    auto model = LoadCausalLM(dir_, LoadOptions());
+    LoadOptions load;
+    load.residency.backend = backend();
+    auto model = LoadCausalLM(dir_, load);
     ASSERT_TRUE(model.ok()) << model.message();
     model_ = std::move(model).value();
   }
+  Backend backend() const { return std::get<1>(GetParam()); }
   std::filesystem::path dir_;
   std::unique_ptr<Reference> ref_;
   std::unique_ptr<CausalLM> model_;
@@ -164,6 +170,7 @@ TEST_P(HfReference, IncrementalDecodingEqualsFullRecompute) {
 
 // The number of threads must not change a single bit of the result.
 TEST_P(HfReference, ThreadCountDoesNotChangeLogits) {
+  if (backend() != Backend::kCpu) GTEST_SKIP() << "CPU threads only";
   const auto tokens = ref_->Ints("prompt1.tokens");
   std::vector<std::vector<float>> results;
   for (int threads : {1, 2, 3}) {
@@ -178,14 +185,16 @@ TEST_P(HfReference, ThreadCountDoesNotChangeLogits) {
   EXPECT_EQ(results[0], results[2]);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, HfReference,
-                         ::testing::Values("qwen3_moe", "mixtral", "realvocab/qwen3_moe_tiny",
-                                           "realvocab/mixtral_tiny"),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           std::replace(s.begin(), s.end(), '/', '_');
-                           return s;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, HfReference,
+    ::testing::Combine(::testing::Values("qwen3_moe", "mixtral", "realvocab/qwen3_moe_tiny",
+                                         "realvocab/mixtral_tiny"),
+                       ::testing::Values(Backend::kCpu, Backend::kGpu)),
+    [](const auto& info) {
+      std::string s = std::get<0>(info.param);
+      std::replace(s.begin(), s.end(), '/', '_');
+      return s + "_" + std::string(BackendName(std::get<1>(info.param)));
+    });
 
 }  // namespace
 }  // namespace moetier

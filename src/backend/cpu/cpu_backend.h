@@ -12,6 +12,7 @@
 #include "backend/cpu/workspace.h"
 #include "core/thread_pool.h"
 #include "experts/cpu_executor.h"
+#include "experts/memory_limits.h"
 #include "ops/expert_source.h"
 
 namespace moetier {
@@ -25,6 +26,7 @@ class CpuBackend final : public ComputeBackend {
               std::span<const std::vector<float>* const>) override {
     return OkStatus();  // the CPU reads weights where they are
   }
+  uint64_t KvMemoryFree() const override { return ReadHostMemoryInfo().available_bytes; }
   Expected<std::unique_ptr<KvMemory>> AllocateKv(uint64_t n_bytes) override {
     return AllocateHostKv(n_bytes);
   }

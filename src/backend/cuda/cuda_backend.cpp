@@ -130,6 +130,12 @@ Status CudaBackend::Reserve(int64_t n_tokens) {
   return OkStatus();
 }
 
+uint64_t CudaBackend::KvMemoryFree() const {
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
+  return free;
+}
+
 Expected<std::unique_ptr<KvMemory>> CudaBackend::AllocateKv(uint64_t n_bytes) {
   MT_ASSIGN_OR_RETURN(cuda::DeviceBuffer<uint8_t> b,
                       cuda::DeviceBuffer<uint8_t>::Create(

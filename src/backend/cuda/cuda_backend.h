@@ -36,6 +36,7 @@ class CudaBackend final : public ComputeBackend {
 
   Status Hold(std::span<const TensorView* const> matrices,
               std::span<const std::vector<float>* const> vectors) override;
+  uint64_t KvMemoryFree() const override;
   Expected<std::unique_ptr<KvMemory>> AllocateKv(uint64_t n_bytes) override;
   void BeginStep(const Batch& batch) override;
   float* Activations(Act slot, int64_t n_tokens, int64_t width) override;
