@@ -194,6 +194,7 @@ int Run(const Opts& o) {
   const double per_sequence = decode / static_cast<double>(o.parallel);
   nlohmann::ordered_json j;
   j["model"] = o.model.model_dir;
+  j["backend"] = std::string(BackendName(lm.residency().plan.backend));
   // The experts' dtype as stored (the model's), and as held for the kernels: --weight-packing
   // may hold bf16 as bf16c (the same values; decode_bytes_per_token counts the held bytes).
   j["dtype"] = std::string(DTypeName(lm.residency().stored_dtype));

@@ -52,6 +52,10 @@ Expected<std::unique_ptr<ComputeBackend>> CudaBackend::Create(const ComputeOptio
   if (!cuda::DeviceAvailable())
     return Status::Error("--moe-backend gpu: no CUDA device answers (driver missing or busy)");
   MT_CUDA_RETURN_IF_ERROR(cudaSetDevice(0), "selecting GPU 0");
+  if (!cuda::AttentionHeadDimSupported(dims.head_dim))
+    return Status::Error("--moe-backend gpu: head_dim " + std::to_string(dims.head_dim) +
+                         " has no attention kernel (16, 32, 64, 128 or 256); use "
+                         "--moe-backend cpu");
   std::unique_ptr<CudaBackend> b(new CudaBackend(experts, dims));
   MT_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&b->stream_), "creating a CUDA stream");
   MT_ASSIGN_OR_RETURN(b->scans_dev_, cuda::DeviceBuffer<unsigned long long>::Create(
@@ -274,8 +278,19 @@ void CudaBackend::Attend(const AttentionWeights& w, const AttentionShape& shape,
   pool.n_kv_heads = kv.shape().n_kv_heads;
   pool.head_dim = kv.shape().head_dim;
   pool.data = kv.base();
+  // Scratch for the splits of long contexts: sized for the longest sequence the pool can hold,
+  // at the first step (and again only if the steps grow).
+  const size_t scratch = cuda::PagedAttentionScratchBytes(dims, capacity_tokens_,
+                                                          kv.n_blocks() * kv.block_size());
+  if (attn_scratch_.size() < scratch) {
+    Check(cudaStreamSynchronize(stream_), "waiting for the GPU");
+    auto made = cuda::DeviceBuffer<uint8_t>::Create(scratch, "attention scratch");
+    if (made.ok()) attn_scratch_ = std::move(*made);
+    else if (error_.empty()) error_ = made.status().message();
+  }
   cuda::LaunchAttentionPrologue(p, dims, batch_dev_, layer, pool, q, k, v, stream_);
-  cuda::LaunchPagedAttention(dims, batch_dev_, layer, pool, q, out, stream_);
+  cuda::LaunchPagedAttention(dims, batch_dev_, layer, pool, q, out, attn_scratch_.data(),
+                             attn_scratch_.size(), stream_);
 }
 
 void CudaBackend::Moe(const TensorView& router, const RouterOptions& opts, int64_t layer,

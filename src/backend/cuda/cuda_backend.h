@@ -81,6 +81,7 @@ class CudaBackend final : public ComputeBackend {
 
   std::array<cuda::DeviceBuffer<float>, static_cast<size_t>(Act::kCount)> acts_;
   cuda::DeviceBuffer<float> inv_freq_;  // [head_dim / 2] RoPE
+  cuda::DeviceBuffer<uint8_t> attn_scratch_;  // the decode attention's split states
 
   // The step's indices: tokens, positions, seq_of, logit rows, block tables, staged then copied.
   cuda::PinnedBuffer<int32_t> step_host_;

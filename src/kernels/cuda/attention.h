@@ -87,9 +87,5 @@ size_t PagedAttentionScratchBytes(const AttentionDims& dims, int64_t max_tokens,
 void LaunchPagedAttention(const AttentionDims& dims, const DeviceBatch& batch, int64_t layer,
                           DeviceKvPool kv, const float* q, float* out, void* scratch,
                           size_t scratch_bytes, cudaStream_t stream);
-// The same without scratch: one decode block per (token, key/value head slice) walks the whole
-// context, which leaves most SMs idle for a single long sequence. Prefer the call above.
-void LaunchPagedAttention(const AttentionDims& dims, const DeviceBatch& batch, int64_t layer,
-                          DeviceKvPool kv, const float* q, float* out, cudaStream_t stream);
 
 }  // namespace moetier::cuda

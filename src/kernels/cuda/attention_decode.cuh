@@ -4,16 +4,21 @@
 // is read once for all of them; with more than one split per token each block leaves its partial
 // softmax state (max, sum, unnormalized output) in scratch and DecodeCombineKernel merges them.
 //
-// Within a block, a "team" of kLanes lanes holds one key's row (16-byte loads, kElems elements
-// per lane); a warp takes kTeamsPerWarp * kKeysPerTeam consecutive keys per step, so one step
-// reads whole contiguous runs of the pool's block. Each team keeps its own online softmax
-// (max, sum, output) per head; the block merges its teams at the end through shared memory.
+// Within a block, the chunk's K and V rows are staged in shared memory tile by tile with cp.async
+// (kStages tiles in flight, 16-byte copies of whole contiguous row pieces). A "team" of kLanes
+// lanes holds one key's row (kElems elements per lane); every team takes kKeysPerTeam keys of a
+// tile and keeps its own online softmax (max, sum, output) per head; the block merges its teams
+// at the end through shared memory.
 //
-// Cost: per key a team does 2 * heads * head_dim FMAs and heads * log2(kLanes) shuffles; with
-// bf16 K/V and 8 heads that is about 8 flop per byte read, so the kernel should run near the
-// HBM bandwidth (4.8 TB/s on an H200) for groups up to 4 and at about two thirds of it for
-// groups of 8, provided the grid has a few blocks per SM (PlanDecode sizes the splits for that).
+// Cost: per key a team does 2 * heads * head_dim FMAs, heads * log2(kLanes) shuffles and a few
+// exponentials per head. With bf16 K/V that is 2 * heads flop per byte read: for groups up to 4
+// the design should reach most of the HBM bandwidth (4.8 TB/s on an H200) once the grid has a
+// few blocks per SM (PlanDecode sizes the splits for that); for groups of 8 the CUDA-core work
+// per byte bounds it well below (about a quarter of the bandwidth); moving q·K and p·V onto
+// tensor cores (mma.sync with the group's heads as rows) is what would lift that bound.
 #pragma once
+
+#include <cuda_pipeline.h>
 
 #include <cmath>
 
@@ -57,6 +62,12 @@ struct DecodeShape {
   static constexpr int kWarpKeys = kTeamsPerWarp * kKeysPerTeam;
   static constexpr int kWarps = kDecodeThreads / kWarp;
   static_assert(kElems % Kv::kVec == 0 && kLanes * kElems == D);
+  // Keys per tile (one step of every team), staged in shared memory with cp.async, kStages tiles
+  // in flight: 8 KiB (K and V) per tile per 16-byte load of a lane, 32 KiB in all.
+  static constexpr int kTileKeys = kWarps * kWarpKeys;
+  static constexpr int kRowBytes = D * (16 / Kv::kVec);
+  static constexpr int kTileBytes = 2 * kTileKeys * kRowBytes;  // K rows, then V rows
+  static constexpr int kStages = 4 / kLoads;
 
   // The row element a lane's e-th register holds: 16-byte pieces, a warp's loads contiguous.
   __device__ __forceinline__ static int Elem(int lane_in_team, int e) {
@@ -64,19 +75,46 @@ struct DecodeShape {
   }
 };
 
-// One team's online softmax over its keys, for kDecodeHeads heads.
-template <int kElems>
+// One team's online softmax over its keys, for kG heads.
+template <int kElems, int kG>
 struct TeamState {
-  float m[kDecodeHeads];  // running max of the scores (log2 domain); -inf before any key
-  float l[kDecodeHeads];  // running sum of exp2(score - m)
-  float acc[kDecodeHeads][kElems];
+  float m[kG];  // running max of the scores (log2 domain); -inf before any key
+  float l[kG];  // running sum of exp2(score - m)
+  float acc[kG][kElems];
 };
 
+// Queues the cp.async copies of tile j's K and V rows (keys past `end` are left as they are)
+// and commits them as one group; a tile past the chunk commits an empty group, so that every
+// thread counts the same groups.
 template <int D, typename Kv>
-__device__ __forceinline__ void DecodeTeamsOverChunk(
-    const DecodeParams& p, const int32_t* table, int32_t start, int32_t end, int64_t head_off,
-    const float (&q)[kDecodeHeads][DecodeShape<D, Kv>::kElems], int n_g,
-    TeamState<DecodeShape<D, Kv>::kElems>& st) {
+__device__ __forceinline__ void IssueTile(const DecodeParams& p, const int32_t* table,
+                                          int32_t start, int32_t end, int64_t head_off, int j,
+                                          int n_tiles, uint8_t* stage) {
+  using S = DecodeShape<D, Kv>;
+  constexpr int kPieces = S::kRowBytes / 16;
+  if (j < n_tiles) {
+    for (int i = threadIdx.x; i < S::kTileKeys * kPieces; i += kDecodeThreads) {
+      const int c = i / kPieces;
+      const int piece = i % kPieces;
+      const int32_t key = start + j * S::kTileKeys + c;
+      if (key > end) continue;
+      const uint8_t* src = p.pool.data + KeyRowOffset(p.pool, table, key) + head_off + piece * 16;
+      uint8_t* dst = stage + c * S::kRowBytes + piece * 16;
+      __pipeline_memcpy_async(dst, src, 16);
+      __pipeline_memcpy_async(dst + S::kTileKeys * S::kRowBytes, src + p.pool.plane_bytes, 16);
+    }
+  }
+  __pipeline_commit();
+}
+
+// One team's step over its kKeysPerTeam keys of a staged tile. Heads past the block's n_g have
+// q = 0 and are computed anyway: no branch separates the heads, so the shuffles and
+// exponentials of all kG heads and both keys interleave.
+template <int D, typename Kv, int kG>
+__device__ __forceinline__ void TeamStep(const DecodeParams& p, const uint8_t* stage, int32_t key0,
+                                         int32_t end,
+                                         const float (&q)[kG][DecodeShape<D, Kv>::kElems],
+                                         TeamState<DecodeShape<D, Kv>::kElems, kG>& st) {
   using S = DecodeShape<D, Kv>;
   constexpr int kE = S::kElems;
   constexpr int kK = S::kKeysPerTeam;
@@ -84,74 +122,70 @@ __device__ __forceinline__ void DecodeTeamsOverChunk(
   const int warp = threadIdx.x / kWarp;
   const int team_in_warp = lane / S::kLanes;
   const int li = lane % S::kLanes;
-  // `base` is uniform over the warp, so every lane reaches the shuffles below.
-  for (int32_t base = start + warp * S::kWarpKeys; base <= end; base += S::kWarps * S::kWarpKeys) {
-    float kf[kK][kE], vf[kK][kE];
-    bool valid[kK];
+  float kf[kK][kE], vf[kK][kE];
+  bool valid[kK];
 #pragma unroll
-    for (int kk = 0; kk < kK; ++kk) {
-      const int32_t key = base + team_in_warp * kK + kk;
-      valid[kk] = key <= end;
-      if (valid[kk]) {
-        const uint8_t* row = p.pool.data + KeyRowOffset(p.pool, table, key) + head_off;
+  for (int kk = 0; kk < kK; ++kk) {
+    const int c = warp * S::kWarpKeys + team_in_warp * kK + kk;  // key within the tile
+    valid[kk] = key0 + c <= end;
+    const uint8_t* row = stage + c * S::kRowBytes;
 #pragma unroll
-        for (int v = 0; v < S::kLoads; ++v) {
-          const int64_t off = static_cast<int64_t>(S::Elem(li, v * Kv::kVec)) * p.pool.elem_bytes;
-          Kv::Load(row + off, &kf[kk][v * Kv::kVec]);
-          Kv::Load(row + p.pool.plane_bytes + off, &vf[kk][v * Kv::kVec]);
-        }
-      } else {
-#pragma unroll
-        for (int e = 0; e < kE; ++e) kf[kk][e] = vf[kk][e] = 0.0f;
-      }
-    }
-    float s[kK][kDecodeHeads];
-#pragma unroll
-    for (int kk = 0; kk < kK; ++kk) {
-#pragma unroll
-      for (int g = 0; g < kDecodeHeads; ++g) {
-        float dot = 0.0f;
-        if (g < n_g) {  // uniform over the block: every lane takes the shuffles or none does
-#pragma unroll
-          for (int e = 0; e < kE; ++e) dot = fmaf(q[g][e], kf[kk][e], dot);
-#pragma unroll
-          for (int o = S::kLanes / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-        }
-        s[kk][g] = dot * p.scale_log2;
-      }
+    for (int v = 0; v < S::kLoads; ++v) {
+      const int off = S::Elem(li, v * Kv::kVec) * (16 / Kv::kVec);
+      Kv::Load(row + off, &kf[kk][v * Kv::kVec]);
+      Kv::Load(row + S::kTileKeys * S::kRowBytes + off, &vf[kk][v * Kv::kVec]);
     }
 #pragma unroll
-    for (int g = 0; g < kDecodeHeads; ++g) {
-      if (g >= n_g) break;
-      float mx = st.m[g];
+    for (int e = 0; e < kE; ++e) vf[kk][e] = valid[kk] ? vf[kk][e] : 0.0f;  // stale rows
+  }
+  float s[kK][kG];
 #pragma unroll
-      for (int kk = 0; kk < kK; ++kk)
-        if (valid[kk]) mx = fmaxf(mx, s[kk][g]);
-      if (mx == -INFINITY) continue;            // this team had no key in this step
-      const float alpha = exp2f(st.m[g] - mx);  // 0 while m is -inf
-      float pk[kK];
-      float sum = 0.0f;
+  for (int kk = 0; kk < kK; ++kk)
 #pragma unroll
-      for (int kk = 0; kk < kK; ++kk) {
-        pk[kk] = valid[kk] ? exp2f(s[kk][g] - mx) : 0.0f;
-        sum += pk[kk];
-      }
-      st.l[g] = st.l[g] * alpha + sum;
-      st.m[g] = mx;
+    for (int g = 0; g < kG; ++g) {
+      float dot = 0.0f;
 #pragma unroll
-      for (int e = 0; e < kE; ++e) {
-        float a = st.acc[g][e] * alpha;
+      for (int e = 0; e < kE; ++e) dot = fmaf(q[g][e], kf[kk][e], dot);
+      s[kk][g] = dot;
+    }
 #pragma unroll
-        for (int kk = 0; kk < kK; ++kk) a = fmaf(pk[kk], vf[kk][e], a);
-        st.acc[g][e] = a;
-      }
+  for (int o = S::kLanes / 2; o > 0; o >>= 1)
+#pragma unroll
+    for (int kk = 0; kk < kK; ++kk)
+#pragma unroll
+      for (int g = 0; g < kG; ++g) s[kk][g] += __shfl_xor_sync(0xffffffffu, s[kk][g], o);
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    float mx = st.m[g];
+#pragma unroll
+    for (int kk = 0; kk < kK; ++kk) {
+      s[kk][g] = valid[kk] ? s[kk][g] * p.scale_log2 : -INFINITY;
+      mx = fmaxf(mx, s[kk][g]);
+    }
+    // mx is -inf only for a team that has had no key yet: then everything stays 0.
+    const float m_ref = mx == -INFINITY ? 0.0f : mx;
+    const float alpha = exp2f(st.m[g] - m_ref);  // 0 while m is -inf
+    float pk[kK];
+    float sum = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kK; ++kk) {
+      pk[kk] = exp2f(s[kk][g] - m_ref);  // 0 for a missing key
+      sum += pk[kk];
+    }
+    st.l[g] = st.l[g] * alpha + sum;
+    st.m[g] = mx;
+#pragma unroll
+    for (int e = 0; e < kE; ++e) {
+      float a = st.acc[g][e] * alpha;
+#pragma unroll
+      for (int kk = 0; kk < kK; ++kk) a = fmaf(pk[kk], vf[kk][e], a);
+      st.acc[g][e] = a;
     }
   }
 }
 
-// grid (splits, n_kv_heads * slices, T), kDecodeThreads threads. A block whose chunk starts past
-// its token's position returns at once.
-template <int D, typename Kv>
+// kG (4 or 8, >= the block's heads) sizes the registers: a group of 4 computes no idle heads.
+template <int D, typename Kv, int kG>
 __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(DecodeParams p) {
   using S = DecodeShape<D, Kv>;
   constexpr int kE = S::kElems;
@@ -165,20 +199,20 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(DecodeParams p) {
   if (start > pos) return;
   const int32_t end = min(pos, start + p.chunk - 1);
   const int h0 = kvh * p.group + slice * kDecodeHeads;
-  const int n_g = min(kDecodeHeads, p.group - slice * kDecodeHeads);
+  const int n_g = min(kDecodeHeads, p.group - slice * kDecodeHeads);  // <= kG
   const int li = threadIdx.x % S::kLanes;
   const int team = threadIdx.x / S::kLanes;
 
-  float q[kDecodeHeads][kE];
+  float q[kG][kE];
 #pragma unroll
-  for (int g = 0; g < kDecodeHeads; ++g)
+  for (int g = 0; g < kG; ++g)
 #pragma unroll
     for (int e = 0; e < kE; ++e)
       q[g][e] =
           g < n_g ? p.q[(static_cast<int64_t>(t) * p.n_heads + h0 + g) * D + S::Elem(li, e)] : 0.0f;
-  TeamState<kE> st;
+  TeamState<kE, kG> st;
 #pragma unroll
-  for (int g = 0; g < kDecodeHeads; ++g) {
+  for (int g = 0; g < kG; ++g) {
     st.m[g] = -INFINITY;
     st.l[g] = 0.0f;
 #pragma unroll
@@ -186,35 +220,53 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(DecodeParams p) {
   }
   const int32_t* table = p.block_tables + static_cast<int64_t>(p.seq_of[t]) * p.max_blocks;
   const int64_t head_off = static_cast<int64_t>(kvh) * D * p.pool.elem_bytes;
-  DecodeTeamsOverChunk<D, Kv>(p, table, start, end, head_off, q, n_g, st);
+  // The staged tiles, then (after the loop) the teams' accumulators [kTeams, kG, D]:
+  // 128 * kElems * kG floats <= 32 KiB.
+  constexpr int kRedBytes = S::kTeams * kG * D * static_cast<int>(sizeof(float));
+  constexpr int kStageBytes = S::kStages * S::kTileBytes;
+  __shared__ __align__(16) uint8_t smem[kRedBytes > kStageBytes ? kRedBytes : kStageBytes];
+  __shared__ float red_m[S::kTeams * kG];
+  __shared__ float red_l[S::kTeams * kG];
+  __shared__ float blk_m[kG];
+  __shared__ float blk_l[kG];
 
-  // Merge the teams: [kTeams, kDecodeHeads, D] accumulators, 128 * kElems * 8 floats <= 32 KiB.
-  __shared__ float red_acc[S::kTeams * kDecodeHeads * D];
-  __shared__ float red_m[S::kTeams * kDecodeHeads];
-  __shared__ float red_l[S::kTeams * kDecodeHeads];
-  __shared__ float blk_m[kDecodeHeads];
-  __shared__ float blk_l[kDecodeHeads];
+  // The pipeline: kStages - 1 tiles in flight while one is computed. Every thread runs every
+  // iteration (n_tiles is uniform), so the barriers are reached by all.
+  const int n_tiles = (end - start + S::kTileKeys) / S::kTileKeys;
+  for (int j = 0; j < S::kStages - 1; ++j)
+    IssueTile<D, Kv>(p, table, start, end, head_off, j, n_tiles, smem + j * S::kTileBytes);
+  for (int j = 0; j < n_tiles; ++j) {
+    __pipeline_wait_prior(S::kStages - 2);
+    __syncthreads();  // tile j is in place; every thread is done with tile j - 1
+    const int next = j + S::kStages - 1;
+    IssueTile<D, Kv>(p, table, start, end, head_off, next, n_tiles,
+                     smem + (next % S::kStages) * S::kTileBytes);
+    TeamStep<D, Kv, kG>(p, smem + (j % S::kStages) * S::kTileBytes, start + j * S::kTileKeys, end,
+                        q, st);
+  }
+  __pipeline_wait_prior(0);
+  __syncthreads();  // the stages are free for the merge
+  float* red_acc = reinterpret_cast<float*>(smem);
 #pragma unroll
-  for (int g = 0; g < kDecodeHeads; ++g) {
+  for (int g = 0; g < kG; ++g) {
 #pragma unroll
-    for (int e = 0; e < kE; ++e)
-      red_acc[(team * kDecodeHeads + g) * D + S::Elem(li, e)] = st.acc[g][e];
+    for (int e = 0; e < kE; ++e) red_acc[(team * kG + g) * D + S::Elem(li, e)] = st.acc[g][e];
     if (li == 0) {
-      red_m[team * kDecodeHeads + g] = st.m[g];
-      red_l[team * kDecodeHeads + g] = st.l[g];
+      red_m[team * kG + g] = st.m[g];
+      red_l[team * kG + g] = st.l[g];
     }
   }
   __syncthreads();
   if (threadIdx.x < n_g) {
     const int g = threadIdx.x;
     float m = -INFINITY;
-    for (int i = 0; i < S::kTeams; ++i) m = fmaxf(m, red_m[i * kDecodeHeads + g]);
+    for (int i = 0; i < S::kTeams; ++i) m = fmaxf(m, red_m[i * kG + g]);
     blk_m[g] = m;  // finite: the block's first key went to team 0
   }
   __syncthreads();
   // Team weights exp2(m_team - m_block) in place of the teams' maxima.
-  for (int i = threadIdx.x; i < S::kTeams * kDecodeHeads; i += kDecodeThreads) {
-    const int g = i % kDecodeHeads;
+  for (int i = threadIdx.x; i < S::kTeams * kG; i += kDecodeThreads) {
+    const int g = i % kG;
     const float m = red_m[i];
     red_m[i] = g < n_g && m != -INFINITY ? exp2f(m - blk_m[g]) : 0.0f;
   }
@@ -222,8 +274,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(DecodeParams p) {
   if (threadIdx.x < n_g) {
     const int g = threadIdx.x;
     float l = 0.0f;
-    for (int i = 0; i < S::kTeams; ++i)
-      l += red_l[i * kDecodeHeads + g] * red_m[i * kDecodeHeads + g];
+    for (int i = 0; i < S::kTeams; ++i) l += red_l[i * kG + g] * red_m[i * kG + g];
     blk_l[g] = l;
   }
   __syncthreads();
@@ -232,7 +283,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(DecodeParams p) {
     const int d = o % D;
     float a = 0.0f;
     for (int i = 0; i < S::kTeams; ++i)
-      a = fmaf(red_acc[(i * kDecodeHeads + g) * D + d], red_m[i * kDecodeHeads + g], a);
+      a = fmaf(red_acc[(i * kG + g) * D + d], red_m[i * kG + g], a);
     const int64_t th = static_cast<int64_t>(t) * p.n_heads + h0 + g;  // (token, head)
     if (p.splits == 1) {
       p.out[th * D + d] = a / blk_l[g];
