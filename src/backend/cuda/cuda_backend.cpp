@@ -56,6 +56,11 @@ Expected<std::unique_ptr<ComputeBackend>> CudaBackend::Create(const ComputeOptio
     return Status::Error("--moe-backend gpu: head_dim " + std::to_string(dims.head_dim) +
                          " has no attention kernel (16, 32, 64, 128 or 256); use "
                          "--moe-backend cpu");
+  if (dims.n_experts > cuda::kMaxRouterExperts || dims.top_k > cuda::kMaxRouterTopK)
+    return Status::Error("--moe-backend gpu: the GPU router takes at most " +
+                         std::to_string(cuda::kMaxRouterExperts) + " experts and top-k " +
+                         std::to_string(cuda::kMaxRouterTopK) + "; this model has " +
+                         std::to_string(dims.n_experts) + " and " + std::to_string(dims.top_k));
   std::unique_ptr<CudaBackend> b(new CudaBackend(experts, dims));
   MT_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&b->stream_), "creating a CUDA stream");
   MT_ASSIGN_OR_RETURN(b->scans_dev_, cuda::DeviceBuffer<unsigned long long>::Create(
@@ -280,13 +285,15 @@ void CudaBackend::Attend(const AttentionWeights& w, const AttentionShape& shape,
   pool.data = kv.base();
   // Scratch for the splits of long contexts: sized for the longest sequence the pool can hold,
   // at the first step (and again only if the steps grow).
-  const size_t scratch = cuda::PagedAttentionScratchBytes(dims, capacity_tokens_,
-                                                          kv.n_blocks() * kv.block_size());
+  const size_t scratch =
+      cuda::PagedAttentionScratchBytes(dims, capacity_tokens_, kv.n_blocks() * kv.block_size());
   if (attn_scratch_.size() < scratch) {
     Check(cudaStreamSynchronize(stream_), "waiting for the GPU");
     auto made = cuda::DeviceBuffer<uint8_t>::Create(scratch, "attention scratch");
-    if (made.ok()) attn_scratch_ = std::move(*made);
-    else if (error_.empty()) error_ = made.status().message();
+    if (made.ok())
+      attn_scratch_ = std::move(*made);
+    else if (error_.empty())
+      error_ = made.status().message();
   }
   cuda::LaunchAttentionPrologue(p, dims, batch_dev_, layer, pool, q, k, v, stream_);
   cuda::LaunchPagedAttention(dims, batch_dev_, layer, pool, q, out, attn_scratch_.data(),

@@ -20,7 +20,7 @@ class DeviceBuffer {
   // n elements of T; `what` names the buffer in an out-of-memory error.
   static Expected<DeviceBuffer> Create(size_t n, const std::string& what) {
     DeviceBuffer b;
-    if (n == 0) return b;
+    if (n == 0) return Expected<DeviceBuffer>(std::move(b));
     void* p = nullptr;
     const cudaError_t err = cudaMalloc(&p, n * sizeof(T));
     if (err != cudaSuccess) {
@@ -30,7 +30,7 @@ class DeviceBuffer {
     }
     b.data_ = static_cast<T*>(p);
     b.size_ = n;
-    return b;
+    return Expected<DeviceBuffer>(std::move(b));
   }
   ~DeviceBuffer() { Release(); }
   DeviceBuffer(DeviceBuffer&& o) noexcept

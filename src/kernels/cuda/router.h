@@ -11,6 +11,11 @@
 
 namespace moetier::cuda {
 
+// What LaunchTopK handles (a warp holds a token's probabilities in registers; real models have
+// at most 256 experts and top-k 16); callers check a model against them at load.
+inline constexpr int kMaxRouterExperts = 512;
+inline constexpr int kMaxRouterTopK = 16;
+
 // For each token t: probs = softmax(logits[t, :n_experts]); its top_k experts by probability
 // (highest first; on equal probability the lower id first) into ids[t, :top_k] and their
 // probabilities into weights[t, :top_k], divided by their sum when `normalize`.

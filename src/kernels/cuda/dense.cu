@@ -1,0 +1,669 @@
+// Dense matrix products on the GPU (dense.h).
+//
+// Decode (n_tokens <= kMaxDecodeTokens): our own kernels, one warp per weight row (float formats
+// with several tokens: up to kMultiRows rows, see LaunchFloatDecode). The warp streams its row once
+// per pass of up to kTok tokens (the tokens of one pass share every weight load; later passes find
+// the row in L1/L2) and sums in fp32, then reduces across lanes.
+//   - f32/f16/bf16: 16-byte loads of the row (8 weights a lane a step, kFloatUnroll steps in
+//     flight), the activations read as float4 from L1/L2. Rows whose bytes are not 16-byte
+//     aligned take a per-element path (correct, slower; no real model has them).
+//   - Q8_0/Q4_0: the activations are first quantized to int8 per 32-block exactly as the CPU's
+//     kernels do (kernels/cpu/matmul_scalar.cpp); the warp copies 64 blocks of its row at a time
+//     into shared memory with the widest loads the row's alignment allows (blocks are only 2-byte
+//     aligned), then each lane takes whole blocks: integer dots with __dp4a, and
+//     (float)dot * d_w * dx summed in fp32.
+// At one token the float kernels are a pure weight stream (every byte read once with coalesced
+// 16-byte loads), which should reach ~90 % of the H200's 4.8 TB/s on matrices of hundreds of MB
+// (lm_head) and is launch- and tail-bound on ones of ~16 MB. The quantized kernels spend more
+// instructions a byte (staging, unpacking) and reach about half of that. fp32 FMAs and the
+// activation loads bound the float formats from ~4 tokens, dp4a the quantized ones from ~8.
+//
+// Prefill (more tokens): cuBLAS GEMMs on tensor cores with fp32 output: bf16 copies of x for
+// bf16 weights, f16 copies for f16 weights, TF32 for f32 weights; Q8_0/Q4_0 weights are
+// dequantized to bf16 kDequantChunkBytes at a time. Activations (and quantized weights) lose
+// bits to bf16/f16/tf32: about 1e-2 of a row's magnitude, the tolerance the tests state.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "core/dtype.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dense.h"
+#include "kernels/cuda/device_math.cuh"
+
+namespace moetier::cuda {
+namespace {
+
+// Largest n_tokens for our decode kernels; more tokens go to cuBLAS. Up to here the weight
+// stream (or, from ~16 tokens, CUDA-core FMAs) costs less than a tensor-core GEMM's operand
+// conversion, and the results keep fp32 activations (1e-5 agreement with the CPU).
+constexpr int64_t kMaxDecodeTokens = 64;
+constexpr int kDecodeWarps = 8;  // warps (rows) per block of the decode kernels
+constexpr int kDecodeThreads = kDecodeWarps * kWarp;
+constexpr int kFloatUnroll = 4;         // 16-byte row loads a lane keeps in flight (float formats)
+constexpr int kQuantBlocksPerLane = 2;  // Q8_0/Q4_0 blocks a lane takes per staged chunk
+// Scratch for the dequantized (bf16) weight rows of one GEMM: big enough that each GEMM keeps
+// the tensor cores busy, small next to the VRAM the weights themselves take.
+constexpr int64_t kDequantChunkBytes = 64ll << 20;
+// cuBLAS workspace: what NVIDIA recommends for Hopper.
+constexpr size_t kCublasWorkspaceBytes = 32u << 20;
+constexpr int kElementThreads = 256;
+constexpr int64_t kMaxElementBlocks = 8192;  // grid-stride conversion kernels
+
+int64_t CeilDiv(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+__device__ __forceinline__ uint16_t LoadU16(const uint8_t* p) {  // p 2-byte aligned
+  return *reinterpret_cast<const uint16_t*>(p);
+}
+
+// ---- float formats -----------------------------------------------------------------------
+
+template <DType kD>
+constexpr int kElemBytes = kD == DType::kF32 ? 4 : 2;
+
+// The bytes of 8 consecutive weights: 32 for f32 (lo, hi), 16 for f16/bf16 (lo).
+struct Raw8 {
+  uint4 lo;
+  uint4 hi;
+};
+
+template <DType kD>
+__device__ __forceinline__ Raw8 LoadRaw8(const uint8_t* row, int64_t c) {
+  Raw8 r;
+  const auto* p = reinterpret_cast<const uint4*>(row + c * kElemBytes<kD>);
+  r.lo = __ldg(p);
+  if constexpr (kD == DType::kF32) {
+    r.hi = __ldg(p + 1);
+  } else {
+    r.hi = make_uint4(0, 0, 0, 0);
+  }
+  return r;
+}
+
+template <DType kD>
+__device__ __forceinline__ float HalfBits(uint32_t bits) {
+  if constexpr (kD == DType::kBF16) {
+    return Bf16BitsToFloat(static_cast<uint16_t>(bits));
+  } else {
+    return F16BitsToFloat(static_cast<uint16_t>(bits));
+  }
+}
+
+template <DType kD>
+__device__ __forceinline__ void Decode8(const Raw8& r, float (&w)[8]) {
+  if constexpr (kD == DType::kF32) {
+    w[0] = __uint_as_float(r.lo.x);
+    w[1] = __uint_as_float(r.lo.y);
+    w[2] = __uint_as_float(r.lo.z);
+    w[3] = __uint_as_float(r.lo.w);
+    w[4] = __uint_as_float(r.hi.x);
+    w[5] = __uint_as_float(r.hi.y);
+    w[6] = __uint_as_float(r.hi.z);
+    w[7] = __uint_as_float(r.hi.w);
+  } else {
+    const uint32_t words[4] = {r.lo.x, r.lo.y, r.lo.z, r.lo.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[2 * k] = HalfBits<kD>(words[k] & 0xffffu);
+      w[2 * k + 1] = HalfBits<kD>(words[k] >> 16);
+    }
+  }
+}
+
+template <DType kD>
+__device__ __forceinline__ float WeightAt(const uint8_t* row, int64_t c) {
+  if constexpr (kD == DType::kF32) {
+    return reinterpret_cast<const float*>(row)[c];
+  } else {
+    return HalfBits<kD>(reinterpret_cast<const uint16_t*>(row)[c]);
+  }
+}
+
+// Lane 0 writes the warp's sums of acc[0, n) to y[t * rows + r], t < n.
+template <int kTok>
+__device__ __forceinline__ void WriteRow(float (&acc)[kTok], int n, int lane, float* y,
+                                         int64_t rows, int64_t r) {
+#pragma unroll
+  for (int t = 0; t < kTok; ++t) {
+    if (t < n) {  // warp-uniform
+      const float s = WarpSum(acc[t]);
+      if (lane == 0) y[t * rows + r] = s;
+    }
+  }
+}
+
+// One warp per kRows rows; cols % 8 == 0, rows and x 16-byte aligned. y [n_tokens, rows].
+// Each activation load (from L1/L2) feeds kRows rows: with several tokens the L1 traffic of
+// the activations, not the weight stream, is what bounds a one-row warp.
+template <DType kD, int kTok, int kRows>
+__global__ void __launch_bounds__(kDecodeThreads)
+    FloatDecodeKernel(const uint8_t* w, int64_t rows, int64_t cols, const float* x,
+                      int64_t n_tokens, float* y) {
+  constexpr int kUnroll = kFloatUnroll / kRows > 0 ? kFloatUnroll / kRows : 1;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t r0 =
+      (static_cast<int64_t>(blockIdx.x) * kDecodeWarps + threadIdx.x / kWarp) * kRows;
+  if (r0 >= rows) return;  // whole warps leave; no block barrier below
+  const uint8_t* row[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i)  // rows past the end re-read the last one, unwritten
+    row[i] = w + (r0 + i < rows ? r0 + i : rows - 1) * cols * kElemBytes<kD>;
+  constexpr int64_t kStep = 8 * kWarp;  // elements a warp covers per load step
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kTok) {
+    const int nt = static_cast<int>(n_tokens - t0 < kTok ? n_tokens - t0 : kTok);
+    const float* xs = x + t0 * cols;
+    float acc[kRows][kTok];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) acc[i][t] = 0.0f;
+    for (int64_t c0 = lane * 8; c0 < cols; c0 += kStep * kUnroll) {
+      Raw8 raw[kUnroll][kRows];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = c0 + u * kStep;
+        if (c < cols) {
+#pragma unroll
+          for (int i = 0; i < kRows; ++i) raw[u][i] = LoadRaw8<kD>(row[i], c);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = c0 + u * kStep;
+        if (c >= cols) break;
+        float wv[kRows][8];
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) Decode8<kD>(raw[u][i], wv[i]);
+#pragma unroll
+        for (int t = 0; t < kTok; ++t) {
+          if (t < nt) {
+            const auto* xp = reinterpret_cast<const float4*>(xs + t * cols + c);
+            const float4 a = __ldg(xp);
+            const float4 b = __ldg(xp + 1);
+#pragma unroll
+            for (int i = 0; i < kRows; ++i) {
+              float s = acc[i][t];
+              s = fmaf(wv[i][0], a.x, s);
+              s = fmaf(wv[i][1], a.y, s);
+              s = fmaf(wv[i][2], a.z, s);
+              s = fmaf(wv[i][3], a.w, s);
+              s = fmaf(wv[i][4], b.x, s);
+              s = fmaf(wv[i][5], b.y, s);
+              s = fmaf(wv[i][6], b.z, s);
+              s = fmaf(wv[i][7], b.w, s);
+              acc[i][t] = s;
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+      if (r0 + i < rows) WriteRow<kTok>(acc[i], nt, lane, y + t0 * rows, rows, r0 + i);
+  }
+}
+
+// The same product, one element a lane a step: any cols and alignment.
+template <DType kD, int kTok>
+__global__ void __launch_bounds__(kDecodeThreads)
+    FloatScalarKernel(const uint8_t* w, int64_t rows, int64_t cols, const float* x,
+                      int64_t n_tokens, float* y) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + threadIdx.x / kWarp;
+  if (r >= rows) return;
+  const uint8_t* row = w + r * cols * kElemBytes<kD>;
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kTok) {
+    const int nt = static_cast<int>(n_tokens - t0 < kTok ? n_tokens - t0 : kTok);
+    const float* xs = x + t0 * cols;
+    float acc[kTok];
+#pragma unroll
+    for (int t = 0; t < kTok; ++t) acc[t] = 0.0f;
+    for (int64_t c = lane; c < cols; c += kWarp) {
+      const float wv = WeightAt<kD>(row, c);
+#pragma unroll
+      for (int t = 0; t < kTok; ++t)
+        if (t < nt) acc[t] = fmaf(wv, __ldg(xs + t * cols + c), acc[t]);
+    }
+    WriteRow<kTok>(acc, nt, lane, y + t0 * rows, rows, r);
+  }
+}
+
+// ---- Q8_0 / Q4_0 -------------------------------------------------------------------------
+
+// x [n_blocks_total * 32] float -> xq (int8, same layout) and dx [n_blocks_total], one warp per
+// 32-block, bit for bit the CPU's quantizer: amax = max|x|, dx = amax / 127,
+// q = round-half-even(clamp(x * (127 / amax), -127, 127)) (IEEE division and one multiply, as
+// there; no FMA can form).
+__global__ void QuantizeActivationsKernel(const float* x, int64_t n_blocks_total, int8_t* xq,
+                                          float* dx) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  if (b >= n_blocks_total) return;
+  const float v = x[b * kWarp + lane];
+  const float amax = WarpMax(fabsf(v));
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  const float q = fminf(127.0f, fmaxf(-127.0f, v * id));
+  xq[b * kWarp + lane] = static_cast<int8_t>(__float2int_rn(q));
+  if (lane == 0) dx[b] = amax / 127.0f;
+}
+
+template <DType kD>
+constexpr int kQBlockBytes = kD == DType::kQ8_0 ? 34 : 18;
+constexpr int kChunkBlocks = kWarp * kQuantBlocksPerLane;  // blocks a warp stages at once
+template <DType kD>
+constexpr int kChunkBytes = kChunkBlocks* kQBlockBytes<kD>;  // 2176 (Q8_0), 1152 (Q4_0)
+static_assert(kChunkBytes<DType::kQ8_0> % 16 == 0 && kChunkBytes<DType::kQ4_0> % 16 == 0,
+              "each warp's staging area must stay 16-byte aligned");
+
+// Copies `bytes` (even, <= kChunkBytes) from global src (2-byte aligned) to shared dst (16-byte
+// aligned) with the warp's lanes, using 16- or 4-byte loads when src allows. All loads of a lane
+// are issued before its stores, so a chunk's bytes are in flight together.
+template <DType kD>
+__device__ __forceinline__ void StageChunk(const uint8_t* src, int bytes, uint8_t* dst, int lane) {
+  constexpr int kMaxVec16 = (kChunkBytes<kD> / 16 + kWarp - 1) / kWarp;
+  constexpr int kMaxVec4 = (kChunkBytes<kD> / 4 + kWarp - 1) / kWarp;
+  const auto addr = reinterpret_cast<uintptr_t>(src);
+  int done = 0;  // bytes copied by the wide loads
+  if ((addr & 15u) == 0) {
+    const int n = bytes / 16;
+    const auto* s = reinterpret_cast<const uint4*>(src);
+    auto* d = reinterpret_cast<uint4*>(dst);
+    uint4 v[kMaxVec16];
+#pragma unroll
+    for (int k = 0; k < kMaxVec16; ++k)
+      if (lane + k * kWarp < n) v[k] = __ldg(s + lane + k * kWarp);
+#pragma unroll
+    for (int k = 0; k < kMaxVec16; ++k)
+      if (lane + k * kWarp < n) d[lane + k * kWarp] = v[k];
+    done = n * 16;
+  } else if ((addr & 3u) == 0) {
+    const int n = bytes / 4;
+    const auto* s = reinterpret_cast<const uint32_t*>(src);
+    auto* d = reinterpret_cast<uint32_t*>(dst);
+    uint32_t v[kMaxVec4];
+#pragma unroll
+    for (int k = 0; k < kMaxVec4; ++k)
+      if (lane + k * kWarp < n) v[k] = __ldg(s + lane + k * kWarp);
+#pragma unroll
+    for (int k = 0; k < kMaxVec4; ++k)
+      if (lane + k * kWarp < n) d[lane + k * kWarp] = v[k];
+    done = n * 4;
+  }
+  const auto* s = reinterpret_cast<const uint16_t*>(src);
+  auto* d = reinterpret_cast<uint16_t*>(dst);
+  for (int i = done / 2 + lane; i < bytes / 2; i += kWarp) d[i] = __ldg(s + i);
+}
+
+// A staged block's 32 weight codes as 8 words of 4 signed bytes, word k = elements 4k..4k+3.
+template <DType kD>
+__device__ __forceinline__ void UnpackCodes(const uint8_t* blk, int (&wq)[8]) {
+  const auto* q = reinterpret_cast<const uint16_t*>(blk + 2);  // 2-byte aligned
+  if constexpr (kD == DType::kQ8_0) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      wq[k] = static_cast<int>(static_cast<uint32_t>(q[2 * k]) |
+                               (static_cast<uint32_t>(q[2 * k + 1]) << 16));
+  } else {  // byte j: element j (low nibble), element j + 16 (high nibble); codes offset by 8
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t n =
+          static_cast<uint32_t>(q[2 * k]) | (static_cast<uint32_t>(q[2 * k + 1]) << 16);
+      wq[k] = static_cast<int>(__vsub4(n & 0x0f0f0f0fu, 0x08080808u));
+      wq[k + 4] = static_cast<int>(__vsub4((n >> 4) & 0x0f0f0f0fu, 0x08080808u));
+    }
+  }
+}
+
+// One warp per row. xq [n_tokens, n_blocks * 32] int8 (rows 32-byte aligned), dx [n_tokens,
+// n_blocks]; y [n_tokens, rows].
+template <DType kD, int kTok>
+__global__ void __launch_bounds__(kDecodeThreads)
+    QuantDecodeKernel(const uint8_t* w, int64_t rows, int64_t n_blocks, const int8_t* xq,
+                      const float* dx, int64_t n_tokens, float* y) {
+  __shared__ __align__(16) uint8_t stage[kDecodeWarps][kChunkBytes<kD>];
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + warp;
+  if (r >= rows) return;  // whole warps leave; only __syncwarp below
+  constexpr int kBB = kQBlockBytes<kD>;
+  const uint8_t* row = w + r * n_blocks * kBB;
+  const int64_t cols = n_blocks * 32;
+  uint8_t* my = stage[warp];
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kTok) {
+    const int nt = static_cast<int>(n_tokens - t0 < kTok ? n_tokens - t0 : kTok);
+    float acc[kTok];
+#pragma unroll
+    for (int t = 0; t < kTok; ++t) acc[t] = 0.0f;
+    for (int64_t b0 = 0; b0 < n_blocks; b0 += kChunkBlocks) {
+      const int nb = static_cast<int>(n_blocks - b0 < kChunkBlocks ? n_blocks - b0 : kChunkBlocks);
+      __syncwarp();  // the previous chunk's reads of `my` are done
+      StageChunk<kD>(row + b0 * kBB, nb * kBB, my, lane);
+      __syncwarp();
+#pragma unroll
+      for (int k = 0; k < kQuantBlocksPerLane; ++k) {
+        const int bl = lane + k * kWarp;
+        if (bl >= nb) break;
+        const uint8_t* blk = my + bl * kBB;
+        const float d = F16BitsToFloat(LoadU16(blk));
+        int wq[8];
+        UnpackCodes<kD>(blk, wq);
+        const int64_t b = b0 + bl;
+#pragma unroll
+        for (int t = 0; t < kTok; ++t) {
+          if (t < nt) {
+            const int64_t tt = t0 + t;
+            const auto* xp = reinterpret_cast<const int4*>(xq + tt * cols + b * 32);
+            const int4 lo = __ldg(xp);
+            const int4 hi = __ldg(xp + 1);
+            int dot = __dp4a(wq[0], lo.x, 0);
+            dot = __dp4a(wq[1], lo.y, dot);
+            dot = __dp4a(wq[2], lo.z, dot);
+            dot = __dp4a(wq[3], lo.w, dot);
+            dot = __dp4a(wq[4], hi.x, dot);
+            dot = __dp4a(wq[5], hi.y, dot);
+            dot = __dp4a(wq[6], hi.z, dot);
+            dot = __dp4a(wq[7], hi.w, dot);
+            acc[t] = fmaf(static_cast<float>(dot), d * __ldg(dx + tt * n_blocks + b), acc[t]);
+          }
+        }
+      }
+    }
+    WriteRow<kTok>(acc, nt, lane, y + t0 * rows, rows, r);
+  }
+}
+
+// ---- prefill helpers -----------------------------------------------------------------------
+
+int ElementGrid(int64_t n) {
+  const int64_t blocks = CeilDiv(n, kElementThreads);
+  return static_cast<int>(blocks < kMaxElementBlocks ? blocks : kMaxElementBlocks);
+}
+
+// out[i] = bf16 (or f16) of x[i], round to nearest even.
+template <bool kF16>
+__global__ void ToHalfKernel(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = kF16 ? FloatToF16Bits(x[i]) : FloatToBf16Bits(x[i]);
+}
+
+// Rows [0, n_rows) of a Q8_0/Q4_0 matrix (starting at `w`) to bf16 [n_rows, cols].
+template <DType kD>
+__global__ void DequantToBf16Kernel(const uint8_t* w, int64_t n_rows, int64_t cols, uint16_t* out) {
+  constexpr int kBB = kQBlockBytes<kD>;
+  const int64_t n = n_rows * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t blk_index = i / 32;  // rows are whole blocks: blocks are consecutive
+    const int j = static_cast<int>(i % 32);
+    const uint8_t* blk = w + blk_index * kBB;
+    int code;
+    if constexpr (kD == DType::kQ8_0) {
+      code = static_cast<int8_t>(blk[2 + j]);
+    } else {
+      const uint8_t byte = blk[2 + (j & 15)];
+      code = (j < 16 ? (byte & 15) : (byte >> 4)) - 8;
+    }
+    out[i] = FloatToBf16Bits(F16BitsToFloat(LoadU16(blk)) * static_cast<float>(code));
+  }
+}
+
+// ---- launch --------------------------------------------------------------------------------
+
+// Rows a warp of the vectorized float kernel takes: one for one token (a pure stream, the most
+// warps); for more tokens up to kMultiRows (each activation load then feeds that many rows),
+// as long as the grid keeps kMinDecodeBlocks blocks (about one per SM of a 132-SM H200).
+constexpr int kMultiRows = 4;
+constexpr int64_t kMinDecodeBlocks = 128;
+
+template <DType kD, int kTok, int kRows>
+void LaunchFloatRows(const uint8_t* data, const DeviceMatrix& w, const float* x, int64_t n_tokens,
+                     float* y, cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>(CeilDiv(w.rows, kDecodeWarps * kRows));
+  FloatDecodeKernel<kD, kTok, kRows>
+      <<<blocks, kDecodeThreads, 0, stream>>>(data, w.rows, w.cols, x, n_tokens, y);
+}
+
+template <DType kD, int kTok>
+void LaunchFloatDecode(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y,
+                       cudaStream_t stream) {
+  const auto* data = static_cast<const uint8_t*>(w.data);
+  const bool vec = w.cols % 8 == 0 && reinterpret_cast<uintptr_t>(data) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  if (!vec) {
+    const auto blocks = static_cast<unsigned>(CeilDiv(w.rows, kDecodeWarps));
+    FloatScalarKernel<kD, kTok>
+        <<<blocks, kDecodeThreads, 0, stream>>>(data, w.rows, w.cols, x, n_tokens, y);
+    return;
+  }
+  if constexpr (kTok == 1) {
+    LaunchFloatRows<kD, 1, 1>(data, w, x, n_tokens, y, stream);
+  } else if (CeilDiv(w.rows, kDecodeWarps * kMultiRows) >= kMinDecodeBlocks) {
+    LaunchFloatRows<kD, kTok, kMultiRows>(data, w, x, n_tokens, y, stream);
+  } else if (CeilDiv(w.rows, kDecodeWarps * 2) >= kMinDecodeBlocks) {
+    LaunchFloatRows<kD, kTok, 2>(data, w, x, n_tokens, y, stream);
+  } else {
+    LaunchFloatRows<kD, kTok, 1>(data, w, x, n_tokens, y, stream);
+  }
+}
+
+template <DType kD, int kTok>
+void LaunchQuantDecode(const DeviceMatrix& w, const int8_t* xq, const float* dx, int64_t n_tokens,
+                       float* y, cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>(CeilDiv(w.rows, kDecodeWarps));
+  QuantDecodeKernel<kD, kTok><<<blocks, kDecodeThreads, 0, stream>>>(
+      static_cast<const uint8_t*>(w.data), w.rows, w.cols / 32, xq, dx, n_tokens, y);
+}
+
+// Tokens per pass: the smallest of 1, 2, 4, 8 that holds n_tokens, else 8 (several passes).
+template <template <DType, int> class Launch, DType kD, typename... Args>
+void ByTokens(int64_t n_tokens, Args&&... args) {
+  if (n_tokens == 1) return Launch<kD, 1>::Run(std::forward<Args>(args)...);
+  if (n_tokens == 2) return Launch<kD, 2>::Run(std::forward<Args>(args)...);
+  if (n_tokens <= 4) return Launch<kD, 4>::Run(std::forward<Args>(args)...);
+  return Launch<kD, 8>::Run(std::forward<Args>(args)...);
+}
+
+template <DType kD, int kTok>
+struct FloatDecode {
+  static void Run(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y,
+                  cudaStream_t stream) {
+    LaunchFloatDecode<kD, kTok>(w, x, n_tokens, y, stream);
+  }
+};
+template <DType kD, int kTok>
+struct QuantDecode {
+  static void Run(const DeviceMatrix& w, const int8_t* xq, const float* dx, int64_t n_tokens,
+                  float* y, cudaStream_t stream) {
+    LaunchQuantDecode<kD, kTok>(w, xq, dx, n_tokens, y, stream);
+  }
+};
+
+// One cudaMalloc for State (empty when bytes == 0); *p stays null on failure.
+Status AllocateDevice(size_t bytes, const std::string& what, void** p) {
+  *p = nullptr;
+  if (bytes == 0) return OkStatus();
+  const cudaError_t err = cudaMalloc(p, bytes);
+  if (err == cudaSuccess) return OkStatus();
+  *p = nullptr;
+  (void)cudaGetLastError();  // clear the error so that later calls are not blamed
+  return CudaStatus(err, "allocating " + std::to_string(bytes) + " bytes of VRAM for " + what);
+}
+
+}  // namespace
+
+// Owns its device allocations (freed with it); never moved (DenseMatMul holds it by pointer).
+struct DenseMatMul::State {
+  int64_t max_tokens = 0;
+  int64_t max_cols = 0;
+  int64_t max_rows = 0;
+  int8_t* xq = nullptr;     // [min(max_tokens, kMaxDecodeTokens), max_cols] quantized x
+  float* dx = nullptr;      // [min(max_tokens, kMaxDecodeTokens), max_cols / 32] its scales
+  uint16_t* xh = nullptr;   // [max_tokens, max_cols] bf16/f16 x for cuBLAS (prefill only)
+  uint16_t* wdq = nullptr;  // [wdq_elems] dequantized weight rows (prefill only)
+  int64_t wdq_elems = 0;
+  void* workspace = nullptr;        // kCublasWorkspaceBytes for cuBLAS (prefill only)
+  cublasHandle_t cublas = nullptr;  // prefill only
+
+  State() = default;
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+  ~State() {
+    if (cublas != nullptr) cublasDestroy(cublas);
+    for (void* p : {static_cast<void*>(xq), static_cast<void*>(dx), static_cast<void*>(xh),
+                    static_cast<void*>(wdq), workspace})
+      if (p != nullptr) cudaFree(p);
+  }
+
+  Status Allocate();
+  void Decode(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y,
+              cudaStream_t stream);
+  void Prefill(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y,
+               cudaStream_t stream);
+  void Gemm(cudaDataType type, const void* w, int64_t n_rows, int64_t cols, const void* x,
+            int64_t n_tokens, float* y, int64_t ldy, cublasComputeType_t compute);
+};
+
+Status DenseMatMul::State::Allocate() {
+  const int64_t decode_tokens = max_tokens < kMaxDecodeTokens ? max_tokens : kMaxDecodeTokens;
+  const auto n_decode = static_cast<size_t>(decode_tokens * max_cols);
+  MT_RETURN_IF_ERROR(
+      AllocateDevice(n_decode, "quantized activations", reinterpret_cast<void**>(&xq)));
+  MT_RETURN_IF_ERROR(AllocateDevice((n_decode / 32 + 1) * sizeof(float),
+                                    "quantized activation scales", reinterpret_cast<void**>(&dx)));
+  if (max_tokens <= kMaxDecodeTokens) return OkStatus();
+  MT_RETURN_IF_ERROR(AllocateDevice(static_cast<size_t>(max_tokens * max_cols) * 2,
+                                    "bf16 activations", reinterpret_cast<void**>(&xh)));
+  const int64_t all_rows = max_rows * max_cols * 2;
+  const int64_t chunk = all_rows < kDequantChunkBytes ? all_rows : kDequantChunkBytes;
+  const int64_t one_row = max_cols * 2;  // at least one row, however long
+  wdq_elems = (chunk > one_row ? chunk : one_row) / 2;
+  MT_RETURN_IF_ERROR(AllocateDevice(static_cast<size_t>(wdq_elems) * 2, "dequantized weight rows",
+                                    reinterpret_cast<void**>(&wdq)));
+  MT_RETURN_IF_ERROR(AllocateDevice(kCublasWorkspaceBytes, "the cuBLAS workspace", &workspace));
+  if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) {
+    cublas = nullptr;
+    return Status::Error("creating the cuBLAS handle for prefill matrix products failed");
+  }
+  return OkStatus();
+}
+
+Expected<DenseMatMul> DenseMatMul::Create(int64_t max_tokens, int64_t max_cols, int64_t max_rows) {
+  DenseMatMul m;
+  m.s_->max_tokens = max_tokens;
+  m.s_->max_cols = max_cols;
+  m.s_->max_rows = max_rows;
+  MT_RETURN_IF_ERROR(m.s_->Allocate());
+  return Expected<DenseMatMul>(std::move(m));
+}
+
+DenseMatMul::DenseMatMul() : s_(std::make_unique<State>()) {}
+DenseMatMul::~DenseMatMul() = default;
+DenseMatMul::DenseMatMul(DenseMatMul&&) noexcept = default;
+DenseMatMul& DenseMatMul::operator=(DenseMatMul&&) noexcept = default;
+
+void DenseMatMul::Run(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y,
+                      cudaStream_t stream) {
+  if (n_tokens <= 0 || w.rows <= 0) return;
+  if (n_tokens <= kMaxDecodeTokens || s_->cublas == nullptr) {
+    s_->Decode(w, x, n_tokens, y, stream);
+  } else {
+    s_->Prefill(w, x, n_tokens, y, stream);
+  }
+}
+
+void DenseMatMul::State::Decode(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y,
+                                cudaStream_t stream) {
+  switch (w.dtype) {
+    case DType::kF32:
+      return ByTokens<FloatDecode, DType::kF32>(n_tokens, w, x, n_tokens, y, stream);
+    case DType::kF16:
+      return ByTokens<FloatDecode, DType::kF16>(n_tokens, w, x, n_tokens, y, stream);
+    case DType::kBF16:
+      return ByTokens<FloatDecode, DType::kBF16>(n_tokens, w, x, n_tokens, y, stream);
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+      break;
+    default:
+      return;  // not a dense weight dtype (the loader rejects it before)
+  }
+  // Quantized weights: quantize x into scratch, in passes of at most kMaxDecodeTokens tokens.
+  const int64_t n_blocks = w.cols / 32;
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxDecodeTokens) {
+    const int64_t nt = n_tokens - t0 < kMaxDecodeTokens ? n_tokens - t0 : kMaxDecodeTokens;
+    const int64_t total = nt * n_blocks;
+    if (total > 0) {
+      constexpr int kWarpsPerBlock = kElementThreads / kWarp;
+      QuantizeActivationsKernel<<<static_cast<unsigned>(CeilDiv(total, kWarpsPerBlock)),
+                                  kElementThreads, 0, stream>>>(x + t0 * w.cols, total, xq, dx);
+    }
+    float* yt = y + t0 * w.rows;
+    if (w.dtype == DType::kQ8_0) {
+      ByTokens<QuantDecode, DType::kQ8_0>(nt, w, xq, dx, nt, yt, stream);
+    } else {
+      ByTokens<QuantDecode, DType::kQ4_0>(nt, w, xq, dx, nt, yt, stream);
+    }
+  }
+}
+
+// y[:, 0:n_rows] (row stride ldy) = x[n_tokens, cols] · w[n_rows, cols]ᵀ, fp32 output. cuBLAS
+// is column-major: it sees w as [cols, n_rows] (ld cols), x as [cols, n_tokens] (ld cols) and y
+// as [n_rows, n_tokens] (ld ldy), so y = op_T(w) · x with m = n_rows, n = n_tokens, k = cols.
+void DenseMatMul::State::Gemm(cudaDataType type, const void* w, int64_t n_rows, int64_t cols,
+                              const void* x, int64_t n_tokens, float* y, int64_t ldy,
+                              cublasComputeType_t compute) {
+  const float one = 1.0f;
+  const float zero = 0.0f;
+  cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n_rows),
+               static_cast<int>(n_tokens), static_cast<int>(cols), &one, w, type,
+               static_cast<int>(cols), x, type, static_cast<int>(cols), &zero, y, CUDA_R_32F,
+               static_cast<int>(ldy), compute, CUBLAS_GEMM_DEFAULT);
+}
+
+void DenseMatMul::State::Prefill(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y,
+                                 cudaStream_t stream) {
+  // cublasSetStream also resets the workspace to cuBLAS's own pool: set ours after it.
+  cublasSetStream(cublas, stream);
+  cublasSetWorkspace(cublas, workspace, kCublasWorkspaceBytes);
+  const int64_t n_x = n_tokens * w.cols;
+  switch (w.dtype) {
+    case DType::kF32:  // TF32 tensor cores on the fp32 operands as they are
+      return Gemm(CUDA_R_32F, w.data, w.rows, w.cols, x, n_tokens, y, w.rows,
+                  CUBLAS_COMPUTE_32F_FAST_TF32);
+    case DType::kF16:
+      ToHalfKernel<true><<<ElementGrid(n_x), kElementThreads, 0, stream>>>(x, n_x, xh);
+      return Gemm(CUDA_R_16F, w.data, w.rows, w.cols, xh, n_tokens, y, w.rows, CUBLAS_COMPUTE_32F);
+    case DType::kBF16:
+      ToHalfKernel<false><<<ElementGrid(n_x), kElementThreads, 0, stream>>>(x, n_x, xh);
+      return Gemm(CUDA_R_16BF, w.data, w.rows, w.cols, xh, n_tokens, y, w.rows, CUBLAS_COMPUTE_32F);
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+      break;
+    default:
+      return;
+  }
+  ToHalfKernel<false><<<ElementGrid(n_x), kElementThreads, 0, stream>>>(x, n_x, xh);
+  const int64_t row_bytes = static_cast<int64_t>(DTypeRowBytes(w.dtype, w.cols));
+  const int64_t chunk_rows_max = wdq_elems / w.cols;
+  if (chunk_rows_max < 1) return;  // w.cols > max_cols: outside the contract
+  const auto* data = static_cast<const uint8_t*>(w.data);
+  for (int64_t r0 = 0; r0 < w.rows; r0 += chunk_rows_max) {
+    const int64_t n_rows = w.rows - r0 < chunk_rows_max ? w.rows - r0 : chunk_rows_max;
+    const int grid = ElementGrid(n_rows * w.cols);
+    if (w.dtype == DType::kQ8_0) {
+      DequantToBf16Kernel<DType::kQ8_0>
+          <<<grid, kElementThreads, 0, stream>>>(data + r0 * row_bytes, n_rows, w.cols, wdq);
+    } else {
+      DequantToBf16Kernel<DType::kQ4_0>
+          <<<grid, kElementThreads, 0, stream>>>(data + r0 * row_bytes, n_rows, w.cols, wdq);
+    }
+    Gemm(CUDA_R_16BF, wdq, n_rows, w.cols, xh, n_tokens, y + r0, w.rows, CUBLAS_COMPUTE_32F);
+  }
+}
+
+}  // namespace moetier::cuda

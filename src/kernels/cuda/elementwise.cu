@@ -1,0 +1,185 @@
+// Element-wise and per-row kernels (elementwise.h). Each is memory-bound and tiny next to the
+// matrix products; the goal is coalesced access and no launch for empty inputs, not peak
+// bandwidth tricks.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/elementwise.h"
+
+namespace moetier::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+// Grid-stride kernels launch at most this many blocks: enough to fill 132 SMs many times over,
+// few enough that each thread does several elements of a long vector.
+constexpr int64_t kMaxGridBlocks = 4096;
+
+int GridFor(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(blocks < kMaxGridBlocks ? blocks : kMaxGridBlocks);
+}
+
+__device__ __forceinline__ uint16_t LoadU16(const uint8_t* p) {  // p 2-byte aligned
+  return *reinterpret_cast<const uint16_t*>(p);
+}
+
+// Element c of a table row as float32, exactly as kernels::RowToF32 decodes it (every value is
+// exact in float32, so the results are bit-identical).
+template <DType kD>
+__device__ __forceinline__ float RowElement(const uint8_t* row, int64_t c) {
+  if constexpr (kD == DType::kF32) {
+    return reinterpret_cast<const float*>(row)[c];
+  } else if constexpr (kD == DType::kF16) {
+    return F16BitsToFloat(reinterpret_cast<const uint16_t*>(row)[c]);
+  } else if constexpr (kD == DType::kBF16) {
+    return Bf16BitsToFloat(reinterpret_cast<const uint16_t*>(row)[c]);
+  } else if constexpr (kD == DType::kQ8_0) {
+    const uint8_t* blk = row + (c / 32) * 34;
+    const int8_t q = static_cast<int8_t>(blk[2 + c % 32]);
+    return F16BitsToFloat(LoadU16(blk)) * static_cast<float>(q);
+  } else {  // kQ4_0: byte j holds elements j (low nibble) and j + 16 (high nibble)
+    const uint8_t* blk = row + (c / 32) * 18;
+    const int j = static_cast<int>(c % 32);
+    const uint8_t byte = blk[2 + (j & 15)];
+    const int code = j < 16 ? (byte & 15) : (byte >> 4);
+    return F16BitsToFloat(LoadU16(blk)) * static_cast<float>(code - 8);
+  }
+}
+
+// One block per token: h[t, :] = decoded row tokens[t].
+template <DType kD>
+__global__ void EmbedKernel(const uint8_t* table, int64_t row_bytes, int64_t cols,
+                            const int32_t* tokens, float* h) {
+  const int64_t t = blockIdx.x;
+  const uint8_t* row = table + static_cast<int64_t>(tokens[t]) * row_bytes;
+  float* out = h + t * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[c] = RowElement<kD>(row, c);
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// The order is fixed, so a given input always gives the same bits.
+__device__ double BlockSum(double v, double* warp_sums /* [32] shared */) {
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  const int n_warps = blockDim.x / kWarp;
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  double total = 0.0;
+  for (int w = 0; w < n_warps; ++w) total += warp_sums[w];
+  return total;
+}
+
+// One block per output row. The sum of squares is kept in double, as kernels::RmsNormRow does
+// (a few thousand squares lose bits in float32); fp64 is cheap on the GPUs we target next to
+// the row's memory traffic. Only the summation order differs from the CPU, so the scale agrees
+// to about 1 ulp of float32.
+__global__ void RmsNormKernel(const float* x, const int32_t* rows, const float* weight, float eps,
+                              int64_t d, float* y) {
+  __shared__ double warp_sums[kWarp];
+  const int64_t i = blockIdx.x;
+  const int64_t r = rows != nullptr ? rows[i] : i;
+  const float* xr = x + r * d;
+  double ss = 0.0;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    const double v = xr[c];
+    ss += v * v;
+  }
+  ss = BlockSum(ss, warp_sums);
+  const float scale = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + eps));
+  float* yr = y + i * d;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) yr[c] = xr[c] * scale * weight[c];
+}
+
+__global__ void AddKernel(const float* x, int64_t n, float* y) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] += x[i];
+}
+
+// silu(g) * up as the CPU computes it: g / (1 + e^-g) * up (IEEE division; expf is within
+// 2 ulp of the CPU's exp).
+__global__ void SiluMulKernel(float* gate, const float* up, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+// Each thread keeps the lowest non-finite index it saw; one atomicMin per warp that saw any, so
+// the common all-finite case does no atomics at all.
+__global__ void FirstNonFiniteKernel(const float* x, int64_t n, unsigned long long* first) {
+  constexpr uint32_t kExponent = 0x7f800000u;  // all ones: inf or NaN
+  unsigned long long mine = ~0ull;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if ((__float_as_uint(x[i]) & kExponent) == kExponent) {
+      mine = static_cast<unsigned long long>(i);
+      break;  // later i of this thread are larger
+    }
+  }
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) {
+    const unsigned long long other = __shfl_xor_sync(0xffffffffu, mine, o);
+    mine = other < mine ? other : mine;
+  }
+  if (threadIdx.x % kWarp == 0 && mine != ~0ull) atomicMin(first, mine);
+}
+
+template <DType kD>
+void Embed(const DeviceMatrix& table, const int32_t* tokens, int64_t n_tokens, float* h,
+           cudaStream_t stream) {
+  const auto row_bytes = static_cast<int64_t>(DTypeRowBytes(table.dtype, table.cols));
+  EmbedKernel<kD><<<static_cast<unsigned>(n_tokens), kThreads, 0, stream>>>(
+      static_cast<const uint8_t*>(table.data), row_bytes, table.cols, tokens, h);
+}
+
+}  // namespace
+
+void LaunchEmbed(const DeviceMatrix& table, const int32_t* tokens, int64_t n_tokens, float* h,
+                 cudaStream_t stream) {
+  if (n_tokens <= 0 || table.cols <= 0) return;
+  switch (table.dtype) {
+    case DType::kF32:
+      return Embed<DType::kF32>(table, tokens, n_tokens, h, stream);
+    case DType::kF16:
+      return Embed<DType::kF16>(table, tokens, n_tokens, h, stream);
+    case DType::kBF16:
+      return Embed<DType::kBF16>(table, tokens, n_tokens, h, stream);
+    case DType::kQ8_0:
+      return Embed<DType::kQ8_0>(table, tokens, n_tokens, h, stream);
+    case DType::kQ4_0:
+      return Embed<DType::kQ4_0>(table, tokens, n_tokens, h, stream);
+    default:
+      return;  // not a table dtype (the loader rejects it before)
+  }
+}
+
+void LaunchRmsNorm(const float* x, const int32_t* rows, int64_t n_rows, const float* weight,
+                   float eps, int64_t d, float* y, cudaStream_t stream) {
+  if (n_rows <= 0 || d <= 0) return;
+  RmsNormKernel<<<static_cast<unsigned>(n_rows), kThreads, 0, stream>>>(x, rows, weight, eps, d, y);
+}
+
+void LaunchAdd(const float* x, int64_t n, float* y, cudaStream_t stream) {
+  if (n <= 0) return;
+  AddKernel<<<GridFor(n), kThreads, 0, stream>>>(x, n, y);
+}
+
+void LaunchSiluMul(float* gate, const float* up, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  SiluMulKernel<<<GridFor(n), kThreads, 0, stream>>>(gate, up, n);
+}
+
+void LaunchFirstNonFinite(const float* x, int64_t n, unsigned long long* first,
+                          cudaStream_t stream) {
+  if (n <= 0) return;
+  FirstNonFiniteKernel<<<GridFor(n), kThreads, 0, stream>>>(x, n, first);
+}
+
+}  // namespace moetier::cuda

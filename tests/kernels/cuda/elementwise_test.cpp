@@ -1,0 +1,238 @@
+// CUDA element-wise kernels (kernels/cuda/elementwise.h) against their CPU references
+// (kernels/cpu/elementwise.h, RowToF32 for the embedding) on fresh random inputs.
+#include "kernels/cuda/elementwise.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cuda/device_buffer.h"
+#include "support/gpu.h"
+#include "support/seed.h"
+
+namespace moetier::cuda {
+namespace {
+
+template <typename T>
+DeviceBuffer<T> Upload(const std::vector<T>& v) {
+  DeviceBuffer<T> b = DeviceBuffer<T>::Create(v.size() + 1, "test input").value();
+  EXPECT_EQ(cudaMemcpy(b.data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  return b;
+}
+
+template <typename T>
+std::vector<T> Download(const DeviceBuffer<T>& b, size_t n) {
+  std::vector<T> v(n);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(v.data(), b.data(), n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+
+std::vector<float> RandomFloats(size_t n, float scale, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// A [rows, cols] table of `dtype` holding random values; bytes as the CPU stores them.
+std::vector<uint8_t> MakeTable(DType dtype, int64_t rows, int64_t cols, std::mt19937& rng) {
+  const std::vector<float> f = RandomFloats(static_cast<size_t>(rows * cols), 1.0f, rng);
+  const size_t row_bytes = DTypeRowBytes(dtype, cols);
+  std::vector<uint8_t> bytes(row_bytes * static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = f.data() + r * cols;
+    uint8_t* dst = bytes.data() + static_cast<size_t>(r) * row_bytes;
+    for (int64_t c = 0; c < cols; ++c) {
+      if (dtype == DType::kF32) {
+        std::memcpy(dst + 4 * c, &src[c], 4);
+      } else if (dtype == DType::kF16 || dtype == DType::kBF16) {
+        const uint16_t h = dtype == DType::kF16 ? F32ToF16(src[c]) : F32ToBf16(src[c]);
+        std::memcpy(dst + 2 * c, &h, 2);
+      }
+    }
+    if (dtype == DType::kQ8_0) kernels::QuantizeRowQ8_0(src, cols, dst);
+    if (dtype == DType::kQ4_0) kernels::QuantizeRowQ4_0(src, cols, dst);
+  }
+  return bytes;
+}
+
+class EmbedTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(EmbedTest, MatchesRowToF32Exactly) {
+  MT_REQUIRE_GPU();
+  std::mt19937 rng(testing::TestSeed());
+  const DType dtype = GetParam();
+  for (auto [rows, cols, n_tokens] : {std::tuple{1, 32, 1}, {37, 96, 13}, {300, 2048, 64}}) {
+    const std::vector<uint8_t> table = MakeTable(dtype, rows, cols, rng);
+    std::uniform_int_distribution<int32_t> pick(0, rows - 1);
+    std::vector<int32_t> tokens(static_cast<size_t>(n_tokens));
+    for (int32_t& t : tokens) t = pick(rng);
+    tokens.back() = rows - 1;  // the last row too
+
+    const DeviceBuffer<uint8_t> d_table = Upload(table);
+    const DeviceBuffer<int32_t> d_tokens = Upload(tokens);
+    DeviceBuffer<float> d_h =
+        DeviceBuffer<float>::Create(static_cast<size_t>(n_tokens * cols), "h").value();
+    const DeviceMatrix m{dtype, rows, cols, d_table.data()};
+    LaunchEmbed(m, d_tokens.data(), n_tokens, d_h.data(), nullptr);
+    const std::vector<float> h = Download(d_h, static_cast<size_t>(n_tokens * cols));
+
+    const TensorView view{dtype, {rows, cols}, table.data(), table.size()};
+    std::vector<float> ref(static_cast<size_t>(cols));
+    for (int t = 0; t < n_tokens; ++t) {
+      kernels::RowToF32(view, static_cast<int64_t>(tokens[static_cast<size_t>(t)]) * cols, cols,
+                        ref.data());
+      // Every format decodes to values exact in float32 (fp16 scale x small integer): equal.
+      for (int c = 0; c < cols; ++c)
+        ASSERT_EQ(h[static_cast<size_t>(t * cols + c)], ref[static_cast<size_t>(c)])
+            << DTypeName(dtype) << " rows " << rows << " cols " << cols << " t " << t << " c " << c;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTableDtypes, EmbedTest,
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0,
+                                           DType::kQ4_0),
+                         [](const auto& info) { return std::string(DTypeName(info.param)); });
+
+TEST(CudaRmsNormTest, MatchesRmsNormRow) {
+  MT_REQUIRE_GPU();
+  std::mt19937 rng(testing::TestSeed());
+  const float eps = 1e-6f;
+  for (auto [d, n_src, with_rows] : {std::tuple{1, 1, false},
+                                     {7, 3, true},
+                                     {2048, 5, false},
+                                     {4099, 9, true},
+                                     {8192, 64, false}}) {
+    const std::vector<float> x = RandomFloats(static_cast<size_t>(n_src * d), 3.0f, rng);
+    const std::vector<float> weight = RandomFloats(static_cast<size_t>(d), 1.0f, rng);
+    std::vector<int32_t> rows;
+    if (with_rows)  // every other source row, backwards
+      for (int r = n_src - 1; r >= 0; r -= 2) rows.push_back(r);
+    const int64_t n_rows = with_rows ? static_cast<int64_t>(rows.size()) : n_src;
+
+    const DeviceBuffer<float> d_x = Upload(x);
+    const DeviceBuffer<float> d_w = Upload(weight);
+    const DeviceBuffer<int32_t> d_rows = Upload(rows);
+    DeviceBuffer<float> d_y =
+        DeviceBuffer<float>::Create(static_cast<size_t>(n_rows * d), "y").value();
+    LaunchRmsNorm(d_x.data(), with_rows ? d_rows.data() : nullptr, n_rows, d_w.data(), eps, d,
+                  d_y.data(), nullptr);
+    const std::vector<float> y = Download(d_y, static_cast<size_t>(n_rows * d));
+
+    std::vector<float> ref(static_cast<size_t>(d));
+    for (int64_t i = 0; i < n_rows; ++i) {
+      const int64_t r = with_rows ? rows[static_cast<size_t>(i)] : i;
+      kernels::RmsNormRow(x.data() + r * d, weight.data(), eps, d, ref.data());
+      for (int64_t c = 0; c < d; ++c) {
+        // Both sum the squares in double (in another order) and round the scale to float, so
+        // the scales agree to 1 ulp; y = x * scale * w then differs by at most ~2 ulp.
+        const float want = ref[static_cast<size_t>(c)];
+        ASSERT_NEAR(y[static_cast<size_t>(i * d + c)], want, 1e-6f * std::fabs(want) + 1e-30f)
+            << "d " << d << " row " << i << " c " << c;
+      }
+    }
+  }
+}
+
+TEST(CudaAddTest, MatchesAxpyOfOneExactly) {
+  MT_REQUIRE_GPU();
+  std::mt19937 rng(testing::TestSeed());
+  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{(1 << 22) + 3}}) {
+    const std::vector<float> x = RandomFloats(static_cast<size_t>(n), 1.0f, rng);
+    std::vector<float> y = RandomFloats(static_cast<size_t>(n), 1.0f, rng);
+    const DeviceBuffer<float> d_x = Upload(x);
+    DeviceBuffer<float> d_y = Upload(y);
+    LaunchAdd(d_x.data(), n, d_y.data(), nullptr);
+    const std::vector<float> got = Download(d_y, static_cast<size_t>(n));
+    kernels::Axpy(1.0f, x.data(), n, y.data());
+    for (int64_t i = 0; i < n; ++i)  // one float addition (1 * x is exact): equal
+      ASSERT_EQ(got[static_cast<size_t>(i)], y[static_cast<size_t>(i)]) << "n " << n << " i " << i;
+  }
+}
+
+TEST(CudaSiluMulTest, MatchesSiluMul) {
+  MT_REQUIRE_GPU();
+  std::mt19937 rng(testing::TestSeed());
+  for (int64_t n : {int64_t{1}, int64_t{777}, int64_t{(1 << 20) + 1}}) {
+    std::vector<float> gate = RandomFloats(static_cast<size_t>(n), 4.0f, rng);
+    const std::vector<float> up = RandomFloats(static_cast<size_t>(n), 1.0f, rng);
+    if (n > 4) {  // the tails: e^-g overflows, or vanishes next to 1
+      gate[0] = -100.0f;
+      gate[1] = 100.0f;
+      gate[2] = 0.0f;
+    }
+    DeviceBuffer<float> d_gate = Upload(gate);
+    const DeviceBuffer<float> d_up = Upload(up);
+    LaunchSiluMul(d_gate.data(), d_up.data(), n, nullptr);
+    const std::vector<float> got = Download(d_gate, static_cast<size_t>(n));
+    kernels::SiluMul(gate.data(), up.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      // The same formula; CUDA's expf is within 2 ulp of the CPU's exp, and the division and
+      // product add an ulp each: a few ulp of the result.
+      const float want = gate[static_cast<size_t>(i)];
+      ASSERT_NEAR(got[static_cast<size_t>(i)], want, 1e-6f * std::fabs(want) + 1e-37f)
+          << "n " << n << " i " << i;
+    }
+  }
+}
+
+TEST(CudaFirstNonFiniteTest, FindsTheFirstAsTheCpuDoes) {
+  MT_REQUIRE_GPU();
+  std::mt19937 rng(testing::TestSeed());
+  constexpr unsigned long long kNone = ~0ull >> 1;
+  const int64_t n = (1 << 21) + 5;
+  std::uniform_int_distribution<int64_t> at(0, n - 1);
+  struct Case {
+    std::vector<std::pair<int64_t, float>> bad;  // positions and values
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<Case> cases = {
+      {{}},                                                 // clean
+      {{{0, nan}}},                                         // first element
+      {{{n - 1, -inf}}},                                    // last element
+      {{{at(rng), inf}, {at(rng), nan}, {at(rng), -inf}}},  // several, random places
+      {{{n / 2, nan}, {n / 2 + 1, inf}, {n / 2 - 300, inf}}},
+  };
+  for (const Case& c : cases) {
+    std::vector<float> x = RandomFloats(static_cast<size_t>(n), 1e30f, rng);  // large, finite
+    for (auto [i, v] : c.bad) x[static_cast<size_t>(i)] = v;
+    const DeviceBuffer<float> d_x = Upload(x);
+    DeviceBuffer<unsigned long long> d_first = Upload(std::vector<unsigned long long>{kNone});
+    LaunchFirstNonFinite(d_x.data(), n, d_first.data(), nullptr);
+    const unsigned long long got = Download(d_first, 1)[0];
+    const int64_t want = kernels::FirstNonFinite(x.data(), n);
+    if (want < 0) {
+      EXPECT_EQ(got, kNone) << "clean input";
+    } else {
+      EXPECT_EQ(got, static_cast<unsigned long long>(want));
+    }
+  }
+}
+
+TEST(CudaElementwiseTest, EmptyInputsLaunchNothing) {
+  MT_REQUIRE_GPU();
+  LaunchAdd(nullptr, 0, nullptr, nullptr);
+  LaunchSiluMul(nullptr, nullptr, 0, nullptr);
+  LaunchFirstNonFinite(nullptr, 0, nullptr, nullptr);
+  LaunchRmsNorm(nullptr, nullptr, 0, nullptr, 1e-6f, 64, nullptr, nullptr);
+  LaunchEmbed(DeviceMatrix{DType::kF32, 4, 64, nullptr}, nullptr, 0, nullptr, nullptr);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+}  // namespace
+}  // namespace moetier::cuda
