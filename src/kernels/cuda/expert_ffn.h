@@ -9,7 +9,7 @@
 // business: the kernels read each active expert's matrices through table[expert id].
 //
 // Decode (few tokens per expert) runs one launch over all active experts for gate+up+SwiGLU
-// and one for down, each weight row read once for all the expert's tokens; many tokens per
+// and one for down, each weight row read once per 8 of the expert's tokens; many tokens per
 // expert (prefill) run tensor-core grouped GEMMs (bf16 operands, fp32 accumulation) — chosen
 // inside Run by the step's tokens per expert (ExpertFfnOptions can force either). The routed sum
 // adds in a fixed order (no atomics): a token's output does not depend on which other tokens share
@@ -67,7 +67,8 @@ class ExpertFfn {
 
   // out [r.n_tokens, d_model] (overwritten) for x [r.n_tokens, d_model]; table: device array
   // [r.n_experts] of ExpertPointers (entries of inactive experts are not read). Queues the
-  // gate+up and down launches on `stream`; r.n_tokens <= max_tokens.
+  // gate+up and down launches on `stream`; r.n_tokens <= max_tokens, r.n_experts <= 65535.
+  // Create sizes the decode grids for the device current then; Run on that device.
   void Run(const DeviceRouting& r, const ExpertPointers* table, const float* x, float* out,
            cudaStream_t stream);
 
