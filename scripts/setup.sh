@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs every Debian package the build and the test suite need. Idempotent: runs `apt-get update`
-# only when something is missing, and installs nothing that is already there.
+# Installs every Debian package the build and the test suite need, and the npm clients the server's
+# tests drive. Idempotent: runs `apt-get update` only when something is missing, installs nothing
+# that is already there, and runs `npm ci` only when tests/server/node_modules is missing or older
+# than its lock file.
 set -euo pipefail
 
 PACKAGES=(
@@ -9,8 +11,15 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev libutf8proc-dev
+  libcpp-httplib-dev
   python3
+  chromium  # headless, for the residency page's test (tests/server/residency_page.test.mjs)
 )
+# Node runs the server's client tests (the real `openai` and `@anthropic-ai/sdk` packages); a node
+# installed otherwise (nvm, NodeSource) is used as it is.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  PACKAGES+=(nodejs npm)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -28,4 +37,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
   echo "setup: all packages present" >&2
+fi
+
+# The npm clients of tests/server, exactly as its package-lock.json pins them.
+SERVER_TESTS="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/server"
+if [ ! -f "$SERVER_TESTS/node_modules/.package-lock.json" ] ||
+   [ "$SERVER_TESTS/package-lock.json" -nt "$SERVER_TESTS/node_modules/.package-lock.json" ]; then
+  echo "setup: npm ci in tests/server" >&2
+  (cd "$SERVER_TESTS" && npm ci --no-audit --no-fund) ||
+    echo "setup: npm ci failed in tests/server (offline?); the npm client tests will be skipped" >&2
+else
+  echo "setup: tests/server/node_modules up to date" >&2
 fi

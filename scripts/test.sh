@@ -26,7 +26,8 @@ FUZZ_SECONDS=${MOETIER_FUZZ_SECONDS:-20}
 if [ "$FUZZ_SECONDS" != 0 ]; then
   echo "== libFuzzer: ${FUZZ_SECONDS}s per target"
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
-    -DCMAKE_CXX_COMPILER=clang++ -DMOETIER_FUZZ=ON -DMOETIER_TESTS=OFF -DMOETIER_BENCH=OFF >/dev/null
+    -DCMAKE_CXX_COMPILER=clang++ -DMOETIER_FUZZ=ON -DMOETIER_TESTS=OFF -DMOETIER_BENCH=OFF \
+    -DMOETIER_CUDA=OFF >/dev/null
   cmake --build build-fuzz -j"$JOBS"
   for bin in build-fuzz/fuzz/*_fuzz; do
     name=$(basename "$bin" _fuzz)

@@ -28,6 +28,7 @@
 #include "core/phase_times.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "experts/expert_stats.h"
 #include "experts/routing.h"
 
 namespace moetier {
@@ -166,6 +167,9 @@ class ComputeBackend {
   // Per-phase timing (bench --profile), or null.
   virtual void SetPhaseTimes(PhaseTimes* times) = 0;
   virtual PhaseTimes* phase_times() const = 0;
+  // Per-layer expert counters (--moe-collect-stats), or null; added to by Moe (a GPU: at
+  // EndStep).
+  virtual void SetExpertStats(ExpertStats* stats) = 0;
 };
 
 }  // namespace moetier

@@ -265,6 +265,7 @@ int RunBatch(const Opts& o) {
   }
   std::FILE* out = out_file ? out_file.get() : stdout;
   const int64_t failed = RunJobs(**engine, *jobs, stop_ids, tokenizer != nullptr, out);
+  if (Status s = FinishModel(o.model, **model); !s.ok()) return ReportError(s.message());
   if (std::ferror(out) || (out_file && std::fclose(out_file.release()) != 0))
     return ReportError((o.out_path.empty() ? std::string("stdout") : o.out_path) +
                        ": write failed" + (o.out_path.empty() ? "" : " (--out)"));

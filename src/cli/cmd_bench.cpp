@@ -252,6 +252,14 @@ int Run(const Opts& o) {
       std::fprintf(stderr, "bench: prefill %-16s %8.3f ms/prompt\n", name.c_str(),
                    ms.get<double>());
   }
+  if (lm.expert_stats() != nullptr) {
+    const auto layers = lm.expert_stats()->Snapshot();
+    j["expert_stats"] = ExpertStatsJson(layers);
+    const nlohmann::ordered_json& t = j["expert_stats"]["totals"];
+    j["cache_hit_rate"] = t["cache_hit_rate"];
+    j["cpu_experts"] = t["cpu_experts"];
+    j["gpu_experts"] = t["gpu_experts"];
+  }
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
@@ -273,6 +281,7 @@ int Run(const Opts& o) {
           "bandwidth\n",
           decode, static_cast<double>(bytes) / 1e6, gbps, bw > 0 ? 100.0 * gbps / bw : 0.0, bw);
   }
+  if (Status s = FinishModel(o.model, lm); !s.ok()) return ReportError(s.message());
   return 0;
 }
 

@@ -74,6 +74,7 @@ int RunTokens(const Opts& o) {
     ReportFinish(out->reason, (*engine)->sequence_limit());
   }
   std::printf("%s\n", line.c_str());
+  if (Status s = FinishModel(o.model, **model); !s.ok()) return ReportError(s.message());
   return 0;
 }
 
@@ -118,6 +119,7 @@ int RunText(Opts o) {
   if (!r.ok()) return ReportError(r.message());
   std::printf("\n");
   ReportFinish(r->reason, (*engine)->sequence_limit());
+  if (Status s = FinishModel(o.model, **model); !s.ok()) return ReportError(s.message());
   return 0;
 }
 

@@ -49,6 +49,7 @@ Command AddLogitsCommand(CLI::App& root) {
             if (n != logits.size() || !closed) return ReportError(o->out + ": write failed");
             std::fprintf(stderr, "wrote [%zu, %lld] float32 logits to %s\n", ids->size(),
                          static_cast<long long>(lm.config().vocab_size), o->out.c_str());
+            if (Status fs = FinishModel(o->model, lm); !fs.ok()) return ReportError(fs.message());
             return 0;
           }};
 }

@@ -76,6 +76,7 @@ int Run(const Opts& o) {
                          std::to_string(session.ctx_size()) + "; raise --ctx-size");
     std::printf("\n");
     if (r->reason == StopReason::kContextFull) ReportFinish(*r, o, session);
+    if (Status s = FinishModel(o.model, **model); !s.ok()) return ReportError(s.message());
     return 0;
   }
 
@@ -133,6 +134,7 @@ int Run(const Opts& o) {
     std::printf("\n");
     ReportFinish(*r, o, session);
   }
+  if (Status s = FinishModel(o.model, **model); !s.ok()) return ReportError(s.message());
   return 0;
 }
 

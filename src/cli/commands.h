@@ -22,6 +22,7 @@ Command AddRunCommand(CLI::App& root);
 Command AddBenchCommand(CLI::App& root);
 Command AddTemplateCommand(CLI::App& root);
 Command AddBatchCommand(CLI::App& root);
+Command AddServeCommand(CLI::App& root);
 
 // Prints "error: <message>" on one line of stderr and returns the exit code for failures.
 int ReportError(const std::string& message);

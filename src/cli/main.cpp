@@ -46,6 +46,7 @@ int Main(int argc, char** argv) {
       AddRunCommand(app),      AddGenerateCommand(app), AddLogitsCommand(app),
       AddConvertCommand(app),  AddPlanCommand(app),     AddBenchCommand(app),
       AddTokenizeCommand(app), AddTemplateCommand(app), AddBatchCommand(app),
+      AddServeCommand(app),
   };
   std::vector<std::string> names;
   for (const auto& c : commands) names.push_back(c.app->get_name());

@@ -51,6 +51,10 @@ void AddResidencyOptions(CLI::App& cmd, ModelOptions& opts) {
       "copy: always. mapped: read from the mapping (no extra RAM; the embedding table always "
       "is). Matrices --weight-packing packs are held packed either way");
   g->add_flag("--no-verify", opts.no_verify, "Skip checksum verification of a converted model");
+  g->add_flag("--moe-collect-stats", opts.collect_stats,
+              "Count per MoE layer the calls, active experts and where they ran (CPU or GPU; "
+              "cache hits, misses and bytes copied with an expert cache): one summary line on "
+              "stderr at exit, and \"expert_stats\" in --report and in bench --json");
 }
 
 void AddKvOptions(CLI::App& cmd, ModelOptions& opts) {
@@ -104,11 +108,14 @@ Expected<ResidencyOptions> ToResidencyOptions(const ModelOptions& opts) {
   return r;
 }
 
-Status WriteReport(const ModelOptions& opts, const ResidencyReport& report) {
+Status WriteReport(const ModelOptions& opts, const CausalLM& model) {
   if (opts.report_path.empty()) return OkStatus();
   std::ofstream out(opts.report_path);
   if (!out) return Status::Error(opts.report_path + ": cannot open for writing (--report)");
-  out << ResidencyReportJson(report).dump(2) << "\n";
+  nlohmann::ordered_json j = ResidencyReportJson(model.residency());
+  if (model.expert_stats() != nullptr)
+    j["expert_stats"] = ExpertStatsJson(model.expert_stats()->Snapshot());
+  out << j.dump(2) << "\n";
   if (!out) return Status::Error(opts.report_path + ": write failed (--report)");
   return OkStatus();
 }
@@ -122,8 +129,15 @@ Expected<std::unique_ptr<CausalLM>> LoadModel(const ModelOptions& opts,
     MT_RETURN_IF_ERROR(CheckWritableFile(opts.report_path, "--report"));
   load.before_weights = before_weights;
   MT_ASSIGN_OR_RETURN(std::unique_ptr<CausalLM> model, LoadCausalLM(opts.model_dir, load));
-  MT_RETURN_IF_ERROR(WriteReport(opts, model->residency()));
+  if (opts.collect_stats) model->CollectExpertStats();
+  MT_RETURN_IF_ERROR(WriteReport(opts, *model));
   return model;
+}
+
+Status FinishModel(const ModelOptions& opts, const CausalLM& model) {
+  if (model.expert_stats() == nullptr) return OkStatus();
+  LogInfo(ExpertStatsSummary(model.expert_stats()->Snapshot()));
+  return WriteReport(opts, model);
 }
 
 Expected<EngineOptions> MakeEngineOptions(const ModelOptions& opts, const CausalLM& model,
@@ -154,8 +168,9 @@ Expected<EngineOptions> MakeEngineOptions(const ModelOptions& opts, const Causal
     const auto ram = static_cast<int64_t>(static_cast<double>(model.KvMemoryFree()) *
                                           kDefaultKvRamShare / static_cast<double>(per_position));
     e.kv_positions = std::max<int64_t>(1, std::min(wanted, ram));
-    how = e.kv_positions < wanted ? (on_gpu ? "auto: half the free VRAM" : "auto: half the free RAM")
-                                  : "auto: the model's window";
+    how = e.kv_positions < wanted
+              ? (on_gpu ? "auto: half the free VRAM" : "auto: half the free RAM")
+              : "auto: the model's window";
     if (parallel > 1 && e.kv_positions == wanted) how += " x " + std::to_string(parallel);
   }
   const double gb = static_cast<double>(per_position) * static_cast<double>(e.kv_positions) / 1e9;

@@ -31,7 +31,8 @@ struct ModelOptions {
   std::string weight_packing = "auto";
   std::string dense_memory = "auto";
   bool no_verify = false;
-  std::string report_path;  // --report FILE
+  std::string report_path;     // --report FILE
+  bool collect_stats = false;  // --moe-collect-stats
 };
 
 // Tokens per engine step by default: a prompt chunk this long keeps the experts' reads shared
@@ -49,8 +50,13 @@ void AddKvOptions(CLI::App& cmd, ModelOptions& opts);
 void AddResidencyOptions(CLI::App& cmd, ModelOptions& opts);
 Expected<ResidencyOptions> ToResidencyOptions(const ModelOptions& opts);
 
-// Writes the model's residency report to --report FILE, if given.
-Status WriteReport(const ModelOptions& opts, const ResidencyReport& report);
+// Writes the model's residency report to --report FILE, if given (with the expert stats when
+// they are collected).
+Status WriteReport(const ModelOptions& opts, const CausalLM& model);
+
+// After a command's work: with --moe-collect-stats, their one-line summary on stderr and the
+// report written again with them.
+Status FinishModel(const ModelOptions& opts, const CausalLM& model);
 
 // A command's checks of what depends on the model (token ids, lengths), run once the config is
 // read and before the weights load (LoadOptions::before_weights).

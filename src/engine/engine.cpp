@@ -72,6 +72,7 @@ Engine::Engine(CausalLM& model, const text::Tokenizer* tokenizer, const EngineOp
                             : model_max > 0                    ? model_max
                                                                : pool_positions;
   max_sequence_positions_ = std::min(max_sequence_positions_, pool_positions);
+  PublishStats();
 }
 
 Engine::~Engine() {
@@ -100,7 +101,15 @@ void Engine::Cancel(RequestId id) {
 }
 
 EngineStats Engine::stats() const {
-  return stats_;
+  std::lock_guard<std::mutex> l(stats_mu_);
+  return published_stats_;
+}
+
+void Engine::PublishStats() {
+  stats_.kv_blocks_total = blocks_.n_blocks();
+  stats_.kv_blocks_used = blocks_.n_blocks() - blocks_.n_available();
+  std::lock_guard<std::mutex> l(stats_mu_);
+  published_stats_ = stats_;
 }
 
 bool Engine::HasWork() const {
@@ -148,6 +157,7 @@ void Engine::RunUntilIdle() {
   while (DrainInbox()) {
     const Status s = Step();
     (void)s;  // a failed step has finished its sequences with the error
+    PublishStats();
   }
 }
 
@@ -178,6 +188,7 @@ void Engine::Loop() {
     if (DrainInbox()) {
       const Status s = Step();
       (void)s;
+      PublishStats();
     }
   }
 }
@@ -419,7 +430,8 @@ void Engine::AfterForward(const std::vector<float>& logits) {
   for (size_t r = 0; r < logit_seq_.size(); ++r) {
     Sequence& s = *logit_seq_[r];
     if (s.finished) continue;
-    auto next = s.sampler->Sample(std::span<const float>(logits.data() + r * V, V), s.tokens);
+    auto next = s.sampler->Sample(std::span<const float>(logits.data() + r * V, V), s.tokens,
+                                  static_cast<size_t>(s.n_prompt));
     if (!next.ok()) {
       Finish(s, StopReason::kCancelled, next.status());
       continue;

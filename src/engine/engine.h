@@ -98,6 +98,8 @@ struct EngineStats {
   int64_t steps = 0;
   int64_t preemptions = 0;
   int64_t prefix_hit_tokens = 0;
+  int64_t kv_blocks_used = 0;  // held by sequences (blocks the prefix cache keeps idle are free)
+  int64_t kv_blocks_total = 0;
 };
 
 class Engine {
@@ -124,6 +126,7 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   int64_t sequence_limit() const { return max_sequence_positions_; }
   const KvPool& kv_pool() const { return pool_; }
+  // Thread-safe: the figures as of the end of the last step.
   EngineStats stats() const;
 
  private:
@@ -148,6 +151,7 @@ class Engine {
   void ReleaseBlocks(Sequence& s);
   void RemoveFinished();
   void Loop();
+  void PublishStats();  // copies stats_ for stats() on other threads
 
   CausalLM& model_;
   const text::Tokenizer* tokenizer_;
@@ -173,6 +177,8 @@ class Engine {
   std::vector<std::span<const int32_t>> tables_;  // per batch sequence
   std::vector<float> logits_;
   EngineStats stats_;
+  mutable std::mutex stats_mu_;
+  EngineStats published_stats_;  // under stats_mu_
 
   std::thread thread_;
   bool stop_ = false;  // under inbox_mu_

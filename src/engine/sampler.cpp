@@ -8,6 +8,11 @@
 
 namespace moetier {
 
+namespace {
+// The OpenAI API's range for presence and frequency penalties.
+constexpr float kMaxOccurrencePenalty = 2.0f;
+}  // namespace
+
 Status ValidateSamplerOptions(const SamplerOptions& o) {
   if (!(o.temperature >= 0.0f) || !std::isfinite(o.temperature))
     return Status::Error("--temperature must be a finite number >= 0 (0: greedy)");
@@ -16,6 +21,12 @@ Status ValidateSamplerOptions(const SamplerOptions& o) {
   if (!(o.min_p >= 0.0f && o.min_p <= 1.0f)) return Status::Error("--min-p must be in [0, 1]");
   if (!(o.repetition_penalty > 0.0f) || !std::isfinite(o.repetition_penalty))
     return Status::Error("--repetition-penalty must be > 0 (1 turns it off)");
+  if (!(o.presence_penalty >= -kMaxOccurrencePenalty &&
+        o.presence_penalty <= kMaxOccurrencePenalty))
+    return Status::Error("--presence-penalty must be in [-2, 2] (0 turns it off)");
+  if (!(o.frequency_penalty >= -kMaxOccurrencePenalty &&
+        o.frequency_penalty <= kMaxOccurrencePenalty))
+    return Status::Error("--frequency-penalty must be in [-2, 2] (0 turns it off)");
   return OkStatus();
 }
 
@@ -42,7 +53,23 @@ int32_t ArgMax(std::span<const float> logits) {
   return 0;  // NaN logits: some index, never out of range
 }
 
-Expected<int32_t> Sampler::Sample(std::span<const float> logits, std::span<const int32_t> context) {
+void Sampler::ApplyOccurrencePenalties(std::span<const int32_t> generated) {
+  sorted_.assign(generated.begin(), generated.end());
+  std::sort(sorted_.begin(), sorted_.end());
+  for (size_t i = 0; i < sorted_.size();) {
+    size_t j = i;
+    while (j < sorted_.size() && sorted_[j] == sorted_[i]) ++j;
+    const int32_t id = sorted_[i];
+    if (id >= 0 && static_cast<size_t>(id) < work_.size()) {
+      work_[static_cast<size_t>(id)] -=
+          options_.presence_penalty + options_.frequency_penalty * static_cast<float>(j - i);
+    }
+    i = j;
+  }
+}
+
+Expected<int32_t> Sampler::Sample(std::span<const float> logits, std::span<const int32_t> context,
+                                  size_t n_prompt) {
   if (logits.empty()) return Status::Error("no logits to sample from (an empty vocabulary)");
   if (const int64_t bad =
           kernels::FirstNonFinite(logits.data(), static_cast<int64_t>(logits.size()));
@@ -52,8 +79,16 @@ Expected<int32_t> Sampler::Sample(std::span<const float> logits, std::span<const
                          ": the model computed a non-finite value; its weights or config are "
                          "broken");
   std::span<const float> l = logits;
-  if (options_.repetition_penalty != 1.0f && !context.empty()) {
+  const std::span<const int32_t> generated = context.subspan(std::min(n_prompt, context.size()));
+  const bool repetition = options_.repetition_penalty != 1.0f && !context.empty();
+  const bool occurrence =
+      (options_.presence_penalty != 0.0f || options_.frequency_penalty != 0.0f) &&
+      !generated.empty();
+  if (repetition || occurrence) {
     work_.assign(logits.begin(), logits.end());
+    l = work_;
+  }
+  if (repetition) {
     const float p = options_.repetition_penalty;
     for (int32_t id : context) {
       if (id < 0 || static_cast<size_t>(id) >= work_.size()) continue;
@@ -62,8 +97,8 @@ Expected<int32_t> Sampler::Sample(std::span<const float> logits, std::span<const
       const float orig = logits[static_cast<size_t>(id)];
       work_[static_cast<size_t>(id)] = orig < 0 ? orig * p : orig / p;
     }
-    l = work_;
   }
+  if (occurrence) ApplyOccurrencePenalties(generated);
   if (options_.temperature <= 0.0f) return ArgMax(l);
 
   // Candidates ordered by logit, which is their order by logit / temperature too: the

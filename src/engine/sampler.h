@@ -1,7 +1,8 @@
 // Picks the next token from a row of logits, as Hugging Face's generate does with the same
 // settings: repetition penalty, then temperature, top-k, top-p and min-p, then a seeded draw.
-// Temperature 0 is greedy (the repetition penalty still applies). The same seed and inputs give
-// the same tokens.
+// The OpenAI API's presence and frequency penalties apply after the repetition penalty, on the
+// generated ids only (as vLLM orders them). Temperature 0 is greedy (the penalties still apply).
+// The same seed and inputs give the same tokens.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,11 @@ struct SamplerOptions {
   float min_p = 0.0f;               // 0: off
   float repetition_penalty = 1.0f;  // 1: off; >1 discourages tokens already in the context
   uint64_t seed = 0;
+  // OpenAI's definitions, in [-2, 2] (0: off), over the generated ids: a logit loses
+  // presence_penalty when its token was generated at all, and frequency_penalty times the
+  // number of times it was generated.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
 };
 
 // Checks ranges; errors name the flag (--top-p etc.).
@@ -29,14 +35,20 @@ Status ValidateSamplerOptions(const SamplerOptions& o);
 class Sampler {
  public:
   explicit Sampler(const SamplerOptions& options) : options_(options), rng_(options.seed) {}
-  // `context`: the ids so far (prompt and generated), for the repetition penalty. Logits that
-  // hold a NaN or an infinity are an error (a broken model), never a sample.
-  Expected<int32_t> Sample(std::span<const float> logits, std::span<const int32_t> context = {});
+  // `context`: the ids so far (prompt and generated), for the repetition penalty; its first
+  // `n_prompt` are the prompt's, the rest were generated (presence and frequency penalties).
+  // Logits that hold a NaN or an infinity are an error (a broken model), never a sample.
+  Expected<int32_t> Sample(std::span<const float> logits, std::span<const int32_t> context = {},
+                           size_t n_prompt = 0);
 
  private:
   SamplerOptions options_;
   std::mt19937_64 rng_;
+  // Penalises work_ (a copy of the logits) for the generated ids.
+  void ApplyOccurrencePenalties(std::span<const int32_t> generated);
+
   std::vector<float> work_;                      // [vocab] penalised logits, reused
+  std::vector<int32_t> sorted_;                  // generated ids, sorted (to count them), reused
   std::vector<std::pair<float, int32_t>> cand_;  // candidates (penalised logit, id), reused
   std::vector<double> probs_;
 };

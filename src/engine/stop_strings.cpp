@@ -11,7 +11,10 @@ std::string StopStringFilter::Push(std::string_view piece) {
   for (const auto& s : stops_) {
     if (s.empty()) continue;
     const size_t at = pending_.find(s);
-    if (at < first) first = at;
+    if (at < first) {
+      first = at;
+      matched_ = s;
+    }
   }
   if (first != std::string::npos) {
     stopped_ = true;

@@ -16,10 +16,14 @@ class StopStringFilter {
   std::string Push(std::string_view piece);
   std::string Flush();
   bool stopped() const { return stopped_; }
+  // The stop string that ended the text (the earliest in it; of two at the same place, the one
+  // listed first), empty before.
+  const std::string& matched() const { return matched_; }
 
  private:
   std::vector<std::string> stops_;
   std::string pending_;
+  std::string matched_;
   bool stopped_ = false;
 };
 

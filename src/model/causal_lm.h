@@ -64,6 +64,10 @@ class CausalLM {
   // When set, each Forward adds its wall time per phase into *times (moetier bench --profile).
   // nullptr (the default) turns it off.
   virtual void SetPhaseTimes(PhaseTimes* times) = 0;
+  // From now on every Forward adds per-layer expert counters (--moe-collect-stats) into
+  // expert_stats(), which is null until then.
+  virtual void CollectExpertStats() = 0;
+  virtual const ExpertStats* expert_stats() const = 0;
 
   // Where the expert banks were planned to live and where they settled (set by the loader).
   const ResidencyReport& residency() const { return residency_; }

@@ -36,6 +36,15 @@ Expected<std::unique_ptr<CausalLM>> DecoderLM::Create(
   return std::unique_ptr<CausalLM>(std::move(m));
 }
 
+void DecoderLM::CollectExpertStats() {
+  if (stats_ != nullptr) return;
+  std::vector<int64_t> moe_layers;
+  for (size_t l = 0; l < w_.layers.size(); ++l)
+    if (w_.layers[l].is_moe) moe_layers.push_back(static_cast<int64_t>(l));
+  stats_ = std::make_unique<ExpertStats>(std::move(moe_layers));
+  backend_->SetExpertStats(stats_.get());
+}
+
 Status DecoderLM::HoldWeights() {
   std::vector<const TensorView*> matrices = {&w_.embed, &w_.lm_head};
   std::vector<const std::vector<float>*> vectors = {&w_.final_norm};

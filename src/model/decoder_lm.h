@@ -52,6 +52,8 @@ class DecoderLM final : public CausalLM {
   DType expert_dtype() const override;
   void SetRouterLogitsSink(std::vector<std::vector<float>>* sink) override { router_sink_ = sink; }
   void SetPhaseTimes(PhaseTimes* times) override { backend_->SetPhaseTimes(times); }
+  void CollectExpertStats() override;
+  const ExpertStats* expert_stats() const override { return stats_.get(); }
   uint64_t WeightBytesStreamed() const override { return bytes_streamed_; }
   uint64_t WeightBytes() const override;
   uint64_t KvMemoryFree() const override { return backend_->KvMemoryFree(); }
@@ -91,6 +93,7 @@ class DecoderLM final : public CausalLM {
   uint64_t expert_bytes_ = 0;  // one expert's gate, up and down bytes (every layer alike)
   uint64_t bytes_streamed_ = 0;
   std::vector<std::vector<float>>* router_sink_ = nullptr;
+  std::unique_ptr<ExpertStats> stats_;
 };
 
 }  // namespace moetier

@@ -58,6 +58,33 @@ TEST(Cli, LogitsWritesRowMajorFloat32OfEveryPosition) {
   EXPECT_EQ(got, want);
 }
 
+// --moe-collect-stats: every MoE layer counted once per step, every expert on the CPU (the cpu
+// backend), the totals in --report and a summary on stderr.
+TEST(Cli, CollectStatsCountsEveryLayerOfEveryStep) {
+  testing::TempDir tmp;
+  const auto report = tmp.path() / "report.json";
+  auto r = RunCli("generate " + Model() + " --tokens 3,17,42 -n 4 --moe-backend cpu " +
+                  "--moe-collect-stats --report '" + report.string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("expert stats:"), std::string::npos) << r.err;
+  const auto j = nlohmann::json::parse(testing::ReadFile(report));
+  ASSERT_TRUE(j.contains("expert_stats")) << j.dump();
+  const auto& layers = j["expert_stats"]["layers"];
+  auto model = LoadCausalLM(testing::HfFixture("qwen3_moe"), LoadOptions{});
+  ASSERT_TRUE(model.ok());
+  ASSERT_EQ(static_cast<int64_t>(layers.size()), (*model)->config().n_moe_layers());
+  // One prefill step and one step for each generated token but the last (sampled from the step
+  // before it): 4 steps.
+  for (const auto& l : layers) {
+    EXPECT_EQ(l["calls"].get<int64_t>(), 4) << l.dump();
+    EXPECT_EQ(l["cpu_experts"], l["active_experts"]) << l.dump();
+    EXPECT_EQ(l["gpu_experts"].get<int64_t>(), 0);
+    // The prompt's 3 tokens, then 1 token a step, each with top-k experts.
+    EXPECT_EQ(l["assignments"].get<int64_t>(),
+              (3 + 3) * (*model)->config().n_experts_per_token);
+  }
+}
+
 TEST(Cli, GenerateGreedyMatchesReference) {
   auto ref = SafetensorsFile::Open(testing::HfFixture("mixtral") / "reference.safetensors");
   ASSERT_TRUE(ref.ok());

@@ -142,6 +142,52 @@ TEST(Sampler, TinyTemperatureIsGreedy) {
   }
 }
 
+// OpenAI's presence and frequency penalties count the generated ids only (after n_prompt):
+// logit -= presence if generated at all, -= frequency * times generated.
+TEST(Sampler, PresenceAndFrequencyPenaltiesCountGeneratedIds) {
+  const std::vector<float> l = {2.0f, 1.5f, 1.2f, 0.0f};
+  // Prompt {0, 0}, then 0 generated twice and 1 once.
+  const std::vector<int32_t> ctx = {0, 0, 0, 0, 1};
+  const size_t n_prompt = 2;
+  SamplerOptions freq;
+  freq.frequency_penalty = 0.3f;  // 0: 2.0 - 0.6 = 1.4; 1: 1.5 - 0.3 = 1.2; 2: 1.2
+  EXPECT_EQ(*Sampler(freq).Sample(l, ctx, n_prompt), 0);
+  freq.frequency_penalty = 0.45f;  // 0: 1.1; 1: 1.05; 2: 1.2
+  EXPECT_EQ(*Sampler(freq).Sample(l, ctx, n_prompt), 2);
+  // The prompt's ids are not counted: the same ids as prompt leave the logits alone.
+  EXPECT_EQ(*Sampler(freq).Sample(l, ctx, ctx.size()), 0);
+
+  SamplerOptions presence;
+  presence.presence_penalty = 0.9f;  // once per generated id: 0: 1.1; 1: 0.6; 2: 1.2
+  EXPECT_EQ(*Sampler(presence).Sample(l, ctx, n_prompt), 2);
+  presence.presence_penalty = 0.7f;  // 0: 1.3
+  EXPECT_EQ(*Sampler(presence).Sample(l, ctx, n_prompt), 0);
+  // A negative penalty encourages repeats.
+  presence.presence_penalty = -1.0f;  // 2: 1.2 + 1 = 2.2 > 2.0
+  EXPECT_EQ(*Sampler(presence).Sample(l, std::vector<int32_t>{2}, 0), 2);
+}
+
+// Sampling with the penalties follows the reference distribution over penalised logits.
+TEST(Sampler, PenaltiesShiftTheDistributionAsTheirDefinition) {
+  const std::vector<float> l = {0.5f, 0.4f, 0.3f};
+  const std::vector<int32_t> ctx = {2, 0, 0, 1};  // prompt {2}; generated 0 twice, 1 once
+  SamplerOptions o;
+  o.temperature = 1.0f;
+  o.seed = 11;
+  o.presence_penalty = 0.25f;
+  o.frequency_penalty = 0.5f;
+  // Penalised: 0: 0.5 - 0.25 - 1.0 = -0.75; 1: 0.4 - 0.25 - 0.5 = -0.35; 2: 0.3.
+  const std::vector<float> penalised = {-0.75f, -0.35f, 0.3f};
+  SamplerOptions plain = o;
+  plain.presence_penalty = plain.frequency_penalty = 0.0f;
+  const auto want = Reference(penalised, plain, {});
+  Sampler s(o);
+  std::map<int32_t, int> counts;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) ++counts[*s.Sample(l, ctx, 1)];
+  for (const auto& [id, p] : want) EXPECT_NEAR(counts[id] / static_cast<double>(n), p, 0.02) << id;
+}
+
 TEST(Sampler, OptionRangesAreCheckedAndNamed) {
   SamplerOptions o;
   o.top_p = 0.0f;
@@ -158,6 +204,16 @@ TEST(Sampler, OptionRangesAreCheckedAndNamed) {
   o = {};
   o.repetition_penalty = std::nanf("");
   EXPECT_NE(ValidateSamplerOptions(o).message().find("--repetition-penalty"), std::string::npos);
+  o = {};
+  o.presence_penalty = 2.5f;
+  EXPECT_NE(ValidateSamplerOptions(o).message().find("--presence-penalty"), std::string::npos);
+  o = {};
+  o.frequency_penalty = std::nanf("");
+  EXPECT_NE(ValidateSamplerOptions(o).message().find("--frequency-penalty"), std::string::npos);
+  o = {};
+  o.presence_penalty = -2.0f;
+  o.frequency_penalty = 2.0f;
+  EXPECT_TRUE(ValidateSamplerOptions(o).ok());
 }
 
 }  // namespace

@@ -93,7 +93,16 @@ void CpuBackend::Moe(const TensorView& router, const RouterOptions& opts, int64_
                      const float* x, int64_t n_tokens, float* out, float* router_logits) {
   Route(router, opts, x, n_tokens, routing_, router_logits);
   executor_.Run(layer, routing_, x, out);
-  active_experts_ += static_cast<int64_t>(routing_.n_active());
+  const auto n_active = static_cast<int64_t>(routing_.n_active());
+  active_experts_ += n_active;
+  if (stats_ != nullptr) {
+    LayerExpertStats d;
+    d.layer = layer;
+    d.calls = 1;
+    d.active_experts = d.cpu_experts = n_active;
+    d.assignments = static_cast<int64_t>(routing_.n_assignments());
+    stats_->Add(d);
+  }
 }
 
 int64_t CpuBackend::ScanNonFinite(const float* x, int64_t n, int64_t slot) {

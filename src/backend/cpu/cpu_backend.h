@@ -56,6 +56,7 @@ class CpuBackend final : public ComputeBackend {
   CpuExpertExecutor& executor() { return executor_; }
   void SetPhaseTimes(PhaseTimes* times) override;
   PhaseTimes* phase_times() const override { return times_; }
+  void SetExpertStats(ExpertStats* stats) override { stats_ = stats; }
 
   ThreadPool& pool() { return pool_; }
 
@@ -64,6 +65,7 @@ class CpuBackend final : public ComputeBackend {
   Workspace ws_;
   CpuExpertExecutor executor_;
   PhaseTimes* times_ = nullptr;
+  ExpertStats* stats_ = nullptr;
   Routing routing_;  // the current MoE layer's, refilled each call
   int64_t active_experts_ = 0;
   std::vector<int64_t> non_finite_;  // by slot

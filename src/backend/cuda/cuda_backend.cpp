@@ -191,6 +191,7 @@ void CudaBackend::BeginStep(const Batch& batch) {
   logit_rows_dev_ = d + 3 * T;
   logit_rows_host_ = batch.logit_rows.data();
   batch_dev_.n_tokens = T;
+  step_tokens_ = T;
   batch_dev_.positions = d + T;
   batch_dev_.seq_of = d + 2 * T;
   batch_dev_.block_tables = d + 3 * T + n_out;
@@ -251,6 +252,10 @@ void CudaBackend::SiluMul(float* gate, const float* up, int64_t n) {
 void CudaBackend::Attend(const AttentionWeights& w, const AttentionShape& shape, const Rope& rope,
                          int64_t layer, const Batch&, KvPool& kv, float* q, float* k, float* v,
                          float* out) {
+  if (kv.on_host()) {  // a pool not made by this model (CausalLM::NewKvPool / NewCache)
+    if (error_.empty()) error_ = "the KV pool is in host memory; the GPU needs one from NewKvPool";
+    return;
+  }
   if (inv_freq_.size() == 0) {
     std::vector<float> f(rope.inv_freq().begin(), rope.inv_freq().end());
     auto made = cuda::DeviceBuffer<float>::Create(f.size(), "the RoPE frequencies");
@@ -320,6 +325,8 @@ void CudaBackend::Moe(const TensorView& router, const RouterOptions& opts, int64
     Check(cudaMemcpyAsync(active_dev_.data() + moe_calls_, routing_.n_active, sizeof(int32_t),
                           cudaMemcpyDeviceToDevice, stream_),
           "recording the active experts");
+    moe_call_layer_.resize(static_cast<size_t>(moe_calls_) + 1);
+    moe_call_layer_[static_cast<size_t>(moe_calls_)] = layer;
     ++moe_calls_;
   }
 }
@@ -348,7 +355,17 @@ Status CudaBackend::EndStep() {
     const unsigned long long v = scans_host_.data()[i];
     if (v < kNoNonFinite) scans_[static_cast<size_t>(i)] = static_cast<int64_t>(v);
   }
-  for (int64_t i = 0; i < moe_calls_; ++i) active_experts_ += active_host_.data()[i];
+  for (int64_t i = 0; i < moe_calls_; ++i) {
+    const int32_t n_active = active_host_.data()[i];
+    active_experts_ += n_active;
+    if (stats_ == nullptr) continue;
+    LayerExpertStats d;
+    d.layer = moe_call_layer_[static_cast<size_t>(i)];
+    d.calls = 1;
+    d.active_experts = d.gpu_experts = n_active;
+    d.assignments = step_tokens_ * dims_.top_k;
+    stats_->Add(d);
+  }
   moe_calls_ = 0;
   return OkStatus();
 }

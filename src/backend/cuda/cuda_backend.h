@@ -58,6 +58,7 @@ class CudaBackend final : public ComputeBackend {
   void Logits(const float* x, int64_t n_rows, const TensorView& lm_head, float* logits) override;
   void SetPhaseTimes(PhaseTimes* times) override { times_ = times; }
   PhaseTimes* phase_times() const override { return times_; }
+  void SetExpertStats(ExpertStats* stats) override { stats_ = stats; }
 
  private:
   CudaBackend(const ExpertSource& experts, const ModelDims& dims);
@@ -77,10 +78,13 @@ class CudaBackend final : public ComputeBackend {
   int64_t capacity_tokens_ = 0;
   bool ffn_built_ = false;  // ffn_ is sized for the experts (known after Hold)
   PhaseTimes* times_ = nullptr;
+  ExpertStats* stats_ = nullptr;
+  std::vector<int64_t> moe_call_layer_;  // the layer of each Moe call this step
+  int64_t step_tokens_ = 0;
   std::string error_;  // the first CUDA error of the current step
 
   std::array<cuda::DeviceBuffer<float>, static_cast<size_t>(Act::kCount)> acts_;
-  cuda::DeviceBuffer<float> inv_freq_;  // [head_dim / 2] RoPE
+  cuda::DeviceBuffer<float> inv_freq_;        // [head_dim / 2] RoPE
   cuda::DeviceBuffer<uint8_t> attn_scratch_;  // the decode attention's split states
 
   // The step's indices: tokens, positions, seq_of, logit rows, block tables, staged then copied.

@@ -57,6 +57,7 @@ Expected<ChatTemplate> ChatTemplate::FromSource(std::string source,
   MT_ASSIGN_OR_RETURN(jinja::Template t, jinja::Template::Parse(source, kTemplateName));
   ChatTemplate ct;
   ct.templates_.emplace_back("default", std::move(t));
+  ct.source_ = std::move(source);
   if (special_tokens.is_object()) {
     for (const auto& [k, v] : special_tokens.items())
       if (!v.is_null()) ct.special_tokens_[k] = v;
@@ -90,6 +91,8 @@ Expected<ChatTemplate> ChatTemplate::Load(const std::filesystem::path& model_dir
     auto t = jinja::Template::Parse(source, kTemplateName);
     if (!t.ok()) return t.status().WithContext(origin.string());
     ct.templates_.emplace_back(std::move(name), std::move(t).value());
+    if (!ct.source_.empty()) ct.source_ += '\n';
+    ct.source_ += source;
     return OkStatus();
   };
   // Newer checkpoints ship the template as its own file, which takes precedence (transformers).

@@ -52,6 +52,9 @@ class ChatTemplate {
   Expected<nlohmann::ordered_json> BuildContext(const ChatTemplateInputs& inputs) const;
 
   const nlohmann::ordered_json& special_tokens() const { return special_tokens_; }
+  // The template's source text (for a checkpoint with several named templates, all of them, one
+  // after another): what tells which markup the model's tool calls take.
+  const std::string& source() const { return source_; }
 
  private:
   ChatTemplate() = default;
@@ -59,6 +62,7 @@ class ChatTemplate {
 
   std::vector<std::pair<std::string, jinja::Template>> templates_;  // by name; "default" first
   nlohmann::ordered_json special_tokens_ = nlohmann::ordered_json::object();
+  std::string source_;
 };
 
 // bos_token, eos_token, unk_token, pad_token of a tokenizer_config.json object, as strings

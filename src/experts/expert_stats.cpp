@@ -1,0 +1,103 @@
+#include "experts/expert_stats.h"
+
+#include <cstdio>
+
+namespace moetier {
+
+ExpertStats::ExpertStats(std::vector<int64_t> moe_layers) {
+  for (int64_t l : moe_layers) {
+    if (l >= static_cast<int64_t>(index_of_.size()))
+      index_of_.resize(static_cast<size_t>(l) + 1, -1);
+    index_of_[static_cast<size_t>(l)] = static_cast<int64_t>(layers_.size());
+    LayerExpertStats s;
+    s.layer = l;
+    layers_.push_back(s);
+  }
+}
+
+void ExpertStats::Add(const LayerExpertStats& d) {
+  if (d.layer < 0 || d.layer >= static_cast<int64_t>(index_of_.size())) return;
+  const int64_t i = index_of_[static_cast<size_t>(d.layer)];
+  if (i < 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  LayerExpertStats& s = layers_[static_cast<size_t>(i)];
+  s.calls += d.calls;
+  s.active_experts += d.active_experts;
+  s.assignments += d.assignments;
+  s.gpu_experts += d.gpu_experts;
+  s.cpu_experts += d.cpu_experts;
+  s.cache_hits += d.cache_hits;
+  s.cache_misses += d.cache_misses;
+  s.bytes_h2d += d.bytes_h2d;
+}
+
+std::vector<LayerExpertStats> ExpertStats::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return layers_;
+}
+
+namespace {
+
+nlohmann::ordered_json LayerJson(const LayerExpertStats& s) {
+  return {{"layer", s.layer},
+          {"calls", s.calls},
+          {"active_experts", s.active_experts},
+          {"assignments", s.assignments},
+          {"gpu_experts", s.gpu_experts},
+          {"cpu_experts", s.cpu_experts},
+          {"cache_hits", s.cache_hits},
+          {"cache_misses", s.cache_misses},
+          {"bytes_h2d", s.bytes_h2d}};
+}
+
+LayerExpertStats Totals(const std::vector<LayerExpertStats>& layers) {
+  LayerExpertStats t;
+  t.layer = -1;
+  for (const LayerExpertStats& s : layers) {
+    t.calls += s.calls;
+    t.active_experts += s.active_experts;
+    t.assignments += s.assignments;
+    t.gpu_experts += s.gpu_experts;
+    t.cpu_experts += s.cpu_experts;
+    t.cache_hits += s.cache_hits;
+    t.cache_misses += s.cache_misses;
+    t.bytes_h2d += s.bytes_h2d;
+  }
+  return t;
+}
+
+}  // namespace
+
+nlohmann::ordered_json ExpertStatsJson(const std::vector<LayerExpertStats>& layers) {
+  nlohmann::ordered_json j;
+  j["layers"] = nlohmann::ordered_json::array();
+  for (const LayerExpertStats& s : layers) j["layers"].push_back(LayerJson(s));
+  nlohmann::ordered_json t = LayerJson(Totals(layers));
+  t.erase("layer");
+  const LayerExpertStats tot = Totals(layers);
+  const int64_t lookups = tot.cache_hits + tot.cache_misses;
+  t["cache_hit_rate"] = lookups > 0 ? static_cast<double>(tot.cache_hits) / lookups : 0.0;
+  j["totals"] = t;
+  return j;
+}
+
+std::string ExpertStatsSummary(const std::vector<LayerExpertStats>& layers) {
+  const LayerExpertStats t = Totals(layers);
+  char line[256];
+  const double per_call = t.calls > 0 ? static_cast<double>(t.active_experts) / t.calls : 0.0;
+  const double cpu_share =
+      t.active_experts > 0 ? 100.0 * static_cast<double>(t.cpu_experts) / t.active_experts : 0.0;
+  std::snprintf(line, sizeof line,
+                "expert stats: %zu MoE layers, %lld calls, %.1f experts active a call, %.0f%% "
+                "computed on the CPU, %.0f%% on the GPU, cache hits %lld / misses %lld, %.2f GB "
+                "copied to the GPU",
+                layers.size(), static_cast<long long>(t.calls), per_call, cpu_share,
+                t.active_experts > 0 ? 100.0 * static_cast<double>(t.gpu_experts) /
+                                           static_cast<double>(t.active_experts)
+                                     : 0.0,
+                static_cast<long long>(t.cache_hits), static_cast<long long>(t.cache_misses),
+                static_cast<double>(t.bytes_h2d) / 1e9);
+  return line;
+}
+
+}  // namespace moetier

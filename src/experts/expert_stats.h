@@ -1,0 +1,45 @@
+// --moe-collect-stats: per MoE layer, what the expert executors did — calls, experts activated,
+// where they ran, and (with an expert cache) hits, misses and bytes copied to the GPU. Written by
+// the backend on the engine's thread, read by anyone (the report at exit, bench --json, the
+// server's residency page) through Snapshot.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace moetier {
+
+struct LayerExpertStats {
+  int64_t layer = 0;
+  int64_t calls = 0;           // Moe calls (steps that ran this layer)
+  int64_t active_experts = 0;  // summed over calls: experts chosen by any token of the step
+  int64_t assignments = 0;     // summed over calls: (token, expert) pairs
+  int64_t gpu_experts = 0;     // of active_experts, computed on the GPU
+  int64_t cpu_experts = 0;     // of active_experts, computed by the CPU executor
+  int64_t cache_hits = 0;      // GPU expert cache (offload): experts found in a slot
+  int64_t cache_misses = 0;    // ... and copied in
+  int64_t bytes_h2d = 0;       // bytes copied host to device for this layer's experts
+};
+
+class ExpertStats {
+ public:
+  explicit ExpertStats(std::vector<int64_t> moe_layers);
+  // Adds to layer `layer` (a MoE layer of the constructor's list; others are ignored).
+  void Add(const LayerExpertStats& delta);
+  std::vector<LayerExpertStats> Snapshot() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<LayerExpertStats> layers_;
+  std::vector<int64_t> index_of_;  // layer id -> index in layers_, or -1
+};
+
+// {"layers": [{"layer", "calls", ...}], "totals": {...}}
+nlohmann::ordered_json ExpertStatsJson(const std::vector<LayerExpertStats>& layers);
+// "experts: 4 layers, 123 calls, 6.2 active/call, 100% on the CPU" (one line for stderr)
+std::string ExpertStatsSummary(const std::vector<LayerExpertStats>& layers);
+
+}  // namespace moetier

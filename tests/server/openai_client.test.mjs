@@ -1,0 +1,129 @@
+// The real `openai` npm client against `moetier serve` on the fixture model: what a user's script
+// does works, and the server's errors reach it as the SDK's own error types.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+import { startServer } from './harness.mjs';
+
+const kKey = 'sk-moetier-test';
+const kModelName = 'qwen3_moe_tiny'; // the fixture directory's name
+const messages = [{ role: 'user', content: 'Write a haiku about experts.' }];
+
+let server;
+let client;
+
+before(async () => {
+  server = await startServer(['--api-key', kKey, '--parallel', '2']);
+  client = new OpenAI({ baseURL: `${server.baseURL}/v1`, apiKey: kKey, maxRetries: 0 });
+});
+
+after(async () => {
+  const code = await server.stop();
+  assert.equal(code, 0, `moetier serve did not stop cleanly:\n${server.log()}`);
+});
+
+// The text of a streamed chat answer, and what came with it.
+async function collect(stream) {
+  const out = { text: '', roles: [], finish: null, usage: null, chunks: 0 };
+  for await (const chunk of stream) {
+    out.chunks += 1;
+    if (chunk.usage) out.usage = chunk.usage;
+    const choice = chunk.choices[0];
+    if (!choice) continue;
+    if (choice.delta.role) out.roles.push(choice.delta.role);
+    out.text += (choice.delta.reasoning_content ?? '') + (choice.delta.content ?? '');
+    if (choice.finish_reason) out.finish = choice.finish_reason;
+  }
+  return out;
+}
+
+test('chat completion', async () => {
+  const r = await client.chat.completions.create({
+    model: kModelName, messages, max_tokens: 8, temperature: 0,
+  });
+  assert.equal(r.object, 'chat.completion');
+  assert.match(r.id, /^chatcmpl-/);
+  assert.equal(r.choices.length, 1);
+  assert.equal(r.choices[0].message.role, 'assistant');
+  assert.ok(['stop', 'length'].includes(r.choices[0].finish_reason), r.choices[0].finish_reason);
+  assert.ok(r.usage.prompt_tokens > 0);
+  assert.ok(r.usage.completion_tokens >= 1 && r.usage.completion_tokens <= 8);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
+});
+
+test('streaming with include_usage gives the same answer as a whole', async () => {
+  const request = { model: kModelName, messages, max_tokens: 10, temperature: 0 };
+  const whole = await client.chat.completions.create(request);
+  const m = whole.choices[0].message;
+  const expected = (m.reasoning_content ?? '') + (m.content ?? '');
+
+  const s = await collect(await client.chat.completions.create({
+    ...request, stream: true, stream_options: { include_usage: true },
+  }));
+  assert.deepEqual(s.roles, ['assistant']); // the first delta only
+  assert.equal(s.text, expected);
+  assert.equal(s.finish, whole.choices[0].finish_reason);
+  assert.ok(s.usage, 'no usage chunk');
+  assert.equal(s.usage.prompt_tokens, whole.usage.prompt_tokens);
+  assert.equal(s.usage.completion_tokens, whole.usage.completion_tokens);
+  // The same prompt again: its prefix comes from the prefix cache.
+  assert.ok(s.usage.prompt_tokens_details.cached_tokens >= 0);
+});
+
+test('completions, streamed or not', async () => {
+  const request = { model: kModelName, prompt: 'Once upon a time', max_tokens: 6, temperature: 0 };
+  const whole = await client.completions.create(request);
+  assert.equal(whole.object, 'text_completion');
+  assert.equal(typeof whole.choices[0].text, 'string');
+  let text = '';
+  for await (const chunk of await client.completions.create({ ...request, stream: true })) {
+    text += chunk.choices[0]?.text ?? '';
+  }
+  assert.equal(text, whole.choices[0].text);
+});
+
+test('models list', async () => {
+  const ids = [];
+  for await (const model of client.models.list()) ids.push(model.id);
+  assert.deepEqual(ids, [kModelName]);
+});
+
+test('a refused request surfaces as BadRequestError', async () => {
+  await assert.rejects(
+    client.chat.completions.create({ model: kModelName, messages, n: 2 }),
+    (e) => {
+      assert.ok(e instanceof OpenAI.BadRequestError, `${e.constructor.name}: ${e.message}`);
+      assert.equal(e.status, 400);
+      assert.match(e.message, /\bn\b/);
+      return true;
+    });
+  await assert.rejects(
+    client.chat.completions.create({ model: kModelName, messages: [{ role: 'wizard', content: 'x' }] }),
+    OpenAI.BadRequestError);
+});
+
+test('a wrong key surfaces as AuthenticationError', async () => {
+  const stranger = new OpenAI({ baseURL: `${server.baseURL}/v1`, apiKey: 'wrong', maxRetries: 0 });
+  await assert.rejects(stranger.models.list(), OpenAI.AuthenticationError);
+});
+
+test('aborting a stream cancels it and the server goes on', async () => {
+  const stream = await client.chat.completions.create({
+    model: kModelName, messages, max_tokens: 2000, temperature: 0, stream: true,
+  });
+  let chunks = 0;
+  for await (const chunk of stream) {
+    void chunk;
+    chunks += 1;
+    if (chunks === 3) {
+      stream.controller.abort(); // closes the connection: the server cancels the request
+      break;
+    }
+  }
+  assert.equal(chunks, 3);
+  const next = await client.chat.completions.create({
+    model: kModelName, messages, max_tokens: 2, temperature: 0,
+  });
+  assert.equal(next.choices.length, 1);
+  assert.equal(next.usage.completion_tokens, 2);
+});
