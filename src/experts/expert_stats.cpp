@@ -4,6 +4,18 @@
 
 namespace moetier {
 
+LayerExpertStats& LayerExpertStats::operator+=(const LayerExpertStats& d) {
+  calls += d.calls;
+  active_experts += d.active_experts;
+  assignments += d.assignments;
+  gpu_experts += d.gpu_experts;
+  cpu_experts += d.cpu_experts;
+  cache_hits += d.cache_hits;
+  cache_misses += d.cache_misses;
+  bytes_h2d += d.bytes_h2d;
+  return *this;
+}
+
 ExpertStats::ExpertStats(std::vector<int64_t> moe_layers) {
   for (int64_t l : moe_layers) {
     if (l >= static_cast<int64_t>(index_of_.size()))
@@ -20,15 +32,7 @@ void ExpertStats::Add(const LayerExpertStats& d) {
   const int64_t i = index_of_[static_cast<size_t>(d.layer)];
   if (i < 0) return;
   std::lock_guard<std::mutex> lock(mu_);
-  LayerExpertStats& s = layers_[static_cast<size_t>(i)];
-  s.calls += d.calls;
-  s.active_experts += d.active_experts;
-  s.assignments += d.assignments;
-  s.gpu_experts += d.gpu_experts;
-  s.cpu_experts += d.cpu_experts;
-  s.cache_hits += d.cache_hits;
-  s.cache_misses += d.cache_misses;
-  s.bytes_h2d += d.bytes_h2d;
+  layers_[static_cast<size_t>(i)] += d;
 }
 
 std::vector<LayerExpertStats> ExpertStats::Snapshot() const {
@@ -53,16 +57,7 @@ nlohmann::ordered_json LayerJson(const LayerExpertStats& s) {
 LayerExpertStats Totals(const std::vector<LayerExpertStats>& layers) {
   LayerExpertStats t;
   t.layer = -1;
-  for (const LayerExpertStats& s : layers) {
-    t.calls += s.calls;
-    t.active_experts += s.active_experts;
-    t.assignments += s.assignments;
-    t.gpu_experts += s.gpu_experts;
-    t.cpu_experts += s.cpu_experts;
-    t.cache_hits += s.cache_hits;
-    t.cache_misses += s.cache_misses;
-    t.bytes_h2d += s.bytes_h2d;
-  }
+  for (const LayerExpertStats& s : layers) t += s;
   return t;
 }
 

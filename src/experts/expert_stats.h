@@ -22,6 +22,8 @@ struct LayerExpertStats {
   int64_t cache_hits = 0;      // GPU expert cache (offload): experts found in a slot
   int64_t cache_misses = 0;    // ... and copied in
   int64_t bytes_h2d = 0;       // bytes copied host to device for this layer's experts
+  // Adds every counter of d (not the layer id).
+  LayerExpertStats& operator+=(const LayerExpertStats& d);
 };
 
 class ExpertStats {

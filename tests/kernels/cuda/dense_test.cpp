@@ -29,21 +29,9 @@ namespace {
 // past it, cuBLAS on bf16/f16/tf32 operands.
 constexpr int64_t kDecodeTokens = 64;
 
-template <typename T>
-DeviceBuffer<T> Upload(const std::vector<T>& v) {
-  DeviceBuffer<T> b = DeviceBuffer<T>::Create(v.size() + 1, "test input").value();
-  EXPECT_EQ(cudaMemcpy(b.data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice),
-            cudaSuccess);
-  return b;
-}
+using moetier::testing::Upload;
 
-template <typename T>
-std::vector<T> Download(const DeviceBuffer<T>& b, size_t n) {
-  std::vector<T> v(n);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(v.data(), b.data(), n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  return v;
-}
+using moetier::testing::Download;
 
 std::vector<float> RandomFloats(size_t n, std::mt19937& rng) {
   std::normal_distribution<float> dist(0.0f, 1.0f);

@@ -23,21 +23,9 @@
 namespace moetier::cuda {
 namespace {
 
-template <typename T>
-DeviceBuffer<T> Upload(const std::vector<T>& v) {
-  DeviceBuffer<T> b = DeviceBuffer<T>::Create(v.size() + 1, "test input").value();
-  EXPECT_EQ(cudaMemcpy(b.data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice),
-            cudaSuccess);
-  return b;
-}
+using moetier::testing::Upload;
 
-template <typename T>
-std::vector<T> Download(const DeviceBuffer<T>& b, size_t n) {
-  std::vector<T> v(n);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(v.data(), b.data(), n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  return v;
-}
+using moetier::testing::Download;
 
 std::vector<float> RandomFloats(size_t n, float scale, std::mt19937& rng) {
   std::normal_distribution<float> dist(0.0f, scale);

@@ -20,13 +20,7 @@
 namespace moetier::cuda {
 namespace {
 
-template <typename T>
-DeviceBuffer<T> Upload(const std::vector<T>& v) {
-  DeviceBuffer<T> b = DeviceBuffer<T>::Create(v.size() + 1, "test input").value();
-  EXPECT_EQ(cudaMemcpy(b.data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice),
-            cudaSuccess);
-  return b;
-}
+using moetier::testing::Upload;
 
 template <typename T>
 DeviceBuffer<T> Scratch(size_t n) {
