@@ -312,7 +312,41 @@ bool ReadBody(const httplib::ContentReader& reader, size_t max_bytes, Api api, R
 }
 
 // The Prometheus text exposition of the service's counters.
-std::string MetricsText(const ServiceMetrics& m) {
+// The model's own figures: where its expert bytes are, and what the expert executors did
+// (--moe-collect-stats is always on under serve).
+void ModelMetrics(const CausalLM& model, std::ostringstream& out) {
+  const ResidencyReport& r = model.residency();
+  const auto& layers = r.settled ? *r.settled : r.plan.layers;
+  out << "# HELP moetier_expert_bytes Expert bank bytes by tier (settled at load).\n"
+         "# TYPE moetier_expert_bytes gauge\n";
+  for (Tier t : {Tier::kGpu, Tier::kPinned, Tier::kLocked, Tier::kPageable}) {
+    uint64_t bytes = 0;
+    for (const LayerResidency& l : layers) bytes += l.tier == t ? l.bytes : 0;
+    out << "moetier_expert_bytes{tier=\"" << TierName(t) << "\"} " << bytes << '\n';
+  }
+  if (model.expert_stats() == nullptr) return;
+  LayerExpertStats t;
+  for (const LayerExpertStats& l : model.expert_stats()->Snapshot()) t += l;
+  auto put = [&out](const char* name, const char* help, int64_t value) {
+    out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " counter\n"
+        << name << ' ' << value << '\n';
+  };
+  put("moetier_experts_run_on_cpu_total", "Experts computed by the CPU executor, over layers.",
+      t.cpu_experts);
+  put("moetier_experts_run_on_gpu_total", "Experts computed on the GPU, over layers.",
+      t.gpu_experts);
+  put("moetier_expert_cache_hits_total", "GPU expert cache hits.", t.cache_hits);
+  put("moetier_expert_cache_misses_total", "GPU expert cache misses (copied in).", t.cache_misses);
+  put("moetier_expert_bytes_to_gpu_total", "Expert bytes copied host to device.", t.bytes_h2d);
+  const int64_t lookups = t.cache_hits + t.cache_misses;
+  out << "# HELP moetier_expert_cache_hit_ratio Hits over lookups of the GPU expert cache.\n"
+         "# TYPE moetier_expert_cache_hit_ratio gauge\n"
+      << "moetier_expert_cache_hit_ratio "
+      << (lookups > 0 ? static_cast<double>(t.cache_hits) / static_cast<double>(lookups) : 0.0)
+      << '\n';
+}
+
+std::string MetricsText(const ServiceMetrics& m, const CausalLM& model) {
   std::ostringstream out;
   auto put = [&out](const char* name, const char* type, const char* help, auto value) {
     out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n'
@@ -345,6 +379,7 @@ std::string MetricsText(const ServiceMetrics& m) {
       m.kv_blocks_total > 0
           ? static_cast<double>(m.kv_blocks_used) / static_cast<double>(m.kv_blocks_total)
           : 0.0);
+  ModelMetrics(model, out);
   return out.str();
 }
 
@@ -436,7 +471,7 @@ void HttpServer::Impl::InstallRoutes() {
   http.Get("/health", [this](const Request&, Response& res) { Health(res); });
   http.Get("/metrics", [this](const Request& req, Response& res) {
     if (ChatService* s = Admit(req, res, Api::kOpenAi))
-      res.set_content(MetricsText(s->Metrics()), "text/plain; version=0.0.4");
+      res.set_content(MetricsText(s->Metrics(), s->model()), "text/plain; version=0.0.4");
   });
   // The page holds no data (it fetches /v1/residency with the key), so it is open: a browser
   // cannot send a header when it loads a page.

@@ -70,6 +70,7 @@ struct World {
     auto m = LoadCausalLM(dir, testing::WithThreads(1));
     EXPECT_TRUE(m.ok()) << m.message();
     model = std::move(*m);
+    model->CollectExpertStats();  // as `moetier serve` does
     auto t = text::Tokenizer::Load(dir);
     EXPECT_TRUE(t.ok()) << t.message();
     tokenizer.emplace(std::move(*t));
@@ -429,6 +430,14 @@ TEST_F(HttpServerTest, MetricsArePrometheusText) {
   const size_t at = res->body.find("\nmoetier_generated_tokens_total ");
   ASSERT_NE(at, std::string::npos);
   EXPECT_GT(std::stoll(res->body.substr(at + 32)), 0);
+  // The model's figures: every expert of the cpu backend on the CPU, bytes by tier.
+  const std::string cpu = "\nmoetier_experts_run_on_cpu_total ";
+  const size_t cpu_at = res->body.find(cpu);
+  ASSERT_NE(cpu_at, std::string::npos);
+  EXPECT_GT(std::stoll(res->body.substr(cpu_at + cpu.size())), 0);
+  EXPECT_NE(res->body.find("\nmoetier_experts_run_on_gpu_total 0\n"), std::string::npos);
+  EXPECT_NE(res->body.find("moetier_expert_bytes{tier=\"locked\"}"), std::string::npos);
+  EXPECT_NE(res->body.find("\nmoetier_expert_cache_hit_ratio 0\n"), std::string::npos);
 }
 
 // A client that leaves mid-stream cancels its request: it ends long before its max_tokens, and

@@ -3,7 +3,8 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { startServer } from './harness.mjs';
+import { execFileSync } from 'node:child_process';
+import { startServer, fixtureDir } from './harness.mjs';
 
 const kKey = 'sk-moetier-test';
 const kModelName = 'qwen3_moe_tiny'; // the fixture directory's name
@@ -126,4 +127,21 @@ test('aborting a stream cancels it and the server goes on', async () => {
   });
   assert.equal(next.choices.length, 1);
   assert.equal(next.usage.completion_tokens, 2);
+});
+
+// The server renders, tokenizes and samples as the CLI does: greedy answers through the API equal
+// `moetier generate --chat` for the same message.
+test('greedy answer equals moetier generate --chat', async () => {
+  const kTokens = 12;
+  const prompt = messages[0].content;
+  const cli = execFileSync(process.env.MOETIER_CLI, [
+    'generate', '--model', fixtureDir, '--prompt', prompt, '--chat', '-n', String(kTokens),
+    '--threads', '1',
+  ], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).replace(/\n$/, '');
+  const r = await client.chat.completions.create({
+    model: kModelName, messages, max_tokens: kTokens, temperature: 0,
+  });
+  const m = r.choices[0].message;
+  assert.equal(r.usage.completion_tokens, kTokens);
+  assert.equal((m.reasoning_content ?? '') + (m.content ?? ''), cli);
 });
