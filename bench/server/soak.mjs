@@ -44,7 +44,8 @@ const MIX = { malformed: 5, cancelled: 5 };
 const LONG_SHARE = 0.25;       // of valid requests, the share with a long prompt
 const STREAM_SHARE = 0.5;      // of valid requests, the share streamed
 const GREEDY_SHARE = 0.5;      // of valid requests, greedy on a prompt from a small fixed pool
-const POOL_SHORT = 8;          // distinct pooled prompts: repeats let the greedy answers be compared
+// Distinct pooled prompts: repeats let the greedy answers be compared.
+const POOL_SHORT = 8;
 const POOL_LONG = 4;
 const CANCEL_AFTER_MAX = 3;    // a cancelled stream is aborted after 1..this many chunks
 const HEALTH_WAIT_S = 600;     // how long to wait for GET /health to answer 200 before starting
@@ -73,7 +74,9 @@ function parseArgs(argv) {
     die('--clients, --max-tokens and --seconds must be at least 1');
   }
   if (o.warmup < 0) o.warmup = Math.min(60, o.seconds / 10);
-  if (o.warmup >= o.seconds) die(`--warmup ${o.warmup} must be shorter than --seconds ${o.seconds}`);
+  if (o.warmup >= o.seconds) {
+    die(`--warmup ${o.warmup} must be shorter than --seconds ${o.seconds}`);
+  }
   o.url = o.url.replace(/\/+$/, '');
   return o;
 }
@@ -83,7 +86,7 @@ function die(msg) {
   process.exit(2);
 }
 
-// Small deterministic PRNG (mulberry32): the same --seed gives the same request sequence per client.
+// Small deterministic PRNG (mulberry32): the same --seed gives each client the same requests.
 function rng(seed) {
   let s = seed >>> 0;
   return () => {
@@ -123,8 +126,10 @@ const MALFORMED = [
   ['bad_json', () => '{"messages": [{"role": "user", "content": "hi"}'],
   ['not_an_object', () => '[1, 2, 3]'],
   ['messages_wrong_type', (m) => JSON.stringify({ model: m, messages: 'hello' })],
-  ['content_wrong_type', (m) => JSON.stringify({ model: m, messages: [{ role: 'user', content: 42 }] })],
-  ['unknown_role', (m) => JSON.stringify({ model: m, messages: [{ role: 'wizard', content: 'hi' }] })],
+  ['content_wrong_type', (m) =>
+    JSON.stringify({ model: m, messages: [{ role: 'user', content: 42 }] })],
+  ['unknown_role', (m) =>
+    JSON.stringify({ model: m, messages: [{ role: 'wizard', content: 'hi' }] })],
   ['max_tokens_wrong_type', (m) =>
     JSON.stringify({ model: m, messages: [{ role: 'user', content: 'hi' }], max_tokens: 'ten' })],
   ['max_tokens_huge', (m) =>
@@ -175,7 +180,9 @@ function checkUsage(usage, req, stats, where) {
   const isInt = (x) => Number.isInteger(x) && x >= 0;
   if (!usage || typeof usage !== 'object') return 'no usage';
   const { prompt_tokens: p, completion_tokens: c, total_tokens: t } = usage;
-  if (!isInt(p) || !isInt(c) || !isInt(t)) return `usage fields not whole numbers: ${JSON.stringify(usage)}`;
+  if (!isInt(p) || !isInt(c) || !isInt(t)) {
+    return `usage fields not whole numbers: ${JSON.stringify(usage)}`;
+  }
   if (p < 1) return `prompt_tokens ${p} < 1`;
   if (t !== p + c) return `total_tokens ${t} != ${p} + ${c}`;
   if (c > req.max_tokens) return `completion_tokens ${c} > max_tokens ${req.max_tokens}`;
@@ -201,7 +208,8 @@ function checkGreedy(req, text, finish, stats) {
   if (g.text !== text || g.finish !== finish) {
     stats.greedyMismatch++;
     if (!stats.greedyMismatchExample) {
-      stats.greedyMismatchExample = { prompt: req.key, first: g.text.slice(0, 120), now: text.slice(0, 120) };
+      stats.greedyMismatchExample =
+        { prompt: req.key, first: g.text.slice(0, 120), now: text.slice(0, 120) };
     }
   }
 }
@@ -247,7 +255,8 @@ async function runValid(opts, req, stats, measured) {
     return req.body.stream ? await checkStream(res) : await checkJson(res);
   } catch (e) {
     if (ctl.signal.aborted) return fail('hung', `no answer within ${opts['request-timeout']} s`);
-    return fail('transport', e.cause ? `${e.message}: ${e.cause.code || e.cause.message}` : e.message);
+    const why = e.cause ? `${e.message}: ${e.cause.code || e.cause.message}` : e.message;
+    return fail('transport', why);
   } finally {
     clearTimeout(timer);
   }
@@ -273,18 +282,27 @@ async function runValid(opts, req, stats, measured) {
   async function checkJson(res) {
     const text = await res.text();
     let j;
-    try { j = JSON.parse(text); } catch { return fail('bad_body', `not JSON: ${text.slice(0, 200)}`); }
+    try {
+      j = JSON.parse(text);
+    } catch {
+      return fail('bad_body', `not JSON: ${text.slice(0, 200)}`);
+    }
     const ch = j && Array.isArray(j.choices) ? j.choices[0] : null;
     if (j.object !== 'chat.completion' || !ch || !ch.message) {
       return fail('bad_body', `not a chat.completion: ${text.slice(0, 200)}`);
     }
     const m = ch.message;
     if (m.role !== 'assistant') return fail('bad_body', `message.role ${m.role}`);
-    if (m.content !== null && typeof m.content !== 'string') return fail('bad_body', 'content not a string');
-    if (!FINISH.has(ch.finish_reason)) return fail('no_finish_reason', `finish_reason ${ch.finish_reason}`);
+    if (m.content !== null && typeof m.content !== 'string') {
+      return fail('bad_body', 'content not a string');
+    }
+    if (!FINISH.has(ch.finish_reason)) {
+      return fail('no_finish_reason', `finish_reason ${ch.finish_reason}`);
+    }
     const u = checkUsage(j.usage, req, stats, { finish: ch.finish_reason });
     if (u) return fail('bad_usage', u);
-    checkGreedy(req, (m.reasoning_content || '') + '|' + (m.content || ''), ch.finish_reason, stats);
+    const answer = (m.reasoning_content || '') + '|' + (m.content || '');
+    checkGreedy(req, answer, ch.finish_reason, stats);
     return ok(j.usage.completion_tokens);
   }
 
@@ -307,8 +325,16 @@ async function runValid(opts, req, stats, measured) {
       if (done) { afterDone = true; return false; }
       if (data === '[DONE]') { done = true; return true; }
       let j;
-      try { j = JSON.parse(data); } catch { problem = `chunk not JSON: ${data.slice(0, 200)}`; return false; }
-      if (j.object !== 'chat.completion.chunk') { problem = `not a chunk: ${data.slice(0, 200)}`; return false; }
+      try {
+        j = JSON.parse(data);
+      } catch {
+        problem = `chunk not JSON: ${data.slice(0, 200)}`;
+        return false;
+      }
+      if (j.object !== 'chat.completion.chunk') {
+        problem = `not a chunk: ${data.slice(0, 200)}`;
+        return false;
+      }
       chunks++;
       if (j.usage) usage = j.usage;
       const ch = Array.isArray(j.choices) ? j.choices[0] : null;
@@ -338,7 +364,8 @@ async function runValid(opts, req, stats, measured) {
     const u = checkUsage(usage, req, stats, { finish });
     if (u) return fail('bad_usage', u);
     if (contentChunks > usage.completion_tokens + 1) {
-      return fail('bad_usage', `${contentChunks} content chunks for ${usage.completion_tokens} tokens`);
+      const n = usage.completion_tokens;
+      return fail('bad_usage', `${contentChunks} content chunks for ${n} tokens`);
     }
     checkGreedy(req, reasoning + '|' + content, finish, stats);
     if (measured && tFirst !== null) {
@@ -354,7 +381,8 @@ async function runValid(opts, req, stats, measured) {
 function isOpenAiError(text) {
   try {
     const j = JSON.parse(text);
-    return j && typeof j.error === 'object' && j.error !== null && typeof j.error.message === 'string' &&
+    return j && typeof j.error === 'object' && j.error !== null &&
+      typeof j.error.message === 'string' &&
       j.error.message.length > 0 && typeof j.error.type === 'string';
   } catch {
     return false;
@@ -407,7 +435,8 @@ async function runCancelled(opts, req, after, stats) {
     if (finished) stats.counts.cancelled_finished_first++;
   } catch (e) {
     if (ctl.signal.reason === 'cancel') return;  // aborting the body may throw: that is the point
-    stats.error(ctl.signal.reason === 'timeout' ? 'hung' : 'transport', `cancelled request: ${e.message}`);
+    const kind = ctl.signal.reason === 'timeout' ? 'hung' : 'transport';
+    stats.error(kind, `cancelled request: ${e.message}`);
   } finally {
     clearTimeout(timer);
   }
@@ -466,7 +495,7 @@ function readRssKb(pid) {
   }
 }
 
-function rssReport(samples, warmupEnd) {
+function rssReport(samples, warmupEnd, start) {
   const after = samples.filter((s) => s.t >= warmupEnd);
   if (after.length === 0) return null;
   const mb = (kb) => Math.round(kb / 1024 * 10) / 10;
@@ -481,7 +510,9 @@ function rssReport(samples, warmupEnd) {
   const slope = den > 0 ? num / den : 0;
   const series = [];
   const step = Math.max(1, Math.floor(samples.length / 60));
-  for (let i = 0; i < samples.length; i += step) series.push([Math.round(samples[i].t), mb(samples[i].kb)]);
+  for (let i = 0; i < samples.length; i += step) {
+    series.push([Math.round(samples[i].t - start), mb(samples[i].kb)]);
+  }
   return {
     samples: samples.length, at_start_mb: mb(samples[0].kb), after_warmup_mb: mb(kbs[0]),
     at_end_mb: mb(kbs[kbs.length - 1]), min_after_warmup_mb: mb(Math.min(...kbs)),
@@ -511,19 +542,24 @@ async function pickModel(opts) {
   try {
     const headers = opts['api-key'] ? { authorization: `Bearer ${opts['api-key']}` } : {};
     const j = await (await fetch(`${opts.url}/v1/models`, { headers })).json();
-    if (j && Array.isArray(j.data) && j.data[0] && typeof j.data[0].id === 'string') return j.data[0].id;
+    const first = j && Array.isArray(j.data) ? j.data[0] : null;
+    if (first && typeof first.id === 'string') return first.id;
   } catch { /* fall through: servers that ignore the name accept any */ }
   return 'default';
 }
 
 function summary(out) {
-  const f = (p, unit) => (p.n ? `p50 ${p.p50} / p90 ${p.p90} / p99 ${p.p99} ${unit} (n=${p.n})` : 'none');
+  const f = (p, unit) =>
+    (p.n ? `p50 ${p.p50} / p90 ${p.p90} / p99 ${p.p99} ${unit} (n=${p.n})` : 'none');
   const lines = [
     `soak ${out.label || ''}: ${out.url}, ${out.clients} clients, ${out.seconds} s (+ drain ` +
-      `${out.drain_s} s), warm-up ${out.warmup_s} s, max_tokens ${out.max_tokens}, model ${out.model}`,
+      `${out.drain_s} s), warm-up ${out.warmup_s} s, max_tokens ${out.max_tokens}, ` +
+      `model ${out.model}`,
     `requests started: ${out.counts.started} (valid ok ${out.counts.valid_ok}, valid failed ` +
-      `${out.counts.valid_failed}, malformed ${out.counts.malformed}, cancelled ${out.counts.cancelled})`,
-    `after warm-up: ${out.requests_per_s} valid requests/s, ${out.generated_tokens_per_s} generated tokens/s`,
+      `${out.counts.valid_failed}, malformed ${out.counts.malformed}, ` +
+      `cancelled ${out.counts.cancelled})`,
+    `after warm-up: ${out.requests_per_s} valid requests/s, ` +
+      `${out.generated_tokens_per_s} generated tokens/s`,
     `time to first token: ${f(out.ttft_s, 's')}`,
     `decode tokens/s per request: ${f(out.decode_tokens_per_s, 'tok/s')}`,
     `request latency: ${f(out.latency_s, 's')}`,
@@ -534,9 +570,10 @@ function summary(out) {
   lines.push(`greedy repeats: ${out.greedy.compared} compared, ${out.greedy.mismatched} differed` +
     (out.greedy.example ? ` (e.g. ${JSON.stringify(out.greedy.example)})` : ''));
   if (out.rss) {
-    lines.push(`VmRSS: start ${out.rss.at_start_mb} MB, after warm-up ${out.rss.after_warmup_mb} MB, end ` +
-      `${out.rss.at_end_mb} MB (min ${out.rss.min_after_warmup_mb}, max ${out.rss.max_after_warmup_mb}, ` +
-      `slope ${out.rss.slope_mb_per_min} MB/min)`);
+    const r = out.rss;
+    lines.push(`VmRSS: start ${r.at_start_mb} MB, after warm-up ${r.after_warmup_mb} MB, end ` +
+      `${r.at_end_mb} MB (min ${r.min_after_warmup_mb}, max ${r.max_after_warmup_mb}, ` +
+      `slope ${r.slope_mb_per_min} MB/min)`);
   }
   if (out.server_gone) lines.push(`SERVER PROCESS ${out.pid} WENT AWAY`);
   lines.push(out.ok ? 'OK' : 'FAILED');
@@ -545,7 +582,9 @@ function summary(out) {
 
 async function main() {
   const opts = parseArgs(process.argv.slice(2));
-  if (opts.pid && readRssKb(opts.pid) === null) die(`--pid ${opts.pid}: no /proc/${opts.pid}/status with VmRSS`);
+  if (opts.pid && readRssKb(opts.pid) === null) {
+    die(`--pid ${opts.pid}: no /proc/${opts.pid}/status with VmRSS`);
+  }
   await waitHealthy(opts);
   const model = await pickModel(opts);
   const pool = makePool(opts);
@@ -595,7 +634,8 @@ async function main() {
       compared: [...stats.greedy.values()].reduce((a, g) => a + g.n - 1, 0),
       mismatched: stats.greedyMismatch, example: stats.greedyMismatchExample,
     },
-    pid: opts.pid || null, rss: opts.pid ? rssReport(rss, warmupEnd) : null, server_gone: serverGone,
+    pid: opts.pid || null, rss: opts.pid ? rssReport(rss, warmupEnd, start) : null,
+    server_gone: serverGone,
   };
   // Failures of the server: a valid request answered wrongly, a hang, a broken connection, or
   // the process gone. Malformed-request answers of another shape are counted, not failed (other

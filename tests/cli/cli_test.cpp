@@ -85,6 +85,17 @@ TEST(Cli, CollectStatsCountsEveryLayerOfEveryStep) {
   }
 }
 
+// --moe-backend gpu where no GPU answers: the CPU engine, the same tokens, one line saying so.
+TEST(Cli, GpuBackendWithoutAGpuRunsOnTheCpuAndSaysSo) {
+  if (GpuAvailable()) GTEST_SKIP() << "a GPU is present: the gpu backend runs on it";
+  const std::string args = "generate " + Model() + " --tokens 3,17,42 -n 3 --moe-backend ";
+  auto gpu = RunCli(args + "gpu"), cpu = RunCli(args + "cpu");
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.err;
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  EXPECT_EQ(gpu.out, cpu.out);
+  EXPECT_NE(gpu.err.find("no usable CUDA device"), std::string::npos) << gpu.err;
+}
+
 TEST(Cli, GenerateGreedyMatchesReference) {
   auto ref = SafetensorsFile::Open(testing::HfFixture("mixtral") / "reference.safetensors");
   ASSERT_TRUE(ref.ok());
