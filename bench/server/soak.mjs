@@ -121,25 +121,26 @@ function makePool(opts) {
   return { short, long };
 }
 
-// Malformed bodies: each must be answered 400 with {"error": {"message": ...}}.
+// Malformed bodies: each must be answered 400 with {"error": {"message": ...}}. Each carries a
+// small max_tokens, so that a lenient server which answers one anyway does not generate up to its
+// context.
+const BAD_TAIL = '"max_tokens": 4}';
+const HI = '"messages": [{"role": "user", "content": "hi"}]';
 const MALFORMED = [
-  ['bad_json', () => '{"messages": [{"role": "user", "content": "hi"}'],
+  ['bad_json', () => `{${HI}, ${BAD_TAIL.slice(0, -1)}`],
   ['not_an_object', () => '[1, 2, 3]'],
-  ['messages_wrong_type', (m) => JSON.stringify({ model: m, messages: 'hello' })],
+  ['messages_wrong_type', (m) => JSON.stringify({ model: m, messages: 'hello', max_tokens: 4 })],
   ['content_wrong_type', (m) =>
-    JSON.stringify({ model: m, messages: [{ role: 'user', content: 42 }] })],
+    JSON.stringify({ model: m, messages: [{ role: 'user', content: 42 }], max_tokens: 4 })],
   ['unknown_role', (m) =>
-    JSON.stringify({ model: m, messages: [{ role: 'wizard', content: 'hi' }] })],
-  ['max_tokens_wrong_type', (m) =>
-    JSON.stringify({ model: m, messages: [{ role: 'user', content: 'hi' }], max_tokens: 'ten' })],
+    JSON.stringify({ model: m, messages: [{ role: 'wizard', content: 'hi' }], max_tokens: 4 })],
+  ['max_tokens_wrong_type', (m) => `{"model": ${JSON.stringify(m)}, ${HI}, "max_tokens": "ten"}`],
   ['max_tokens_huge', (m) =>
-    `{"model": ${JSON.stringify(m)}, "messages": [{"role": "user", "content": "hi"}], ` +
-    '"max_tokens": 99999999999999999999999}'],
+    `{"model": ${JSON.stringify(m)}, ${HI}, "max_tokens": 99999999999999999999999}`],
   ['number_overflow', (m) =>
-    `{"model": ${JSON.stringify(m)}, "messages": [{"role": "user", "content": "hi"}], ` +
-    '"temperature": 1e400}'],
+    `{"model": ${JSON.stringify(m)}, ${HI}, "temperature": 1e400, ${BAD_TAIL}`],
   ['temperature_out_of_range', (m) =>
-    JSON.stringify({ model: m, messages: [{ role: 'user', content: 'hi' }], temperature: 1e300 })],
+    `{"model": ${JSON.stringify(m)}, ${HI}, "temperature": 1e300, ${BAD_TAIL}`],
   ['missing_messages', (m) => JSON.stringify({ model: m, max_tokens: 4 })],
 ];
 
@@ -288,7 +289,7 @@ async function runValid(opts, req, stats, measured) {
       return fail('bad_body', `not JSON: ${text.slice(0, 200)}`);
     }
     const ch = j && Array.isArray(j.choices) ? j.choices[0] : null;
-    if (j.object !== 'chat.completion' || !ch || !ch.message) {
+    if (!j || j.object !== 'chat.completion' || !ch || !ch.message) {
       return fail('bad_body', `not a chat.completion: ${text.slice(0, 200)}`);
     }
     const m = ch.message;
@@ -331,7 +332,7 @@ async function runValid(opts, req, stats, measured) {
         problem = `chunk not JSON: ${data.slice(0, 200)}`;
         return false;
       }
-      if (j.object !== 'chat.completion.chunk') {
+      if (!j || j.object !== 'chat.completion.chunk') {
         problem = `not a chunk: ${data.slice(0, 200)}`;
         return false;
       }
@@ -509,7 +510,7 @@ function rssReport(samples, warmupEnd, start) {
   for (const s of after) { num += (s.t - mt) * (s.kb - mk); den += (s.t - mt) ** 2; }
   const slope = den > 0 ? num / den : 0;
   const series = [];
-  const step = Math.max(1, Math.floor(samples.length / 60));
+  const step = Math.max(1, Math.ceil(samples.length / 60));
   for (let i = 0; i < samples.length; i += step) {
     series.push([Math.round(samples[i].t - start), mb(samples[i].kb)]);
   }
