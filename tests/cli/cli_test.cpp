@@ -80,8 +80,7 @@ TEST(Cli, CollectStatsCountsEveryLayerOfEveryStep) {
     EXPECT_EQ(l["cpu_experts"], l["active_experts"]) << l.dump();
     EXPECT_EQ(l["gpu_experts"].get<int64_t>(), 0);
     // The prompt's 3 tokens, then 1 token a step, each with top-k experts.
-    EXPECT_EQ(l["assignments"].get<int64_t>(),
-              (3 + 3) * (*model)->config().n_experts_per_token);
+    EXPECT_EQ(l["assignments"].get<int64_t>(), (3 + 3) * (*model)->config().n_experts_per_token);
   }
 }
 

@@ -185,16 +185,16 @@ TEST_P(HfReference, ThreadCountDoesNotChangeLogits) {
   EXPECT_EQ(results[0], results[2]);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Fixtures, HfReference,
-    ::testing::Combine(::testing::Values("qwen3_moe", "mixtral", "realvocab/qwen3_moe_tiny",
-                                         "realvocab/mixtral_tiny"),
-                       ::testing::Values(Backend::kCpu, Backend::kGpu)),
-    [](const auto& info) {
-      std::string s = std::get<0>(info.param);
-      std::replace(s.begin(), s.end(), '/', '_');
-      return s + "_" + std::string(BackendName(std::get<1>(info.param)));
-    });
+INSTANTIATE_TEST_SUITE_P(Fixtures, HfReference,
+                         ::testing::Combine(::testing::Values("qwen3_moe", "mixtral",
+                                                              "realvocab/qwen3_moe_tiny",
+                                                              "realvocab/mixtral_tiny"),
+                                            ::testing::Values(Backend::kCpu, Backend::kGpu)),
+                         [](const auto& info) {
+                           std::string s = std::get<0>(info.param);
+                           std::replace(s.begin(), s.end(), '/', '_');
+                           return s + "_" + std::string(BackendName(std::get<1>(info.param)));
+                         });
 
 }  // namespace
 }  // namespace moetier

@@ -114,8 +114,8 @@ __global__ void TopKKernel(const float* logits, int64_t n_tokens, int n_experts,
 
 // ---- grouping ------------------------------------------------------------------------------
 
-// One block sorts all assignments. Pass 1 counts each expert's assignments (shared atomics) and
-// scans the counts into each expert's first slot. Pass 2 places the assignments in chunks of
+// One block sorts all assignments. First it counts each expert's assignments (shared atomics) and
+// scans the counts into each expert's first slot; then it places the assignments in chunks of
 // one per thread, in assignment order: within a warp, lanes of one expert rank themselves with
 // __match_any_sync; across the warps of a chunk, a per-(warp, expert) count table is scanned,
 // so the sort is stable (tokens ascending within an expert), as Routing::Group's.
@@ -203,7 +203,7 @@ __global__ void GroupKernel(const int32_t* ids, const float* weights, int n_assi
   const int n_warps = blockDim.x / kWarp;
   uint16_t* chunk_total = chunk_ofs + n_warps * n_experts;
 
-  // Pass 1: counts, their scan (each expert's first slot) and the active experts.
+  // Counting: the counts, their scan (each expert's first slot) and the active experts.
   for (int e = tid; e < n_experts; e += blockDim.x) {
     slot[e] = 0;
     chunk_total[e] = 0;
@@ -224,7 +224,7 @@ __global__ void GroupKernel(const int32_t* ids, const float* weights, int n_assi
   for (int a = n_active + tid; a <= n_experts; a += blockDim.x) begin[a] = n_assign;
   if (tid == 0) *n_active_out = n_active;
 
-  // Pass 2: stable placement, one assignment per thread per chunk.
+  // Placement: stable, one assignment per thread per chunk.
   const unsigned lanes_below = (1u << lane) - 1u;
   for (int base = 0; base < n_assign; base += blockDim.x) {
     for (int e = tid; e < n_experts; e += blockDim.x) {
