@@ -57,6 +57,23 @@ std::vector<ChatEvent> EventsFrom(const ChatRequest& request) {
   return events;
 }
 
+// Every event of an SSE stream is "event: NAME\ndata: JSON\n\n"; a "data: " inside a JSON string
+// (escaped, on the same line) is not an event.
+void CheckStream(const std::string& sse) {
+  size_t at = 0;
+  while (at < sse.size()) {
+    const size_t end = sse.find("\n\n", at);
+    Check(end != std::string::npos);
+    const std::string_view event(sse.data() + at, end - at);
+    Check(event.substr(0, 7) == "event: ");
+    const size_t data = event.find("\ndata: ");
+    Check(data != std::string_view::npos);
+    Check(event.substr(7, data - 7).find('\n') == std::string_view::npos);
+    Check(nlohmann::json::accept(event.substr(data + 7)));
+    at = end + 2;
+  }
+}
+
 void PlayBack(const ChatRequest& request) {
   anthropic::ResponseWriter whole("msg_fuzz", request.model);
   anthropic::ResponseWriter streamed("msg_fuzz", request.model);
@@ -66,12 +83,7 @@ void PlayBack(const ChatRequest& request) {
     sse += streamed.Events(e);
   }
   Check(nlohmann::json::accept(whole.Body()));
-  for (size_t pos = sse.find("data: "); pos != std::string::npos;
-       pos = sse.find("data: ", pos + 1)) {
-    const size_t end = sse.find('\n', pos);
-    Check(end != std::string::npos);
-    Check(nlohmann::json::accept(std::string_view(sse).substr(pos + 6, end - pos - 6)));
-  }
+  CheckStream(sse);
 }
 
 }  // namespace
