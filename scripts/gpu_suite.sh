@@ -5,9 +5,10 @@
 # fixture, GPU against CPU. Logs under $OUT (summary.txt first); exit status: failures.
 #   scripts/gpu_suite.sh             # tests
 #   SYNTH=1 scripts/gpu_suite.sh     # then the synthetic Qwen3-30B-A3B-shaped 8-layer model (bf16
-#                                    # and q4_0 banks) and `moetier bench --moe-backend gpu` on it;
+#                                    # and q4_0 banks) and `moetier bench` on it with the gpu,
+#                                    # offload (smallest expert cache) and cpu backends;
 #                                    # with LLAMA=1 also llama.cpp built for CUDA and llama-bench
-#                                    # -ngl 99 on the same weights (ratios in the same call)
+#                                    # -ngl 99 (and -ncmoe 8, offload's peer) on the same weights
 #   TESTS=0 skips the tests.
 set -u
 cd "$(dirname "$0")/.."
@@ -50,15 +51,19 @@ done
     2>> "$OUT/logits.log"
   "$C/moetier" logits --model "$M" --tokens 3,17,42,7,99 --out "$OUT/$m-gpu.bin" --moe-backend gpu \
     --report "$OUT/$m-gpu-report.json" 2>> "$OUT/logits.log"
-  python3 - "$OUT/$m-cpu.bin" "$OUT/$m-gpu.bin" "$m" >> "$S" 2>&1 <<'PY'
+  "$C/moetier" logits --model "$M" --tokens 3,17,42,7,99 --out "$OUT/$m-offload.bin" \
+    --moe-backend offload --moe-cpu-layers 1 --report "$OUT/$m-offload-report.json" 2>> "$OUT/logits.log"
+  for be in gpu offload; do
+  python3 - "$OUT/$m-cpu.bin" "$OUT/$m-$be.bin" "$m $be" >> "$S" 2>&1 <<'PY'
 import struct, sys
 a = open(sys.argv[1], "rb").read(); b = open(sys.argv[2], "rb").read()
 x = struct.unpack(f"{len(a)//4}f", a); y = struct.unpack(f"{len(b)//4}f", b)
 if len(x) != len(y) or not x:
     print(sys.argv[3], "logits: sizes differ", len(x), len(y)); sys.exit(0)
 m = max(abs(v) for v in x); d = max(abs(p - q) for p, q in zip(x, y))
-print(f"{sys.argv[3]} logits gpu vs cpu: max |diff| {d:.3g}, max |cpu| {m:.3g}, ratio {d / m:.2e}")
+print(f"{sys.argv[3]} logits vs cpu: max |diff| {d:.3g}, max |cpu| {m:.3g}, ratio {d / m:.2e}")
 PY
+  done
 done
 if [ "${SYNTH:-0}" = 1 ]; then
   [ -d "$W/llama/gguf-py" ] || python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
@@ -71,9 +76,14 @@ if [ "${SYNTH:-0}" = 1 ]; then
   "$C/moetier" convert -m "$W/q3moe-8L-hf" -o "$W/bank-bf16" --overwrite 2>> "$OUT/synth.log"
   "$C/moetier" convert -m "$W/bank-bf16" -o "$W/bank-q4_0" --dtype q4_0 --dense-dtype q4_0 \
     --overwrite 2>> "$OUT/synth.log"
+  # offload: every expert pinned in host memory, the cache at its minimum (one layer's 128
+  # experts: 1.21 GB bf16, 0.34 GB q4_0), so nearly every active expert is copied each step.
+  declare -A MIN_CACHE=([bf16]=1.22 [q4_0]=0.35)
   for dt in bf16 q4_0; do
-    for be in gpu cpu; do
-      "$C/moetier" bench --model "$W/bank-$dt" --moe-backend $be --json --repeats 3 \
+    for be in gpu offload cpu; do
+      extra=()
+      [ $be = offload ] && extra=(--moe-cpu-layers 0 --moe-cache-gb "${MIN_CACHE[$dt]}" --moe-collect-stats)
+      "$C/moetier" bench --model "$W/bank-$dt" --moe-backend $be --json --repeats 3 "${extra[@]}" \
         > "$OUT/bench-$dt-$be.json" 2> "$OUT/bench-$dt-$be.log"
       echo "bench $dt $be: exit $?: $(tr -d '\n' < "$OUT/bench-$dt-$be.json" | head -c 900)" >> "$S"
     done
@@ -84,6 +94,11 @@ if [ "${SYNTH:-0}" = 1 ]; then
     "$LB/llama-quantize" --pure "$W/q3moe-8L.gguf" "$W/q3moe-8L-q4_0.gguf" Q4_0 > "$OUT/quantize.log" 2>&1
     for g in q3moe-8L q3moe-8L-q4_0; do
       "$LB/llama-bench" -m "$W/$g.gguf" -ngl 99 -p 512 -n 128 -r 3 -o md >> "$OUT/llama-bench.md" 2>&1
+      # The peer of offload: every expert on the CPU (-ncmoe 8), mmap'd and not.
+      for mmp in 1 0; do
+        "$LB/llama-bench" -m "$W/$g.gguf" -ngl 99 -ncmoe 8 -mmp $mmp -p 512 -n 128 -r 3 -o md \
+          >> "$OUT/llama-bench.md" 2>&1
+      done
     done
     cat "$OUT/llama-bench.md" >> "$S"
   fi

@@ -72,12 +72,24 @@ enum class Act : size_t {
 // Where the decoder's operations run (--moe-backend picks it; model/load.cpp).
 enum class ComputeDevice {
   kCpu,  // every operation on the CPU's thread pool
-  kGpu,  // every operation, and every expert, on the GPU (backend/cuda/)
+  kGpu,  // every operation on the GPU (backend/cuda/); the experts where ExpertHome says
+};
+
+// Where a GPU backend finds a MoE layer's experts (the settled residency decides: load.cpp).
+enum class ExpertHome {
+  kVram,        // copied to VRAM at load (--moe-backend gpu)
+  kGpuCache,    // a pinned host bank: misses copied into the VRAM expert cache (offload)
+  kCpuExecutor  // a locked or pageable bank: computed in place by the CPU executor (offload)
 };
 
 struct ComputeOptions {
   int n_threads = 0;  // CPU threads (0: one per physical core)
   ComputeDevice device = ComputeDevice::kCpu;
+  // kGpu: per layer id (size n_layers; non-MoE entries unused); empty: every layer kVram.
+  std::vector<ExpertHome> expert_homes = {};
+  // kGpu with kGpuCache layers: the VRAM expert cache's size (--moe-cache-gb); 0: the free VRAM
+  // left once the weights, the KV cache and the workspace are in.
+  uint64_t expert_cache_bytes = 0;
   // The most tokens one step may hold (--max-batch-tokens, or a whole prompt for a one-sequence
   // client): a GPU backend sizes its buffers once for it. 0: a default.
   int64_t max_step_tokens = 0;

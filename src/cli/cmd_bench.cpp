@@ -69,7 +69,16 @@ struct RunFigures {
   double decode_tokens_per_s = 0;  // all sequences together
   double decode_gb_per_s = 0;      // weight bytes the decode steps read, per second
   uint64_t kv_pool_bytes = 0;      // the run's KV pool (reserved; RAM only as positions fill)
+  double decode_h2d_gb_per_s = 0;  // expert bytes copied to the GPU while decoding, per second
 };
+
+// Expert bytes copied host to device so far (0 without --moe-collect-stats).
+int64_t BytesToGpu(const CausalLM& lm) {
+  if (lm.expert_stats() == nullptr) return 0;
+  int64_t n = 0;
+  for (const LayerExpertStats& l : lm.expert_stats()->Snapshot()) n += l.bytes_h2d;
+  return n;
+}
 
 // Submits one greedy request per prompt, each generating max_new tokens, and drives the engine
 // until all have finished. Returns each request's tokens; `error` is the first failure.
@@ -136,9 +145,11 @@ Expected<RunFigures> BenchRun(const Opts& o, CausalLM& lm, int run, PhaseTimes* 
   for (size_t i = 0; i < prompts.size(); ++i) prompts[i].push_back(first[i].at(0));
   Clock::time_point decoding;
   uint64_t bytes0 = 0;
+  int64_t h2d0 = 0;
   const auto decoded = RunRequests(*engine, prompts, o.gen_tokens + 1, error, [&] {
     decoding = Clock::now();
     bytes0 = lm.WeightBytesStreamed();
+    h2d0 = BytesToGpu(lm);
     lm.SetPhaseTimes(decode_times);
   });
   const Clock::time_point t2 = Clock::now();
@@ -155,6 +166,7 @@ Expected<RunFigures> BenchRun(const Opts& o, CausalLM& lm, int run, PhaseTimes* 
   f.prefill_tokens_per_s = static_cast<double>(n * o.prompt_tokens) / prefill_s;
   f.decode_tokens_per_s = static_cast<double>(n * o.gen_tokens) / decode_s;
   f.decode_gb_per_s = static_cast<double>(lm.WeightBytesStreamed() - bytes0) / 1e9 / decode_s;
+  f.decode_h2d_gb_per_s = static_cast<double>(BytesToGpu(lm) - h2d0) / 1e9 / decode_s;
   return f;
 }
 
@@ -165,7 +177,7 @@ int Run(const Opts& o) {
   CausalLM& lm = **loaded;
   const int threads = o.model.n_threads > 0 ? o.model.n_threads : ThreadPool::DefaultThreads();
 
-  std::vector<double> prefill_tps, decode_tps, decode_gbps;
+  std::vector<double> prefill_tps, decode_tps, decode_gbps, decode_h2d;
   uint64_t kv_pool_bytes = 0;
   PhaseTimes decode_times;   // summed over every run's decode steps (--profile)
   PhaseTimes prefill_times;  // summed over every run's prompt (--profile)
@@ -176,6 +188,7 @@ int Run(const Opts& o) {
     prefill_tps.push_back(f->prefill_tokens_per_s);
     decode_tps.push_back(f->decode_tokens_per_s);
     decode_gbps.push_back(f->decode_gb_per_s);
+    decode_h2d.push_back(f->decode_h2d_gb_per_s);
     kv_pool_bytes = f->kv_pool_bytes;
   }
   const uint64_t peak_rss = ReadPeakRssBytes();  // before the bandwidth buffer
@@ -259,6 +272,7 @@ int Run(const Opts& o) {
     j["cache_hit_rate"] = t["cache_hit_rate"];
     j["cpu_experts"] = t["cpu_experts"];
     j["gpu_experts"] = t["gpu_experts"];
+    j["h2d_gb_per_s"] = Median(decode_h2d);  // the expert cache's misses while decoding
   }
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());

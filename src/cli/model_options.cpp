@@ -28,6 +28,11 @@ void AddResidencyOptions(CLI::App& cmd, ModelOptions& opts) {
                 "RLIMIT_MEMLOCK, or available RAM less a margin when locking is unlimited); banks "
                 "past it stay pageable")
       ->check(FiniteNumber(0));
+  g->add_option("--moe-cache-gb", opts.moe_cache_gb,
+                "offload: GB of VRAM for the expert cache that pinned layers' experts are copied "
+                "into (at least one layer's experts; default: the VRAM free once the weights, "
+                "the KV cache and the workspace are in, printed at load)")
+      ->check(FiniteNumber(0, 1e6, /*min_open=*/true));
   g->add_option("--moe-cpu-layers", opts.cpu_layers,
                 "MoE layers kept on the CPU in offload/hybrid: auto (fewest that fit the pin "
                 "budget), 0 (none), a count (12), a fraction (0.25), layer ids and ranges (0,5,7 "
@@ -102,6 +107,7 @@ Expected<ResidencyOptions> ToResidencyOptions(const ModelOptions& opts) {
   r.budgets.pin_budget_gb = opts.pin_budget_gb;
   r.budgets.lock_budget_gb = opts.lock_budget_gb;
   r.cpu_layers = opts.cpu_layers;
+  if (opts.moe_cache_gb) r.expert_cache_bytes = static_cast<uint64_t>(*opts.moe_cache_gb * 1e9);
   r.verify = !opts.no_verify;
   MT_ASSIGN_OR_RETURN(r.packing, ParseWeightPacking(opts.weight_packing));
   MT_ASSIGN_OR_RETURN(r.dense_memory, ParseDenseMemory(opts.dense_memory));

@@ -27,6 +27,7 @@ struct ModelOptions {
   // Residency flags, as typed; parsed when the model loads.
   std::string backend = "auto";
   std::optional<double> pin_budget_gb, lock_budget_gb;
+  std::optional<double> moe_cache_gb;  // --moe-cache-gb (offload's VRAM expert cache)
   std::string cpu_layers = "auto";
   std::string weight_packing = "auto";
   std::string dense_memory = "auto";

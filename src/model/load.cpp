@@ -54,6 +54,27 @@ bool HoldsDense(Backend backend) {
   return backend == Backend::kCpu;
 }
 
+// Where the decoder runs, and on a GPU where each MoE layer's experts are: gpu copies them all
+// to VRAM; offload (with a GPU) caches the pinned layers' and leaves the rest (locked, or
+// pinned that failed to pin and settled lower) to the CPU executor. Otherwise the CPU.
+ComputeOptions ComputeFor(const ResidencyPlan& plan, const std::vector<LayerResidency>& settled,
+                          const LoadOptions& options, int64_t n_layers) {
+  ComputeOptions c;
+  c.n_threads = options.n_threads;
+  c.max_step_tokens = options.max_step_tokens;
+  c.expert_cache_bytes = options.residency.expert_cache_bytes;
+  if (plan.backend == Backend::kGpu) {
+    c.device = ComputeDevice::kGpu;
+  } else if (plan.backend == Backend::kOffload && GpuAvailable()) {
+    c.device = ComputeDevice::kGpu;
+    c.expert_homes.assign(static_cast<size_t>(n_layers), ExpertHome::kCpuExecutor);
+    for (const LayerResidency& l : settled)
+      if (l.tier == Tier::kPinned)
+        c.expert_homes[static_cast<size_t>(l.layer)] = ExpertHome::kGpuCache;
+  }
+  return c;
+}
+
 // The dense tensors a token reads one row of: the embedding table, unless it is the lm_head.
 std::set<std::string> GatheredTensorNames(const ModelSource& s) {
   if (s.config.tie_word_embeddings) return {};
@@ -156,13 +177,10 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
           "dense: matrices read from the file mapping: too little RAM available to copy "
           "them (--dense-memory copy forces it)");
   }
-  ComputeOptions compute;
-  compute.n_threads = options.n_threads;
-  compute.max_step_tokens = options.max_step_tokens;
-  compute.device = report.plan.backend == Backend::kGpu ? ComputeDevice::kGpu : ComputeDevice::kCpu;
+  const ComputeOptions compute = ComputeFor(report.plan, *report.settled, options, config.n_layers);
   MT_ASSIGN_OR_RETURN(std::unique_ptr<CausalLM> model,
                       s.spec->create(config, std::move(dense), std::move(banks.experts), compute));
-  if (compute.device == ComputeDevice::kGpu)  // the banks were copied to VRAM by the backend
+  if (report.plan.backend == Backend::kGpu)  // the banks were copied to VRAM by the backend
     for (LayerResidency& l : *report.settled) l.tier = Tier::kGpu;
   model->set_residency(std::move(report));
   return model;

@@ -1,8 +1,9 @@
 // The forward against Hugging Face transformers' own outputs (tests/fixtures/hf/*/
 // reference.safetensors, computed in float64 from the same bf16 weights): logits at every
 // position, greedy continuations, router logits, and incremental decoding against a full
-// recompute — on the CPU, and on the GPU (--moe-backend gpu) where one is present, with the
-// same tolerances.
+// recompute — on the CPU, and on the GPU where one is present (--moe-backend gpu; and offload
+// with the smallest expert cache, so experts are evicted and copied again within a prompt, and
+// one MoE layer on the CPU executor), with the same tolerances.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include "engine/generate.h"
 #include "io/safetensors.h"
 #include "model/causal_lm.h"
+#include "model/model_source.h"
 #include "support/gpu.h"
 #include "support/test_support.h"
 
@@ -55,16 +57,31 @@ void ExpectRowClose(const float* mine, const float* ref, int64_t n, const std::s
                         << ", reference " << ref[worst_i];
 }
 
+// The smallest expert cache offload accepts: one layer's experts (bf16 fixtures), each slot
+// rounded up to 256 bytes as the backend lays them out.
+uint64_t OneLayerOfExperts(const std::filesystem::path& dir) {
+  auto s = OpenModelSource(dir);
+  EXPECT_TRUE(s.ok()) << s.message();
+  if (!s.ok()) return 0;
+  const ModelConfig& c = s->config;
+  const auto expert = static_cast<uint64_t>(3 * c.expert_intermediate_size * c.hidden_size * 2);
+  return (expert + 255) / 256 * 256 * static_cast<uint64_t>(c.n_experts);
+}
+
 class HfReference : public ::testing::TestWithParam<std::tuple<std::string, Backend>> {
  protected:
   void SetUp() override {
-    if (backend() == Backend::kGpu) MT_REQUIRE_GPU();
+    if (backend() != Backend::kCpu) MT_REQUIRE_GPU();
     dir_ = testing::HfFixture(std::get<0>(GetParam()));
     auto ref = SafetensorsFile::Open(dir_ / "reference.safetensors");
     ASSERT_TRUE(ref.ok()) << ref.message();
     ref_ = std::make_unique<Reference>(Reference{std::move(ref).value()});
     LoadOptions load;
     load.residency.backend = backend();
+    if (backend() == Backend::kOffload) {
+      load.residency.cpu_layers = "1";
+      load.residency.expert_cache_bytes = OneLayerOfExperts(dir_);
+    }
     auto model = LoadCausalLM(dir_, load);
     ASSERT_TRUE(model.ok()) << model.message();
     model_ = std::move(model).value();
@@ -185,16 +202,46 @@ TEST_P(HfReference, ThreadCountDoesNotChangeLogits) {
   EXPECT_EQ(results[0], results[2]);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, HfReference,
-                         ::testing::Combine(::testing::Values("qwen3_moe", "mixtral",
-                                                              "realvocab/qwen3_moe_tiny",
-                                                              "realvocab/mixtral_tiny"),
-                                            ::testing::Values(Backend::kCpu, Backend::kGpu)),
-                         [](const auto& info) {
-                           std::string s = std::get<0>(info.param);
-                           std::replace(s.begin(), s.end(), '/', '_');
-                           return s + "_" + std::string(BackendName(std::get<1>(info.param)));
-                         });
+// Offload ran as planned: one layer on the CPU executor, the others' experts through the cache
+// (misses copied, whole experts), none computed from VRAM-resident banks.
+TEST_P(HfReference, OffloadCopiesMissesAndRunsOneLayerOnTheCpu) {
+  if (backend() != Backend::kOffload) GTEST_SKIP() << "offload only";
+  model_->CollectExpertStats();
+  const auto tokens = ref_->Ints("prompt1.tokens");
+  KvCache cache = *model_->NewCache(64);
+  std::vector<float> logits;
+  ASSERT_TRUE(model_->Forward(tokens, cache, LogitsFor::kLastToken, logits).ok());
+  const uint64_t slot = OneLayerOfExperts(dir_) / static_cast<uint64_t>(model_->config().n_experts);
+  int cpu_layers = 0, cached_layers = 0;
+  for (const LayerExpertStats& l : model_->expert_stats()->Snapshot()) {
+    EXPECT_GT(l.active_experts, 0) << "layer " << l.layer;
+    if (l.cpu_experts > 0) {
+      ++cpu_layers;
+      EXPECT_EQ(l.cpu_experts, l.active_experts);
+      EXPECT_EQ(l.cache_misses + l.cache_hits, 0);
+      continue;
+    }
+    ++cached_layers;
+    EXPECT_EQ(l.gpu_experts, l.active_experts);
+    EXPECT_EQ(l.cache_hits + l.cache_misses, l.active_experts) << "layer " << l.layer;
+    EXPECT_GT(l.cache_misses, 0) << "layer " << l.layer;
+    EXPECT_LE(static_cast<uint64_t>(l.bytes_h2d), static_cast<uint64_t>(l.cache_misses) * slot);
+    EXPECT_GT(static_cast<uint64_t>(l.bytes_h2d), static_cast<uint64_t>(l.cache_misses) * slot / 2);
+  }
+  EXPECT_EQ(cpu_layers, 1);
+  EXPECT_EQ(cached_layers, model_->config().n_moe_layers() - 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, HfReference,
+    ::testing::Combine(::testing::Values("qwen3_moe", "mixtral", "realvocab/qwen3_moe_tiny",
+                                         "realvocab/mixtral_tiny"),
+                       ::testing::Values(Backend::kCpu, Backend::kGpu, Backend::kOffload)),
+    [](const auto& info) {
+      std::string s = std::get<0>(info.param);
+      std::replace(s.begin(), s.end(), '/', '_');
+      return s + "_" + std::string(BackendName(std::get<1>(info.param)));
+    });
 
 }  // namespace
 }  // namespace moetier

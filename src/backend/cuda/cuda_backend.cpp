@@ -18,6 +18,9 @@ namespace {
 // one-sequence client): enough for decode batches and prefill chunks of the default
 // --max-batch-tokens.
 constexpr int64_t kDefaultStepTokens = 512;
+// VRAM left free when the expert cache takes the rest: buffers regrown for a longer step than
+// any before, cuBLAS's workspace, the CUDA context's own allocations.
+constexpr uint64_t kWorkspaceReserveBytes = uint64_t{1} << 30;
 // memset(0x7f) of a scan slot: above any index, so "no non-finite element".
 constexpr unsigned long long kNoNonFinite = 0x7f7f7f7f7f7f7f7full;
 
@@ -63,6 +66,7 @@ Expected<std::unique_ptr<ComputeBackend>> CudaBackend::Create(const ComputeOptio
                          std::to_string(dims.n_experts) + " and " + std::to_string(dims.top_k));
   std::unique_ptr<CudaBackend> b(new CudaBackend(experts, dims));
   MT_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&b->stream_), "creating a CUDA stream");
+  MT_ASSIGN_OR_RETURN(b->offload_, ExpertOffload::Create(options, experts, dims));
   MT_ASSIGN_OR_RETURN(b->scans_dev_, cuda::DeviceBuffer<unsigned long long>::Create(
                                          kNonFiniteSlots, "the non-finite scans"));
   MT_RETURN_IF_ERROR(b->scans_host_.Reserve(kNonFiniteSlots, "the non-finite scans"));
@@ -94,10 +98,22 @@ void CudaBackend::Check(cudaError_t err, const char* what) {
 Status CudaBackend::Hold(std::span<const TensorView* const> matrices,
                          std::span<const std::vector<float>* const> vectors) {
   MT_RETURN_IF_ERROR(weights_.AddDense(matrices, vectors));
+  std::vector<int64_t> vram_layers;
+  int64_t shape_layer = -1;  // the first layer whose experts the GPU computes
+  for (int64_t layer : dims_.moe_layers) {
+    const ExpertHome home = offload_->home(layer);
+    if (home == ExpertHome::kVram) vram_layers.push_back(layer);
+    if (home != ExpertHome::kCpuExecutor && shape_layer < 0) shape_layer = layer;
+  }
   MT_RETURN_IF_ERROR(
-      weights_.AddExperts(experts_, dims_.moe_layers, dims_.n_layers, dims_.n_experts));
+      weights_.AddExperts(experts_, vram_layers, shape_layer, dims_.n_layers, dims_.n_experts));
   LogInfo("gpu: " + std::to_string(weights_.bytes() >> 20) + " MiB of weights in VRAM");
   return Reserve(capacity_tokens_);  // the expert kernels' scratch, now that the shape is known
+}
+
+void CudaBackend::SetExpertStats(ExpertStats* stats) {
+  stats_ = stats;
+  offload_->SetExpertStats(stats);
 }
 
 Status CudaBackend::Reserve(int64_t n_tokens) {
@@ -149,6 +165,8 @@ Expected<std::unique_ptr<KvMemory>> CudaBackend::AllocateKv(uint64_t n_bytes) {
   MT_ASSIGN_OR_RETURN(cuda::DeviceBuffer<uint8_t> b,
                       cuda::DeviceBuffer<uint8_t>::Create(
                           n_bytes, "the KV cache (lower --ctx-size or --kv-cache-gb)"));
+  // The expert cache takes what the weights, the KV pool and the workspace leave.
+  MT_RETURN_IF_ERROR(offload_->AllocateCache(kWorkspaceReserveBytes));
   return std::unique_ptr<KvMemory>(new DeviceKvMemory(std::move(b), stream_));
 }
 
@@ -308,6 +326,13 @@ void CudaBackend::Attend(const AttentionWeights& w, const AttentionShape& shape,
 void CudaBackend::Moe(const TensorView& router, const RouterOptions& opts, int64_t layer,
                       const float* x, int64_t n_tokens, float* out, float* router_logits) {
   const int64_t E = opts.n_experts;
+  if (offload_->home(layer) == ExpertHome::kCpuExecutor) {
+    if (Status s =
+            offload_->RunOnCpu(router, opts, layer, x, n_tokens, out, router_logits, stream_);
+        !s.ok() && error_.empty())
+      error_ = s.message();
+    return;
+  }
   dense_.Run(weights_.Matrix(router), x, n_tokens, router_logits_.data(), stream_);
   if (router_logits != nullptr) {
     Check(cudaMemcpyAsync(router_logits, router_logits_.data(),
@@ -320,7 +345,7 @@ void CudaBackend::Moe(const TensorView& router, const RouterOptions& opts, int64
                    topk_ids_.data(), topk_weights_.data(), stream_);
   routing_.n_tokens = n_tokens;
   cuda::LaunchGroupByExpert(topk_ids_.data(), topk_weights_.data(), routing_, stream_);
-  ffn_.Run(routing_, weights_.ExpertTable(layer), x, out, stream_);
+  RunExpertsOnGpu(layer, x, out);
   if (moe_calls_ < static_cast<int64_t>(active_host_.size())) {
     Check(cudaMemcpyAsync(active_dev_.data() + moe_calls_, routing_.n_active, sizeof(int32_t),
                           cudaMemcpyDeviceToDevice, stream_),
@@ -329,6 +354,18 @@ void CudaBackend::Moe(const TensorView& router, const RouterOptions& opts, int64
     moe_call_layer_[static_cast<size_t>(moe_calls_)] = layer;
     ++moe_calls_;
   }
+}
+
+void CudaBackend::RunExpertsOnGpu(int64_t layer, const float* x, float* out) {
+  if (offload_->home(layer) == ExpertHome::kGpuCache) {
+    if (!error_.empty()) return;  // the routing may be garbage: copy nothing
+    if (Status s = offload_->Fetch(layer, routing_, weights_.ExpertTable(layer), stream_);
+        !s.ok()) {
+      error_ = s.message();
+      return;
+    }
+  }
+  ffn_.Run(routing_, weights_.ExpertTable(layer), x, out, stream_);
 }
 
 int64_t CudaBackend::ScanNonFinite(const float* x, int64_t n, int64_t slot) {
@@ -371,7 +408,7 @@ Status CudaBackend::EndStep() {
 }
 
 int64_t CudaBackend::TakeActiveExperts() {
-  return std::exchange(active_experts_, 0);
+  return std::exchange(active_experts_, 0) + offload_->TakeActiveExperts();
 }
 
 void CudaBackend::Logits(const float* x, int64_t n_rows, const TensorView& lm_head, float* logits) {

@@ -1,11 +1,14 @@
-// The CUDA backend (--moe-backend gpu): every operation of the forward pass on one GPU stream,
-// every weight and routed expert in VRAM (DeviceWeights), the KV pool in VRAM. The kernels are
+// The CUDA backend (--moe-backend gpu and offload): every operation of the forward pass on one
+// GPU stream, the dense weights and the KV pool in VRAM (DeviceWeights). Each MoE layer's experts
+// are where ComputeOptions::expert_homes says: in VRAM (gpu), or, with offload, copied into the
+// VRAM expert cache or computed by the CPU executor (ExpertOffload). The kernels are
 // kernels/cuda's; this file only sizes buffers, maps the decoder's host views to device copies
 // and moves what must cross PCIe each step: the batch's indices in (one copy), the logits out.
 //
-// Nothing reaches the host inside a step but the router logits when a test asks for them: the
-// routing stays on the device (router.h), the non-finite scans and the active-expert counts are
-// read after the logits. So a step is a fixed sequence of launches on one stream.
+// With every expert in VRAM nothing reaches the host inside a step but the router logits when a
+// test asks for them: the routing stays on the device (router.h), the non-finite scans and the
+// active-expert counts are read after the logits, so a step is a fixed sequence of launches on
+// one stream. Offloaded layers add one synchronization each (expert_offload.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,6 +19,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/device_weights.h"
+#include "backend/cuda/expert_offload.h"
 #include "backend/cuda/pinned_buffer.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/dense.h"
@@ -58,10 +62,12 @@ class CudaBackend final : public ComputeBackend {
   void Logits(const float* x, int64_t n_rows, const TensorView& lm_head, float* logits) override;
   void SetPhaseTimes(PhaseTimes* times) override { times_ = times; }
   PhaseTimes* phase_times() const override { return times_; }
-  void SetExpertStats(ExpertStats* stats) override { stats_ = stats; }
+  void SetExpertStats(ExpertStats* stats) override;
 
  private:
   CudaBackend(const ExpertSource& experts, const ModelDims& dims);
+  // The experts of `layer` on the GPU, through the cache when they live in a pinned bank.
+  void RunExpertsOnGpu(int64_t layer, const float* x, float* out);
   // Buffers for steps of up to n_tokens tokens (kept; regrown, after a sync, only for a larger
   // step than any before).
   Status Reserve(int64_t n_tokens);
@@ -73,6 +79,7 @@ class CudaBackend final : public ComputeBackend {
   ModelDims dims_;
   cudaStream_t stream_ = nullptr;
   cuda::DeviceWeights weights_;
+  std::unique_ptr<ExpertOffload> offload_;  // where layers' experts live, when not all in VRAM
   cuda::DenseMatMul dense_;
   cuda::ExpertFfn ffn_;
   int64_t capacity_tokens_ = 0;

@@ -45,18 +45,18 @@ Status DeviceWeights::AddDense(std::span<const TensorView* const> matrices,
   return OkStatus();
 }
 
-Status DeviceWeights::AddExperts(const ExpertSource& experts, std::span<const int64_t> moe_layers,
-                                 int64_t n_layers, int64_t n_experts) {
+Status DeviceWeights::AddExperts(const ExpertSource& experts, std::span<const int64_t> vram_layers,
+                                 int64_t shape_layer, int64_t n_layers, int64_t n_experts) {
   n_experts_ = n_experts;
-  if (moe_layers.empty() || n_experts == 0) return OkStatus();
-  const ExpertWeights& e0 = experts.Expert(moe_layers[0], 0);
+  if (shape_layer < 0 || n_experts == 0) return OkStatus();
+  const ExpertWeights& e0 = experts.Expert(shape_layer, 0);
   if (e0.gate.dtype != DType::kBF16 && e0.gate.dtype != DType::kQ8_0 &&
       e0.gate.dtype != DType::kQ4_0)
     return Status::Error("experts of dtype " + std::string(DTypeName(e0.gate.dtype)) +
                          " cannot run on the GPU (bf16, q8_0 or q4_0 only)");
   expert_shape_ = ExpertShape{e0.gate.dtype, e0.gate.dim(1), e0.gate.dim(0)};
   std::vector<ExpertPointers> table(static_cast<size_t>(n_layers * n_experts));
-  for (int64_t layer : moe_layers) {
+  for (int64_t layer : vram_layers) {
     const uint64_t expert_bytes = e0.gate.n_bytes + e0.up.n_bytes + e0.down.n_bytes;
     const std::string what = "the experts of layer " + std::to_string(layer);
     MT_ASSIGN_OR_RETURN(DeviceBuffer<uint8_t> bank,

@@ -23,18 +23,18 @@ class DeviceWeights {
   // Copies each matrix and vector (once, however often it is listed: a tied lm_head).
   Status AddDense(std::span<const TensorView* const> matrices,
                   std::span<const std::vector<float>* const> vectors);
-  // Copies every expert of `moe_layers` from `experts` (n_experts each) and builds the table.
-  Status AddExperts(const ExpertSource& experts, std::span<const int64_t> moe_layers,
-                    int64_t n_layers, int64_t n_experts);
+  // The experts the GPU computes: their shape and dtype from layer `shape_layer` (-1: the GPU
+  // computes none), every expert of `vram_layers` copied from `experts` (n_experts each), and
+  // the table of every layer (the others' entries are the expert cache's to fill).
+  Status AddExperts(const ExpertSource& experts, std::span<const int64_t> vram_layers,
+                    int64_t shape_layer, int64_t n_layers, int64_t n_experts);
 
   // The device copy of a matrix or vector handed to AddDense (by its host address).
   DeviceMatrix Matrix(const TensorView& host) const;
   // nullptr for an empty vector.
   const float* Vector(const std::vector<float>& host) const;
   // The table [n_experts] of MoE layer `layer`'s experts (device memory).
-  const ExpertPointers* ExpertTable(int64_t layer) const {
-    return table_.data() + layer * n_experts_;
-  }
+  ExpertPointers* ExpertTable(int64_t layer) const { return table_.data() + layer * n_experts_; }
   ExpertShape expert_shape() const { return expert_shape_; }
   uint64_t bytes() const { return bytes_; }
 

@@ -1,0 +1,98 @@
+// The offload backend's experts (--moe-backend offload): what the CUDA backend does for MoE
+// layers whose experts are not in VRAM.
+//
+// - kGpuCache layers (banks pinned, i.e. registered with CUDA): one VRAM expert cache of slots
+//   shared by all of them (ExpertSlots: least recently used out). Per step and layer, once the
+//   GPU router has chosen, the active expert ids come to the host; hits keep their slots, misses
+//   are copied from the bank's pinned pages by the copy engine on its own stream (one
+//   contiguous range per expert), the layer's pointer table follows, and the compute stream
+//   waits for those copies only.
+// - kCpuExecutor layers (banks locked or pageable): the layer's input goes to the host, the CPU
+//   backend's MoE (router, experts, routed sum) runs on it, the result comes back; the GPU waits
+//   for that layer only.
+//
+// Slot reuse is safe because Fetch reads the routing after a stream synchronization: every
+// kernel of earlier layers, the only readers of an evicted slot, has finished.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/pinned_buffer.h"
+#include "core/status.h"
+#include "experts/expert_slots.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/expert_ffn.h"
+#include "kernels/cuda/routing.h"
+#include "ops/expert_source.h"
+
+namespace moetier {
+
+class CpuBackend;
+
+class ExpertOffload {
+ public:
+  // Checks the cached layers' banks (dtype the GPU reads, each expert one contiguous range);
+  // creates the copy stream and, when some layer is kCpuExecutor, the CPU backend.
+  static Expected<std::unique_ptr<ExpertOffload>> Create(const ComputeOptions& options,
+                                                         const ExpertSource& experts,
+                                                         const ModelDims& dims);
+  ~ExpertOffload();
+
+  ExpertHome home(int64_t layer) const { return homes_[static_cast<size_t>(layer)]; }
+  bool has_cached_layers() const { return cached_bytes_ > 0; }
+
+  // Sizes and allocates the cache, once: --moe-cache-gb, else the free VRAM less
+  // `keep_free_bytes` (capped at what the cached layers hold). At least one layer's experts,
+  // since a step may activate all of them.
+  Status AllocateCache(uint64_t keep_free_bytes);
+  bool cache_allocated() const { return slots_ != nullptr; }
+
+  // For a kGpuCache layer after the GPU routed (r on `compute`): places the active experts,
+  // queues the misses' copies and the pointer table into `device_table` ([n_experts] of this
+  // layer) on the copy stream, and makes `compute` wait for them. Adds the layer's hits, misses
+  // and bytes copied to the stats.
+  Status Fetch(int64_t layer, const cuda::DeviceRouting& r, cuda::ExpertPointers* device_table,
+               cudaStream_t compute);
+
+  // For a kCpuExecutor layer: x [n_tokens, d_model] (device) to the host, the CPU backend's
+  // Moe, out (device) from the host, ordered on `compute`. router_logits: as ComputeBackend::Moe.
+  Status RunOnCpu(const TensorView& router, const RouterOptions& opts, int64_t layer,
+                  const float* x, int64_t n_tokens, float* out, float* router_logits,
+                  cudaStream_t compute);
+
+  void SetExpertStats(ExpertStats* stats);
+  // The CPU layers' active experts since the last call.
+  int64_t TakeActiveExperts();
+
+ private:
+  ExpertOffload(const ExpertSource& experts, const ModelDims& dims);
+
+  const ExpertSource& experts_;
+  ModelDims dims_;
+  std::vector<ExpertHome> homes_;  // per layer id
+  uint64_t requested_cache_bytes_ = 0;
+  uint64_t expert_bytes_ = 0;  // gate + up + down of one expert, as stored
+  uint64_t slot_stride_ = 0;   // expert_bytes_ rounded up for aligned slots
+  uint64_t cached_bytes_ = 0;  // every kGpuCache layer's experts
+  int64_t n_cached_layers_ = 0;
+  uint64_t gate_bytes_ = 0, up_bytes_ = 0;
+
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t copied_ = nullptr;
+  cuda::DeviceBuffer<uint8_t> cache_;
+  std::unique_ptr<ExpertSlots> slots_;
+  std::vector<ExpertSlots::Placement> placed_;
+  cuda::PinnedBuffer<int32_t> active_host_;              // [1 + n_experts]: n_active, ids
+  cuda::PinnedBuffer<cuda::ExpertPointers> table_host_;  // [n_layers * n_experts] staged
+
+  std::unique_ptr<CpuBackend> cpu_;
+  cuda::PinnedBuffer<float> x_host_, out_host_;
+  ExpertStats* stats_ = nullptr;
+};
+
+}  // namespace moetier
