@@ -71,8 +71,11 @@ class Fields {
   bool Integer(const char* name, int64_t lo, int64_t hi, std::optional<int64_t>& out) {
     const Json* v = Get(name);
     if (v == nullptr) return true;
+    // No bound is worth reading as 19 digits: "a whole number of at least 1".
     const std::string range =
-        "must be an integer from " + std::to_string(lo) + " to " + std::to_string(hi);
+        hi == std::numeric_limits<int64_t>::max()
+            ? "must be a whole number of at least " + std::to_string(lo)
+            : "must be an integer from " + std::to_string(lo) + " to " + std::to_string(hi);
     if (v->is_number_unsigned()) {
       const uint64_t u = v->get<uint64_t>();
       if (u > static_cast<uint64_t>(hi) || (lo > 0 && u < static_cast<uint64_t>(lo)))
