@@ -18,9 +18,6 @@ namespace {
 // one-sequence client): enough for decode batches and prefill chunks of the default
 // --max-batch-tokens.
 constexpr int64_t kDefaultStepTokens = 512;
-// VRAM left free when the expert cache takes the rest: buffers regrown for a longer step than
-// any before, cuBLAS's workspace, the CUDA context's own allocations.
-constexpr uint64_t kWorkspaceReserveBytes = uint64_t{1} << 30;
 // memset(0x7f) of a scan slot: above any index, so "no non-finite element".
 constexpr unsigned long long kNoNonFinite = 0x7f7f7f7f7f7f7f7full;
 
@@ -166,7 +163,7 @@ Expected<std::unique_ptr<KvMemory>> CudaBackend::AllocateKv(uint64_t n_bytes) {
                       cuda::DeviceBuffer<uint8_t>::Create(
                           n_bytes, "the KV cache (lower --ctx-size or --kv-cache-gb)"));
   // The expert cache takes what the weights, the KV pool and the workspace leave.
-  MT_RETURN_IF_ERROR(offload_->AllocateCache(kWorkspaceReserveBytes));
+  MT_RETURN_IF_ERROR(offload_->AllocateCache());
   return std::unique_ptr<KvMemory>(new DeviceKvMemory(std::move(b), stream_));
 }
 

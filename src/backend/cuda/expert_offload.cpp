@@ -12,6 +12,9 @@ namespace moetier {
 
 namespace {
 
+// VRAM the default cache leaves free: buffers regrown for a longer step than any before,
+// cuBLAS's workspace, the CUDA context's own allocations.
+constexpr uint64_t kWorkspaceReserveBytes = uint64_t{1} << 30;
 // Slots start on this boundary: the expert kernels' 16-byte loads and whole cache lines.
 constexpr uint64_t kSlotAlignment = 256;
 
@@ -84,7 +87,7 @@ Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOpti
   return o;
 }
 
-Status ExpertOffload::AllocateCache(uint64_t keep_free_bytes) {
+Status ExpertOffload::AllocateCache() {
   if (!has_cached_layers() || cache_allocated()) return OkStatus();
   const int64_t E = dims_.n_experts;
   const uint64_t min_bytes = slot_stride_ * static_cast<uint64_t>(E);  // a step may use them all
@@ -98,7 +101,7 @@ Status ExpertOffload::AllocateCache(uint64_t keep_free_bytes) {
   } else {
     size_t free = 0, total = 0;
     MT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total), "reading the free VRAM");
-    const uint64_t usable = free > keep_free_bytes ? free - keep_free_bytes : 0;
+    const uint64_t usable = free > kWorkspaceReserveBytes ? free - kWorkspaceReserveBytes : 0;
     if (usable < min_bytes)
       return Status::Error(
           "the GPU expert cache needs at least one layer's experts (" + Gb(min_bytes) + "), but " +
@@ -123,7 +126,7 @@ Status ExpertOffload::AllocateCache(uint64_t keep_free_bytes) {
 
 Status ExpertOffload::Fetch(int64_t layer, const cuda::DeviceRouting& r,
                             cuda::ExpertPointers* device_table, cudaStream_t compute) {
-  if (!cache_allocated()) MT_RETURN_IF_ERROR(AllocateCache(0));
+  if (!cache_allocated()) MT_RETURN_IF_ERROR(AllocateCache());
   const int64_t E = dims_.n_experts;
   const std::string what = "layer " + std::to_string(layer) + "'s experts";
   // n_active and the active ids sit together at the start of the routing's integers.

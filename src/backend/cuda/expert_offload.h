@@ -46,10 +46,11 @@ class ExpertOffload {
   ExpertHome home(int64_t layer) const { return homes_[static_cast<size_t>(layer)]; }
   bool has_cached_layers() const { return cached_bytes_ > 0; }
 
-  // Sizes and allocates the cache, once: --moe-cache-gb, else the free VRAM less
-  // `keep_free_bytes` (capped at what the cached layers hold). At least one layer's experts,
-  // since a step may activate all of them.
-  Status AllocateCache(uint64_t keep_free_bytes);
+  // Sizes and allocates the cache, once (the CUDA backend calls it once the KV pool is in VRAM;
+  // Fetch, if that never happened): --moe-cache-gb, else the free VRAM less a workspace reserve
+  // (capped at what the cached layers hold). At least one layer's experts, since a step may
+  // activate all of them.
+  Status AllocateCache();
   bool cache_allocated() const { return slots_ != nullptr; }
 
   // For a kGpuCache layer after the GPU routed (r on `compute`): places the active experts,
