@@ -22,6 +22,7 @@
 #include "cli/flags.h"
 #include "cli/model_options.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "engine/engine.h"
 #include "server/chat_service.h"
 #include "server/http_server.h"
@@ -43,8 +44,9 @@ struct Opts {
   std::string api_key_file;
 };
 
-// /health's progress at each stage of the load. The loader reports no finer progress, so these
-// mark its steps: the tokenizer read, the config read and the residency planned, the weights.
+// /health's progress at each stage of the load: the tokenizer read, the config read and the
+// residency planned, then the expert banks (the long part: their loader's progress, scaled into
+// the span up to kProgressWeightsLoaded), the dense weights and the KV cache after them.
 constexpr double kProgressTokenizerLoaded = 0.02;
 constexpr double kProgressPlanned = 0.05;
 constexpr double kProgressWeightsLoaded = 0.95;
@@ -149,10 +151,16 @@ Expected<Loaded> Load(const Opts& o, server::HttpServer& http) {
   l.tokenizer = std::make_unique<text::Tokenizer>(std::move(*tokenizer));
   l.chat = LoadChatTemplate(o.model.model_dir);
   http.SetLoadProgress(kProgressTokenizerLoaded);
-  MT_ASSIGN_OR_RETURN(l.model, LoadModel(o.model, [&http](const ModelConfig&) {
-                        http.SetLoadProgress(kProgressPlanned);
-                        return OkStatus();
-                      }));
+  SetProgressObserver([&http](const std::string&, double fraction) {
+    http.SetLoadProgress(kProgressPlanned + fraction * (kProgressWeightsLoaded - kProgressPlanned));
+  });
+  auto model = LoadModel(o.model, [&http](const ModelConfig&) {
+    http.SetLoadProgress(kProgressPlanned);
+    return OkStatus();
+  });
+  SetProgressObserver(nullptr);
+  MT_RETURN_IF_ERROR(model.status());
+  l.model = std::move(*model);
   http.SetLoadProgress(kProgressWeightsLoaded);
   l.model->CollectExpertStats();  // the residency page's live figures (a few adds a layer)
   MT_ASSIGN_OR_RETURN(

@@ -3,10 +3,31 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <mutex>
 
 #include "core/log.h"
 
 namespace moetier {
+
+namespace {
+
+std::mutex observer_mu;
+ProgressObserver& Observer() {
+  static ProgressObserver observer;
+  return observer;
+}
+
+void Notify(const std::string& label, double fraction) {
+  std::lock_guard<std::mutex> lock(observer_mu);
+  if (Observer()) Observer()(label, fraction);
+}
+
+}  // namespace
+
+void SetProgressObserver(ProgressObserver observer) {
+  std::lock_guard<std::mutex> lock(observer_mu);
+  Observer() = std::move(observer);
+}
 
 Progress::Progress(std::string label, uint64_t total_bytes)
     : label_(std::move(label)),
@@ -21,6 +42,7 @@ Progress::~Progress() {
 
 void Progress::Update(uint64_t done, const std::string& detail) {
   done_ = done;
+  if (total_ > 0) Notify(label_, static_cast<double>(done) / static_cast<double>(total_));
   if (GetLogLevel() < LogLevel::kInfo || total_ == 0) return;
   const auto now = std::chrono::steady_clock::now();
   const double secs = std::chrono::duration<double>(now - start_).count();

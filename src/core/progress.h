@@ -4,9 +4,16 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace moetier {
+
+// Told every Progress's label and fraction done (0 to 1) on each Update, whatever the log level,
+// on the updating thread: how a front end reports a load elsewhere (the server's /health).
+// One per process; an empty function removes it.
+using ProgressObserver = std::function<void(const std::string& label, double fraction)>;
+void SetProgressObserver(ProgressObserver observer);
 
 class Progress {
  public:
