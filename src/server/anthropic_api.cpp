@@ -116,6 +116,8 @@ class RequestParser {
   Status ParseTools(const Json& tools, std::vector<ToolDefinition>* out);
   Status ParseToolChoice(const Json& choice, ChatRequest* r);
   Status ParseThinking(const Json& thinking, ChatRequest* r);
+  // The template's enable_thinking (templates without it ignore it).
+  static void SetThinking(bool enabled, ChatRequest* r);
 
   bool count_tokens_;
   std::string field_;
@@ -213,6 +215,10 @@ Status RequestParser::Parse(const Json& body, ParsedRequest* out) {
   }
   if (const auto it = body.find("thinking"); it != body.end() && !it->is_null()) {
     MT_RETURN_IF_ERROR(ParseThinking(*it, &r));
+  } else {
+    // As Anthropic's API: no extended thinking unless asked for (a Qwen3 template would
+    // otherwise think by default).
+    SetThinking(false, &r);
   }
   return OkStatus();
 }
@@ -512,9 +518,13 @@ Status RequestParser::ParseThinking(const Json& thinking, ChatRequest* r) {
   } else if (type_name != "disabled") {
     return Fail("thinking.type", "must be \"enabled\" or \"disabled\", not \"" + type_name + "\"");
   }
+  SetThinking(enabled, r);
+  return OkStatus();
+}
+
+void RequestParser::SetThinking(bool enabled, ChatRequest* r) {
   if (!r->template_kwargs.is_object()) r->template_kwargs = Json::object();
   r->template_kwargs["enable_thinking"] = enabled;
-  return OkStatus();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -78,7 +78,7 @@ TEST(AnthropicParse, MinimalRequest) {
   EXPECT_EQ(p.request.messages[0].role, Role::kUser);
   EXPECT_EQ(p.request.messages[0].content, "Hi");
   EXPECT_TRUE(p.request.tools.empty());
-  EXPECT_TRUE(p.request.template_kwargs.is_null());  // the template's own default
+  EXPECT_EQ(p.request.template_kwargs, Json({{"enable_thinking", false}}));  // no thinking asked
   EXPECT_FALSE(p.request.raw_prompt);
 }
 
@@ -219,6 +219,9 @@ TEST(AnthropicParse, ThinkingSetsEnableThinking) {
   ParsedRequest p = MustParse(Body({{"thinking", {{"type", "enabled"}, {"budget_tokens", 2048}}}}));
   EXPECT_EQ(p.request.template_kwargs, Json({{"enable_thinking", true}}));
   p = MustParse(Body({{"thinking", {{"type", "disabled"}}}}));
+  EXPECT_EQ(p.request.template_kwargs, Json({{"enable_thinking", false}}));
+  // Absent: off, as Anthropic's API has it (not the template's default).
+  p = MustParse(Body({}));
   EXPECT_EQ(p.request.template_kwargs, Json({{"enable_thinking", false}}));
 }
 
