@@ -26,6 +26,7 @@
 
 #include "server/anthropic_api.h"
 #include "server/openai_api.h"
+#include "server/peer_socket.h"
 #include "server/residency_page.h"
 
 namespace moetier::server {
@@ -271,10 +272,17 @@ class EventStream {
 };
 
 // A whole (non-streamed) answer: waits for kFinished, then replies. The engine ends every
-// request with kFinished, so this returns once it has (Stop cancels what is in flight).
+// request with kFinished, so this returns once it has (Stop cancels what is in flight). A client
+// that hangs up meanwhile cancels the request at once (its answer then goes nowhere).
 template <class Writer>
-void ReplyWhole(Writer& writer, Exchange& exchange, Api api, Response& res) {
+void ReplyWhole(Writer& writer, Exchange& exchange, Api api, Response& res, PeerSocket& peer,
+                ChatService& service, RequestId id) {
+  bool cancelled = false;
   for (;;) {
+    if (!cancelled && peer.Closed()) {
+      service.Cancel(id);
+      cancelled = true;
+    }
     for (const ChatEvent& e : exchange.Take(kPollInterval)) {
       writer.Add(e);
       if (e.kind != ChatEvent::Kind::kFinished) continue;
@@ -417,8 +425,11 @@ struct HttpServer::Impl {
   }
 
   void InstallRoutes();
-  void InstallPost(const std::string& path, Api api,
-                   std::function<void(const std::string&, Response&, ChatService&)> route);
+  // A POST route: `route` gets the request, its body (read within the size limit) and the
+  // service (the key checked, the model loaded).
+  void InstallPost(
+      const std::string& path, Api api,
+      std::function<void(const Request&, const std::string&, Response&, ChatService&)> route);
   void InstallErrorHandlers();
   // The service, when the key is right and the model loaded; otherwise replies 401 or 503.
   ChatService* Admit(const Request& req, Response& res, Api api);
@@ -426,13 +437,13 @@ struct HttpServer::Impl {
 
   void Health(Response& res) const;
   void Models(Response& res, const ChatService& s, const std::string* only) const;
-  void OpenAiAnswer(openai::Endpoint endpoint, const std::string& body, Response& res,
-                    ChatService& s);
-  void AnthropicAnswer(const std::string& body, Response& res, ChatService& s);
+  void OpenAiAnswer(const Request& req, openai::Endpoint endpoint, const std::string& body,
+                    Response& res, ChatService& s);
+  void AnthropicAnswer(const Request& req, const std::string& body, Response& res, ChatService& s);
   void CountTokens(const std::string& body, Response& res, ChatService& s);
   template <class Writer>
-  void Answer(Api api, Writer writer, const ChatRequest& request, bool stream, Response& res,
-              ChatService& s);
+  void Answer(const Request& req, Api api, Writer writer, const ChatRequest& request, bool stream,
+              Response& res, ChatService& s);
 
   ServerOptions options;
   httplib::Server http;
@@ -495,19 +506,19 @@ void HttpServer::Impl::InstallRoutes() {
     if (ChatService* s = Admit(req, res, Api::kOpenAi)) Models(res, *s, &name);
   });
   InstallPost("/v1/chat/completions", Api::kOpenAi,
-              [this](const std::string& body, Response& res, ChatService& s) {
-                OpenAiAnswer(openai::Endpoint::kChatCompletions, body, res, s);
+              [this](const Request& req, const std::string& body, Response& res, ChatService& s) {
+                OpenAiAnswer(req, openai::Endpoint::kChatCompletions, body, res, s);
               });
   InstallPost("/v1/completions", Api::kOpenAi,
-              [this](const std::string& body, Response& res, ChatService& s) {
-                OpenAiAnswer(openai::Endpoint::kCompletions, body, res, s);
+              [this](const Request& req, const std::string& body, Response& res, ChatService& s) {
+                OpenAiAnswer(req, openai::Endpoint::kCompletions, body, res, s);
               });
   InstallPost("/v1/messages", Api::kAnthropic,
-              [this](const std::string& body, Response& res, ChatService& s) {
-                AnthropicAnswer(body, res, s);
+              [this](const Request& req, const std::string& body, Response& res, ChatService& s) {
+                AnthropicAnswer(req, body, res, s);
               });
   InstallPost("/v1/messages/count_tokens", Api::kAnthropic,
-              [this](const std::string& body, Response& res, ChatService& s) {
+              [this](const Request&, const std::string& body, Response& res, ChatService& s) {
                 CountTokens(body, res, s);
               });
   InstallErrorHandlers();
@@ -517,12 +528,12 @@ void HttpServer::Impl::InstallRoutes() {
 // request on a kept-alive connection.
 void HttpServer::Impl::InstallPost(
     const std::string& path, Api api,
-    std::function<void(const std::string&, Response&, ChatService&)> route) {
+    std::function<void(const Request&, const std::string&, Response&, ChatService&)> route) {
   http.Post(path, [this, api, route = std::move(route)](const Request& req, Response& res,
                                                         const httplib::ContentReader& reader) {
     std::string body;
     if (!ReadBody(reader, options.max_body_bytes, api, res, body)) return;
-    if (ChatService* s = Admit(req, res, api)) route(body, res, *s);
+    if (ChatService* s = Admit(req, res, api)) route(req, body, res, *s);
   });
 }
 
@@ -615,23 +626,24 @@ void HttpServer::Impl::Models(Response& res, const ChatService& s, const std::st
       "no model '" + *only + "'; this server serves '" + s.model_name() + "' (GET /v1/models)");
 }
 
-void HttpServer::Impl::OpenAiAnswer(openai::Endpoint endpoint, const std::string& body,
-                                    Response& res, ChatService& s) {
+void HttpServer::Impl::OpenAiAnswer(const Request& req, openai::Endpoint endpoint,
+                                    const std::string& body, Response& res, ChatService& s) {
   RequestError error;
   auto parsed = openai::ParseRequest(endpoint, body, &error);
   if (!parsed.ok()) return ReplyError(res, Api::kOpenAi, Refusal(error, parsed.status()));
   const bool chat = endpoint == openai::Endpoint::kChatCompletions;
   openai::ResponseWriter writer(endpoint, ids.Next(chat ? "chatcmpl-" : "cmpl-"),
                                 ModelName(parsed->request, s), UnixNow(), parsed->include_usage);
-  Answer(Api::kOpenAi, std::move(writer), parsed->request, parsed->stream, res, s);
+  Answer(req, Api::kOpenAi, std::move(writer), parsed->request, parsed->stream, res, s);
 }
 
-void HttpServer::Impl::AnthropicAnswer(const std::string& body, Response& res, ChatService& s) {
+void HttpServer::Impl::AnthropicAnswer(const Request& req, const std::string& body, Response& res,
+                                       ChatService& s) {
   RequestError error;
   auto parsed = anthropic::ParseRequest(body, /*count_tokens=*/false, &error);
   if (!parsed.ok()) return ReplyError(res, Api::kAnthropic, Refusal(error, parsed.status()));
   anthropic::ResponseWriter writer(ids.Next("msg_"), ModelName(parsed->request, s));
-  Answer(Api::kAnthropic, std::move(writer), parsed->request, parsed->stream, res, s);
+  Answer(req, Api::kAnthropic, std::move(writer), parsed->request, parsed->stream, res, s);
 }
 
 void HttpServer::Impl::CountTokens(const std::string& body, Response& res, ChatService& s) {
@@ -646,8 +658,9 @@ void HttpServer::Impl::CountTokens(const std::string& body, Response& res, ChatS
 // Starts the request; answers as a whole, or streams it through httplib's chunked content
 // provider (which runs on this request's thread after this handler returns).
 template <class Writer>
-void HttpServer::Impl::Answer(Api api, Writer writer, const ChatRequest& request, bool stream,
-                              Response& res, ChatService& s) {
+void HttpServer::Impl::Answer(const Request& req, Api api, Writer writer,
+                              const ChatRequest& request, bool stream, Response& res,
+                              ChatService& s) {
   auto exchange = std::make_shared<Exchange>();
   RequestError error;
   auto id = s.Start(
@@ -655,7 +668,8 @@ void HttpServer::Impl::Answer(Api api, Writer writer, const ChatRequest& request
   if (!id.ok()) return ReplyError(res, api, Refusal(error, id.status()));
   in_flight.Add(s, *id);
   if (!stream) {
-    ReplyWhole(writer, *exchange, api, res);
+    PeerSocket peer(req.remote_addr, req.remote_port, req.local_port);
+    ReplyWhole(writer, *exchange, api, res, peer, s, *id);
     in_flight.Remove(*id);
     return;
   }

@@ -5,8 +5,12 @@
 // the loading state.
 #include "server/http_server.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -467,6 +471,39 @@ TEST_F(HttpServerTest, ClientThatDisconnectsCancelsItsRequest) {
                               "application/json");
   ASSERT_TRUE(after);
   EXPECT_EQ(after->status, 200);
+}
+
+// The same for a non-streamed request, which sends nothing before its answer is whole: the
+// server notices the closed connection (peer_socket.h) and cancels it.
+TEST_F(HttpServerTest, ClientThatDisconnectsBeforeAWholeAnswerCancelsIt) {
+  constexpr int64_t kLongAnswer = 1000;
+  ASSERT_TRUE(WaitIdle(std::chrono::seconds(60)));
+  const int64_t before = world->service->Metrics().generated_tokens_total;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(world->server->port()));
+  ASSERT_EQ(::inet_pton(AF_INET, kHost, &addr.sin_addr), 1);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr), 0);
+  const std::string body = ChatBody("Go on", kLongAnswer).dump();
+  const std::string request =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+      "Authorization: Bearer " +
+      std::string(kKey) +
+      "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+      "\r\n\r\n" + body;
+  ASSERT_EQ(::send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  // Wait until it generates, then hang up.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (world->service->Metrics().generated_tokens_total - before < 2 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ::close(fd);
+  ASSERT_TRUE(WaitIdle(std::chrono::seconds(60)));
+  const int64_t generated = world->service->Metrics().generated_tokens_total - before;
+  EXPECT_GE(generated, 2);
+  EXPECT_LT(generated, kLongAnswer / 2);
 }
 
 // Requests at once are batched and each gets the answer it gets alone (greedy).
