@@ -15,9 +15,14 @@ void AddResidencyOptions(CLI::App& cmd, ModelOptions& opts) {
   auto* g = cmd.add_option_group("Expert residency");
   g->add_option("--moe-backend", opts.backend,
                 "auto | cpu | gpu | offload | hybrid. cpu: every expert bank locked in RAM, run "
-                "on the CPU. gpu: the whole model and the KV cache in VRAM, run on the GPU (no "
-                "GPU: the CPU, with a notice). offload/hybrid: banks pinned for the GPU except "
-                "the --moe-cpu-layers. auto: hybrid with a GPU, else cpu");
+                "by the CPU executor (with a GPU: the dense parts and the KV cache on it, as "
+                "llama.cpp's --cpu-moe). gpu: the whole model and the KV cache in VRAM, run on "
+                "the GPU (no GPU: the CPU, with a notice). offload: dense and KV on the GPU, "
+                "banks pinned and copied into a VRAM expert cache as needed, except the "
+                "--moe-cpu-layers, run by the CPU executor. hybrid: banks planned as offload, "
+                "run on the CPU for now. auto: hybrid with a GPU, else cpu");
+  g->add_flag("--no-gpu", opts.no_gpu,
+              "Run everything on the CPU even when a GPU is present (nothing pinned for it)");
   g->add_option(
        "--pin-budget-gb", opts.pin_budget_gb,
        "Most GB (1e9 bytes) of expert banks to pin for the GPU (env MOETIER_PIN_BUDGET_GB; "
@@ -109,6 +114,7 @@ Expected<ResidencyOptions> ToResidencyOptions(const ModelOptions& opts) {
   r.cpu_layers = opts.cpu_layers;
   if (opts.moe_cache_gb) r.expert_cache_bytes = static_cast<uint64_t>(*opts.moe_cache_gb * 1e9);
   r.verify = !opts.no_verify;
+  r.use_gpu = !opts.no_gpu;
   MT_ASSIGN_OR_RETURN(r.packing, ParseWeightPacking(opts.weight_packing));
   MT_ASSIGN_OR_RETURN(r.dense_memory, ParseDenseMemory(opts.dense_memory));
   return r;

@@ -32,6 +32,7 @@ struct ModelOptions {
   std::string weight_packing = "auto";
   std::string dense_memory = "auto";
   bool no_verify = false;
+  bool no_gpu = false;         // --no-gpu
   std::string report_path;     // --report FILE
   bool collect_stats = false;  // --moe-collect-stats
 };

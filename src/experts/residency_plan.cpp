@@ -156,7 +156,8 @@ Expected<ResidencyPlan> PlanResidency(const PlanInputs& in) {
     plan.backend = in.gpu_available ? Backend::kHybrid : Backend::kCpu;
   if (plan.backend == Backend::kGpu && !in.gpu_available) {
     plan.warnings.push_back(
-        "--moe-backend gpu: no usable CUDA device (or a build without CUDA); running on the CPU");
+        "--moe-backend gpu: no usable CUDA device (or a build without CUDA, or --no-gpu); "
+        "running on the CPU");
     plan.backend = Backend::kCpu;
   }
 

@@ -19,13 +19,18 @@ namespace {
 // Threads reading banks: enough to keep an NVMe queue deep, not more than the cores.
 constexpr int kDefaultIoThreads = 4;
 
+// A usable GPU, unless --no-gpu.
+bool GpuUsable(const ResidencyOptions& o) {
+  return o.use_gpu && GpuAvailable();
+}
+
 Expected<ResidencyPlan> PlanFor(const ModelSource& s, const ResidencyOptions& o) {
   MT_ASSIGN_OR_RETURN(Budgets budgets, ResolveBudgets(o.budgets, ReadHostMemoryInfo()));
   MT_ASSIGN_OR_RETURN(CpuLayersSpec spec, ParseCpuLayersSpec(o.cpu_layers));
   MT_ASSIGN_OR_RETURN(const DType cpu_dtype, CpuExpertDType(s.layout, o.packing));
   PlanInputs in;
   in.backend = o.backend;
-  in.gpu_available = GpuAvailable();
+  in.gpu_available = GpuUsable(o);
   in.banks = s.banks;
   if (cpu_dtype != s.layout.dtype) {
     const ExpertLayout packed{s.layout.d_model, s.layout.width, cpu_dtype};
@@ -48,30 +53,36 @@ void LogWarnings(const std::vector<std::string>& warnings) {
             " more like these (see --report)");
 }
 
-// Dense matrices are held for the CPU (packed, copied) only with the cpu backend: offload and
-// hybrid are to run them on the GPU, which reads them as stored.
-bool HoldsDense(Backend backend) {
-  return backend == Backend::kCpu;
+// Whether the decoder runs on the GPU: gpu always (the plan fell back to cpu without one);
+// offload, and cpu as llama.cpp's --cpu-moe (dense parts and KV on the GPU, the experts on the
+// CPU executor), when a GPU is usable. hybrid and auto (its split is not built yet) on the CPU.
+bool RunsOnGpu(const ResidencyPlan& plan, const ResidencyOptions& o) {
+  if (plan.backend == Backend::kGpu) return true;
+  return (plan.backend == Backend::kOffload || plan.backend == Backend::kCpu) && GpuUsable(o);
+}
+
+// Dense matrices are held for the CPU (packed, copied) only when the CPU runs them: the GPU
+// reads them as stored.
+bool HoldsDense(const ResidencyPlan& plan, const ResidencyOptions& o) {
+  return !RunsOnGpu(plan, o);
 }
 
 // Where the decoder runs, and on a GPU where each MoE layer's experts are: gpu copies them all
-// to VRAM; offload (with a GPU) caches the pinned layers' and leaves the rest (locked, or
-// pinned that failed to pin and settled lower) to the CPU executor. Otherwise the CPU.
+// to VRAM; offload caches the pinned layers' and leaves the rest (locked, or pinned that failed
+// to pin and settled lower) to the CPU executor, as cpu does with every layer.
 ComputeOptions ComputeFor(const ResidencyPlan& plan, const std::vector<LayerResidency>& settled,
                           const LoadOptions& options, int64_t n_layers) {
   ComputeOptions c;
   c.n_threads = options.n_threads;
   c.max_step_tokens = options.max_step_tokens;
   c.expert_cache_bytes = options.residency.expert_cache_bytes;
-  if (plan.backend == Backend::kGpu) {
-    c.device = ComputeDevice::kGpu;
-  } else if (plan.backend == Backend::kOffload && GpuAvailable()) {
-    c.device = ComputeDevice::kGpu;
-    c.expert_homes.assign(static_cast<size_t>(n_layers), ExpertHome::kCpuExecutor);
-    for (const LayerResidency& l : settled)
-      if (l.tier == Tier::kPinned)
-        c.expert_homes[static_cast<size_t>(l.layer)] = ExpertHome::kGpuCache;
-  }
+  if (!RunsOnGpu(plan, options.residency)) return c;
+  c.device = ComputeDevice::kGpu;
+  if (plan.backend == Backend::kGpu) return c;  // every expert in VRAM
+  c.expert_homes.assign(static_cast<size_t>(n_layers), ExpertHome::kCpuExecutor);
+  for (const LayerResidency& l : settled)
+    if (l.tier == Tier::kPinned)
+      c.expert_homes[static_cast<size_t>(l.layer)] = ExpertHome::kGpuCache;
   return c;
 }
 
@@ -103,7 +114,7 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
   report.stored_dtype = s.layout.dtype;
   BankLoadOptions bank_options;
   bank_options.verify = options.residency.verify;
-  bank_options.gpu_available = GpuAvailable();
+  bank_options.gpu_available = GpuUsable(options.residency);
   MT_ASSIGN_OR_RETURN(bank_options.inject, FailureInjectionFromEnv());
   if (options.before_weights) MT_RETURN_IF_ERROR(options.before_weights(s.config));
   LogWarnings(report.plan.warnings);
@@ -118,7 +129,7 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
   ThreadPool io_pool(io_threads);
   // Packing and copying: every core this process may use, and only while the model loads.
   const bool packs =
-      HoldsDense(report.plan.backend) ||
+      HoldsDense(report.plan, options.residency) ||
       std::any_of(report.plan.layers.begin(), report.plan.layers.end(),
                   [&](const LayerResidency& l) { return l.dtype != s.layout.dtype; });
   ThreadPool pack_pool(packs ? ThreadPool::DefaultThreads() : 1);
@@ -139,7 +150,7 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
 
   const ModelConfig config = s.config;
   std::unique_ptr<TensorStore> dense = s.TakeDense();
-  if (HoldsDense(report.plan.backend)) {
+  if (HoldsDense(report.plan, options.residency)) {
     DenseHoldingOptions held;
     held.packing = options.residency.packing;
     held.memory = options.residency.dense_memory;

@@ -95,6 +95,19 @@ TEST(Cli, GpuBackendWithoutAGpuRunsOnTheCpuAndSaysSo) {
   EXPECT_NE(gpu.err.find("no usable CUDA device"), std::string::npos) << gpu.err;
 }
 
+// --no-gpu: the CPU engine whatever is present; on a GPU machine the gpu backend then says it
+// runs on the CPU, and every backend gives the CPU's tokens.
+TEST(Cli, NoGpuRunsEverythingOnTheCpu) {
+  const std::string args = "generate " + Model() + " --tokens 3,17,42 -n 3 --no-gpu --moe-backend ";
+  auto gpu = RunCli(args + "gpu"), offload = RunCli(args + "offload"), cpu = RunCli(args + "cpu");
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.err;
+  ASSERT_EQ(offload.exit_code, 0) << offload.err;
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  EXPECT_EQ(gpu.out, cpu.out);
+  EXPECT_EQ(offload.out, cpu.out);
+  EXPECT_NE(gpu.err.find("--no-gpu"), std::string::npos) << gpu.err;
+}
+
 TEST(Cli, GenerateGreedyMatchesReference) {
   auto ref = SafetensorsFile::Open(testing::HfFixture("mixtral") / "reference.safetensors");
   ASSERT_TRUE(ref.ok());

@@ -1,13 +1,15 @@
 // The forward against Hugging Face transformers' own outputs (tests/fixtures/hf/*/
 // reference.safetensors, computed in float64 from the same bf16 weights): logits at every
 // position, greedy continuations, router logits, and incremental decoding against a full
-// recompute — on the CPU, and on the GPU where one is present (--moe-backend gpu; and offload
-// with the smallest expert cache, so experts are evicted and copied again within a prompt, and
-// one MoE layer on the CPU executor), with the same tolerances.
+// recompute — on the CPU, and on the GPU where one is present (--moe-backend gpu; cpu with the
+// dense parts on the GPU; and offload with the smallest expert cache, so experts are evicted and
+// copied again within a prompt, and one MoE layer on the CPU executor), with the same
+// tolerances.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <ostream>
 
 #include "engine/generate.h"
 #include "io/safetensors.h"
@@ -68,16 +70,31 @@ uint64_t OneLayerOfExperts(const std::filesystem::path& dir) {
   return (expert + 255) / 256 * 256 * static_cast<uint64_t>(c.n_experts);
 }
 
-class HfReference : public ::testing::TestWithParam<std::tuple<std::string, Backend>> {
+// Where a test's model runs: --moe-backend, and whether a GPU may be used (--no-gpu).
+struct Placement {
+  Backend backend;
+  bool gpu;
+  const char* name;
+};
+void PrintTo(const Placement& p, std::ostream* os) {
+  *os << p.name;
+}
+const Placement kPlacements[] = {{Backend::kCpu, false, "cpu"},
+                                 {Backend::kCpu, true, "cpu_gpu_dense"},
+                                 {Backend::kGpu, true, "gpu"},
+                                 {Backend::kOffload, true, "offload"}};
+
+class HfReference : public ::testing::TestWithParam<std::tuple<std::string, Placement>> {
  protected:
   void SetUp() override {
-    if (backend() != Backend::kCpu) MT_REQUIRE_GPU();
+    if (std::get<1>(GetParam()).gpu) MT_REQUIRE_GPU();
     dir_ = testing::HfFixture(std::get<0>(GetParam()));
     auto ref = SafetensorsFile::Open(dir_ / "reference.safetensors");
     ASSERT_TRUE(ref.ok()) << ref.message();
     ref_ = std::make_unique<Reference>(Reference{std::move(ref).value()});
     LoadOptions load;
     load.residency.backend = backend();
+    load.residency.use_gpu = std::get<1>(GetParam()).gpu;
     if (backend() == Backend::kOffload) {
       load.residency.cpu_layers = "1";
       load.residency.expert_cache_bytes = OneLayerOfExperts(dir_);
@@ -86,7 +103,7 @@ class HfReference : public ::testing::TestWithParam<std::tuple<std::string, Back
     ASSERT_TRUE(model.ok()) << model.message();
     model_ = std::move(model).value();
   }
-  Backend backend() const { return std::get<1>(GetParam()); }
+  Backend backend() const { return std::get<1>(GetParam()).backend; }
   std::filesystem::path dir_;
   std::unique_ptr<Reference> ref_;
   std::unique_ptr<CausalLM> model_;
@@ -187,7 +204,7 @@ TEST_P(HfReference, IncrementalDecodingEqualsFullRecompute) {
 
 // The number of threads must not change a single bit of the result.
 TEST_P(HfReference, ThreadCountDoesNotChangeLogits) {
-  if (backend() != Backend::kCpu) GTEST_SKIP() << "CPU threads only";
+  if (std::get<1>(GetParam()).gpu) GTEST_SKIP() << "CPU threads only";
   const auto tokens = ref_->Ints("prompt1.tokens");
   std::vector<std::vector<float>> results;
   for (int threads : {1, 2, 3}) {
@@ -232,16 +249,33 @@ TEST_P(HfReference, OffloadCopiesMissesAndRunsOneLayerOnTheCpu) {
   EXPECT_EQ(cached_layers, model_->config().n_moe_layers() - 1);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Fixtures, HfReference,
-    ::testing::Combine(::testing::Values("qwen3_moe", "mixtral", "realvocab/qwen3_moe_tiny",
-                                         "realvocab/mixtral_tiny"),
-                       ::testing::Values(Backend::kCpu, Backend::kGpu, Backend::kOffload)),
-    [](const auto& info) {
-      std::string s = std::get<0>(info.param);
-      std::replace(s.begin(), s.end(), '/', '_');
-      return s + "_" + std::string(BackendName(std::get<1>(info.param)));
-    });
+// --moe-backend cpu with a GPU present: the dense parts on the GPU, every expert on the CPU
+// executor (as llama.cpp's --cpu-moe).
+TEST_P(HfReference, CpuBackendWithAGpuRunsEveryExpertOnTheCpu) {
+  if (backend() != Backend::kCpu || !std::get<1>(GetParam()).gpu) GTEST_SKIP() << "cpu_gpu_dense";
+  EXPECT_EQ(model_->device(), ComputeDevice::kGpu);
+  model_->CollectExpertStats();
+  const auto tokens = ref_->Ints("prompt0.tokens");
+  KvCache cache = *model_->NewCache(64);
+  std::vector<float> logits;
+  ASSERT_TRUE(model_->Forward(tokens, cache, LogitsFor::kLastToken, logits).ok());
+  for (const LayerExpertStats& l : model_->expert_stats()->Snapshot()) {
+    EXPECT_GT(l.cpu_experts, 0) << "layer " << l.layer;
+    EXPECT_EQ(l.cpu_experts, l.active_experts) << "layer " << l.layer;
+    EXPECT_EQ(l.gpu_experts + l.cache_misses + l.bytes_h2d, 0) << "layer " << l.layer;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, HfReference,
+                         ::testing::Combine(::testing::Values("qwen3_moe", "mixtral",
+                                                              "realvocab/qwen3_moe_tiny",
+                                                              "realvocab/mixtral_tiny"),
+                                            ::testing::ValuesIn(kPlacements)),
+                         [](const auto& info) {
+                           std::string s = std::get<0>(info.param);
+                           std::replace(s.begin(), s.end(), '/', '_');
+                           return s + "_" + std::get<1>(info.param).name;
+                         });
 
 }  // namespace
 }  // namespace moetier
