@@ -48,12 +48,14 @@ done
 [ "${TESTS:-1}" = 1 ] && for m in qwen3_moe mixtral; do
   M=tests/fixtures/hf/$m
   "$C/moetier" logits --model "$M" --tokens 3,17,42,7,99 --out "$OUT/$m-cpu.bin" --moe-backend cpu \
-    2>> "$OUT/logits.log"
+    --no-gpu 2>> "$OUT/logits.log"
+  "$C/moetier" logits --model "$M" --tokens 3,17,42,7,99 --out "$OUT/$m-cpu_gpu_dense.bin" \
+    --moe-backend cpu 2>> "$OUT/logits.log"
   "$C/moetier" logits --model "$M" --tokens 3,17,42,7,99 --out "$OUT/$m-gpu.bin" --moe-backend gpu \
     --report "$OUT/$m-gpu-report.json" 2>> "$OUT/logits.log"
   "$C/moetier" logits --model "$M" --tokens 3,17,42,7,99 --out "$OUT/$m-offload.bin" \
     --moe-backend offload --moe-cpu-layers 1 --report "$OUT/$m-offload-report.json" 2>> "$OUT/logits.log"
-  for be in gpu offload; do
+  for be in gpu offload cpu_gpu_dense; do
   python3 - "$OUT/$m-cpu.bin" "$OUT/$m-$be.bin" "$m $be" >> "$S" 2>&1 <<'PY'
 import struct, sys
 a = open(sys.argv[1], "rb").read(); b = open(sys.argv[2], "rb").read()
@@ -80,10 +82,12 @@ if [ "${SYNTH:-0}" = 1 ]; then
   # experts: 1.21 GB bf16, 0.34 GB q4_0), so nearly every active expert is copied each step.
   declare -A MIN_CACHE=([bf16]=1.22 [q4_0]=0.35)
   for dt in bf16 q4_0; do
-    for be in gpu offload cpu; do
+    # cpu: dense on the GPU, every expert on the CPU executor; cpu-only: --no-gpu.
+    for be in gpu offload cpu cpu-only; do
       extra=()
       [ $be = offload ] && extra=(--moe-cpu-layers 0 --moe-cache-gb "${MIN_CACHE[$dt]}" --moe-collect-stats)
-      "$C/moetier" bench --model "$W/bank-$dt" --moe-backend $be --json --repeats 3 "${extra[@]}" \
+      [ $be = cpu-only ] && extra=(--no-gpu)
+      "$C/moetier" bench --model "$W/bank-$dt" --moe-backend "${be%-only}" --json --repeats 3 "${extra[@]}" \
         > "$OUT/bench-$dt-$be.json" 2> "$OUT/bench-$dt-$be.log"
       echo "bench $dt $be: exit $?: $(tr -d '\n' < "$OUT/bench-$dt-$be.json" | head -c 900)" >> "$S"
     done
