@@ -496,6 +496,36 @@ function readRssKb(pid) {
   }
 }
 
+// moetier's KV pool gauges from GET /metrics (null from a server without them): a host pool's
+// resident memory grows until every block has been touched once, which separates that growth
+// from a leak.
+async function readKvBlocks(opts) {
+  try {
+    const headers = opts['api-key'] ? { authorization: `Bearer ${opts['api-key']}` } : {};
+    const res = await fetch(`${opts.url}/metrics`, { headers, signal: AbortSignal.timeout(2000) });
+    if (!res.ok) return null;
+    const text = await res.text();
+    const gauge = (name) => {
+      const m = new RegExp(`^${name} (\\d+)$`, 'm').exec(text);
+      return m ? Number(m[1]) : null;
+    };
+    const touched = gauge('moetier_kv_blocks_touched');
+    const total = gauge('moetier_kv_blocks_total');
+    return touched === null || total === null ? null : { touched, total };
+  } catch {
+    return null;
+  }
+}
+
+function kvReport(samples, warmupEnd) {
+  const after = samples.filter((s) => s.t >= warmupEnd);
+  if (after.length === 0) return null;
+  return {
+    total_blocks: after[0].total, touched_after_warmup: after[0].touched,
+    touched_at_end: after[after.length - 1].touched,
+  };
+}
+
 function rssReport(samples, warmupEnd, start) {
   const after = samples.filter((s) => s.t >= warmupEnd);
   if (after.length === 0) return null;
@@ -576,6 +606,11 @@ function summary(out) {
       `${r.at_end_mb} MB (min ${r.min_after_warmup_mb}, max ${r.max_after_warmup_mb}, ` +
       `slope ${r.slope_mb_per_min} MB/min)`);
   }
+  if (out.kv_blocks) {
+    const k = out.kv_blocks;
+    lines.push(`KV blocks touched: ${k.touched_after_warmup} after warm-up, ${k.touched_at_end} at ` +
+      `the end, of ${k.total_blocks} (a host pool's RAM grows until all have been)`);
+  }
   if (out.server_gone) lines.push(`SERVER PROCESS ${out.pid} WENT AWAY`);
   lines.push(out.ok ? 'OK' : 'FAILED');
   return lines.join('\n');
@@ -602,6 +637,11 @@ async function main() {
     if (kb === null) serverGone = true; else rss.push({ t: now(), kb });
   }, 1000) : null;
   if (opts.pid) rss.push({ t: now(), kb: readRssKb(opts.pid) });
+  const kv = [];
+  const kvSampler = setInterval(async () => {
+    const k = await readKvBlocks(opts);
+    if (k) kv.push({ t: now(), ...k });
+  }, 1000);
   const progress = opts.quiet ? null : setInterval(() => {
     console.error(`[${Math.round(now() - start)} s] started ${stats.counts.started}, ok ` +
       `${stats.counts.valid_ok}, failed ${stats.counts.valid_failed}` +
@@ -616,6 +656,7 @@ async function main() {
   const end = now();
   if (sampler) clearInterval(sampler);
   if (progress) clearInterval(progress);
+  clearInterval(kvSampler);
   if (opts.pid && readRssKb(opts.pid) === null) serverGone = true;
 
   const measuredS = Math.max(1e-9, until - warmupEnd);
@@ -636,6 +677,7 @@ async function main() {
       mismatched: stats.greedyMismatch, example: stats.greedyMismatchExample,
     },
     pid: opts.pid || null, rss: opts.pid ? rssReport(rss, warmupEnd, start) : null,
+    kv_blocks: kvReport(kv, warmupEnd),
     server_gone: serverGone,
   };
   // Failures of the server: a valid request answered wrongly, a hang, a broken connection, or

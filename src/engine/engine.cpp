@@ -108,6 +108,7 @@ EngineStats Engine::stats() const {
 void Engine::PublishStats() {
   stats_.kv_blocks_total = blocks_.n_blocks();
   stats_.kv_blocks_used = blocks_.n_blocks() - blocks_.n_available();
+  stats_.kv_blocks_touched = blocks_.n_touched();
   std::lock_guard<std::mutex> l(stats_mu_);
   published_stats_ = stats_;
 }

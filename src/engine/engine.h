@@ -100,6 +100,7 @@ struct EngineStats {
   int64_t prefix_hit_tokens = 0;
   int64_t kv_blocks_used = 0;  // held by sequences (blocks the prefix cache keeps idle are free)
   int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_touched = 0;  // ever used: on the CPU, the pool's RAM grows until all are
 };
 
 class Engine {

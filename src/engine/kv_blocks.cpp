@@ -13,7 +13,8 @@ KvBlocks::KvBlocks(int64_t n_blocks, int64_t block_size)
       blocks_(static_cast<size_t>(n_blocks)),
       tokens_(static_cast<size_t>(n_blocks * block_size)),
       free_(static_cast<size_t>(n_blocks)),
-      n_free_(n_blocks) {
+      n_free_(n_blocks),
+      min_free_(n_blocks) {
   // Highest ids on top of the stack last: blocks are handed out 0, 1, 2, ... on a fresh pool.
   for (int64_t i = 0; i < n_blocks; ++i)
     free_[static_cast<size_t>(i)] = static_cast<int32_t>(n_blocks - 1 - i);
@@ -31,6 +32,7 @@ int32_t KvBlocks::Allocate() {
   int32_t b = -1;
   if (n_free_ > 0) {
     b = free_[static_cast<size_t>(--n_free_)];
+    min_free_ = std::min(min_free_, n_free_);
   } else if (idle_head_ >= 0) {
     b = idle_head_;
     RemoveIdle(b);

@@ -28,6 +28,9 @@ class KvBlocks {
   // Blocks an Allocate can return now: free ones plus cached ones nobody holds.
   int64_t n_available() const { return n_free_ + n_cached_idle_; }
   int64_t n_cached() const { return n_registered_; }
+  // Blocks ever handed out: the pool's memory is touched (host RAM resident) up to this many,
+  // and it grows until every block has been (free blocks are reused last in, first out).
+  int64_t n_touched() const { return n_blocks() - min_free_; }
 
   // A block with one reference: a free one, else the least recently used cached one (which
   // leaves the cache). -1 when every block is held.
@@ -80,6 +83,7 @@ class KvBlocks {
   std::vector<int32_t> tokens_;  // [n_blocks, block_size]: each registered block's tokens
   std::vector<int32_t> free_;    // unregistered blocks nobody holds (a stack)
   int64_t n_free_ = 0;
+  int64_t min_free_ = 0;  // n_free_'s low-water mark: the bottom of free_ never handed out
   int32_t idle_head_ = -1, idle_tail_ = -1;  // registered, unheld; head = least recently used
   int64_t n_cached_idle_ = 0;
   int64_t n_registered_ = 0;

@@ -497,6 +497,7 @@ ServiceMetrics ChatService::Metrics() const {
   const EngineStats stats = impl_->engine.stats();
   m.kv_blocks_used = stats.kv_blocks_used;
   m.kv_blocks_total = stats.kv_blocks_total;
+  m.kv_blocks_touched = stats.kv_blocks_touched;
   return m;
 }
 

@@ -48,6 +48,7 @@ struct ServiceMetrics {
   double generation_seconds_total = 0;
   int64_t kv_blocks_used = 0;  // gauges
   int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_touched = 0;
 };
 
 class ChatService {

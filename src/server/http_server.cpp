@@ -383,6 +383,9 @@ std::string MetricsText(const ServiceMetrics& m, const CausalLM& model) {
       << "moetier_time_to_first_token_seconds_count " << finished << '\n';
   put("moetier_kv_blocks_used", "gauge", "KV cache blocks in use.", m.kv_blocks_used);
   put("moetier_kv_blocks_total", "gauge", "KV cache blocks in the pool.", m.kv_blocks_total);
+  put("moetier_kv_blocks_touched", "gauge",
+      "KV cache blocks ever used (a host pool's resident memory grows until all have been).",
+      m.kv_blocks_touched);
   put("moetier_kv_cache_usage_ratio", "gauge", "Share of the KV cache in use (0 to 1).",
       m.kv_blocks_total > 0
           ? static_cast<double>(m.kv_blocks_used) / static_cast<double>(m.kv_blocks_total)

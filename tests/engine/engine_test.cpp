@@ -271,6 +271,33 @@ TEST(KvBlocks, ReferencesCachingAndEviction) {
   EXPECT_EQ(blocks.Allocate(), -1);
 }
 
+// Free blocks go out last in, first out, so the pool's memory is touched only as far as it
+// has ever been full: n_touched is that high-water mark.
+TEST(KvBlocks, TouchedCountsBlocksEverHandedOut) {
+  KvBlocks blocks(8, 1);
+  EXPECT_EQ(blocks.n_touched(), 0);
+  for (int round = 0; round < 100; ++round) {  // unregistered: the same block every time
+    const int32_t b = blocks.Allocate();
+    blocks.Unref(b);
+  }
+  EXPECT_EQ(blocks.n_touched(), 1);
+  const int32_t a = blocks.Allocate(), b = blocks.Allocate(), c = blocks.Allocate();
+  EXPECT_EQ(blocks.n_touched(), 3);
+  blocks.Unref(b);
+  blocks.Unref(a);
+  blocks.Unref(c);
+  EXPECT_EQ(blocks.n_touched(), 3);
+  // Cached blocks keep theirs: new ones are touched until the pool is, then the cache yields.
+  for (int32_t round = 0; round < 20; ++round) {
+    const int32_t x = blocks.Allocate();
+    ASSERT_GE(x, 0);
+    const std::vector<int32_t> t = {round};
+    blocks.Register(x, 0, KvBlocks::ChainHash(0, t), t);
+    blocks.Unref(x);
+    EXPECT_EQ(blocks.n_touched(), std::max<int64_t>(3, std::min<int64_t>(8, round + 1)));
+  }
+}
+
 TEST(KvBlocks, ManyEvictionsKeepTheTableUsable) {
   KvBlocks blocks(8, 1);
   for (int32_t round = 0; round < 1000; ++round) {
