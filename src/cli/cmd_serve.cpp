@@ -11,6 +11,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <limits>
@@ -167,6 +168,10 @@ Expected<Loaded> Load(const Opts& o, server::HttpServer& http) {
       l.engine, MakeEngine(o.model, *l.model, l.tokenizer.get(), o.parallel, o.max_batch_tokens));
   server::ChatServiceOptions service_options;
   service_options.max_waiting = o.max_queue;
+  if (const char* forced = std::getenv("MOETIER_TEST_FORCED_OUTPUT"); forced && *forced) {
+    service_options.forced_output = forced;
+    LogWarn("MOETIER_TEST_FORCED_OUTPUT is set: every answer begins with its text (a test hook)");
+  }
   l.service = std::make_unique<server::ChatService>(*l.model, *l.engine, *l.tokenizer, l.chat.get(),
                                                     service_options);
   l.engine->Start();

@@ -431,6 +431,10 @@ void Engine::AfterForward(const std::vector<float>& logits) {
   for (size_t r = 0; r < logit_seq_.size(); ++r) {
     Sequence& s = *logit_seq_[r];
     if (s.finished) continue;
+    if (s.n_generated < static_cast<int64_t>(s.req.forced_tokens.size())) {
+      OnToken(s, s.req.forced_tokens[static_cast<size_t>(s.n_generated)]);
+      continue;
+    }
     auto next = s.sampler->Sample(std::span<const float>(logits.data() + r * V, V), s.tokens,
                                   static_cast<size_t>(s.n_prompt));
     if (!next.ok()) {

@@ -55,6 +55,9 @@ struct RequestOptions {
   // The request joins once the engine has run this many steps (`batch`'s "after": joins in
   // mid-flight, reproducibly); 0 joins at once.
   int64_t arrival_step = 0;
+  // Emitted in place of the first sampled tokens (the forward still runs): a test hook, so a
+  // server test can make a random model "say" a tool call (MOETIER_TEST_FORCED_OUTPUT).
+  std::vector<int32_t> forced_tokens;
 };
 
 struct RequestUsage {

@@ -215,6 +215,7 @@ struct ChatService::Impl {
   ChatServiceOptions options;
   std::string model_name;
   std::vector<int32_t> stop_ids;
+  std::vector<int32_t> forced_tokens;  // options.forced_output's tokens
   ToolCallFormat format = ToolCallFormat::kNone;
   std::shared_ptr<Counters> counters = std::make_shared<Counters>();
   std::mutex rng_mu;
@@ -222,7 +223,13 @@ struct ChatService::Impl {
 
   Impl(CausalLM& m, Engine& e, const text::Tokenizer& t, const text::ChatTemplate* c,
        ChatServiceOptions o)
-      : model(m), engine(e), tokenizer(t), chat_template(c), options(o) {}
+      : model(m),
+        engine(e),
+        tokenizer(t),
+        chat_template(c),
+        options(o),
+        forced_tokens(o.forced_output.empty() ? std::vector<int32_t>{}
+                                              : t.Encode(o.forced_output, false)) {}
 
   uint64_t FreshSeed() {
     std::lock_guard<std::mutex> l(rng_mu);
@@ -377,6 +384,7 @@ Expected<RequestOptions> ChatService::Impl::EngineRequest(const ChatRequest& r,
   // Stop strings are applied by the service (it reports which one matched), not the engine.
   req.text = true;
   req.skip_special_tokens = true;
+  req.forced_tokens = forced_tokens;
   return req;
 }
 

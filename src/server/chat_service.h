@@ -34,6 +34,10 @@ struct RequestError {
 
 struct ChatServiceOptions {
   int64_t max_waiting = 64;  // requests queued beyond the running ones before 503
+  // A test hook (`moetier serve` reads it from MOETIER_TEST_FORCED_OUTPUT): every answer begins
+  // with this text's tokens instead of sampled ones, so client tests can see a random model
+  // "write" a tool call or reasoning and check what the APIs make of it. Empty: off.
+  std::string forced_output;
 };
 
 // Counters for GET /metrics (monotonic unless said otherwise).

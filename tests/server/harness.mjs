@@ -24,7 +24,8 @@ const kHealthPollMs = 50;
 // Small settings that keep the fixture light: one compute thread, a modest KV cache.
 const kDefaultArgs = ['--threads', '1', '--ctx-size', '16384'];
 
-export async function startServer(extraArgs = []) {
+// `env`: variables added to the server's environment (e.g. MOETIER_TEST_FORCED_OUTPUT).
+export async function startServer(extraArgs = [], env = {}) {
   const cli = process.env.MOETIER_CLI;
   if (!cli) {
     throw new Error('MOETIER_CLI is not set: point it at the built moetier binary ' +
@@ -32,7 +33,9 @@ export async function startServer(extraArgs = []) {
   }
   const args = ['serve', '--model', fixtureDir, '--host', '127.0.0.1', '--port', '0',
                 ...kDefaultArgs, ...extraArgs];
-  const child = spawn(cli, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  const child = spawn(cli, args, {
+    stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...env },
+  });
   let stderr = '';
   const exited = new Promise((resolve) => {
     child.on('exit', (code, signal) => resolve(code ?? 128 + (signal === 'SIGKILL' ? 9 : 15)));
