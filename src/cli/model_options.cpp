@@ -48,7 +48,7 @@ void AddResidencyOptions(CLI::App& cmd, ModelOptions& opts) {
       "auto | none | bf16c. How the weights the CPU computes with are held in RAM. auto "
       "(default): bf16 matrices are packed losslessly into bf16c as they load (the same values "
       "in ~77% of the bytes: faster decode, more layers within the lock budget; costs load "
-      "time): experts of CPU layers and, with --moe-backend cpu, the dense matrices but the "
+      "time): experts of CPU layers and, when the CPU runs them, the dense matrices but the "
       "routers; rows too short to shrink by 10% (under 224 weights) stay. none: as stored. bf16c: "
       "as `convert --dtype bf16c --dense-dtype bf16c` (experts whatever it saves; an error if "
       "they are not bf16)");
