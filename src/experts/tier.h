@@ -7,7 +7,7 @@
 namespace moetier {
 
 enum class Tier {
-  kGpu,       // resident in VRAM (a later issue)
+  kGpu,       // copied to VRAM at load (--moe-backend gpu)
   kPinned,    // page-locked and registered with CUDA: the GPU can DMA from it
   kLocked,    // mlock'ed: resident, CPU-only, costs no pin quota
   kPageable,  // plain memory the OS may evict: the last resort, always reported
