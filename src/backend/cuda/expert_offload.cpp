@@ -28,6 +28,13 @@ std::string Gb(uint64_t bytes) {
   return s;
 }
 
+// A CUDA call's result for layer `layer` ("copying layer 3's experts to the GPU"); the message
+// is built only on failure, as these calls run for every offloaded layer of every step.
+Status LayerStatus(cudaError_t err, const char* action, int64_t layer, const char* object) {
+  if (err == cudaSuccess) return OkStatus();
+  return cuda::CudaStatus(err, std::string(action) + " layer " + std::to_string(layer) + object);
+}
+
 }  // namespace
 
 ExpertOffload::ExpertOffload(const ExpertSource& experts, const ModelDims& dims)
@@ -128,20 +135,21 @@ Status ExpertOffload::Fetch(int64_t layer, const cuda::DeviceRouting& r,
                             cuda::ExpertPointers* device_table, cudaStream_t compute) {
   if (!cache_allocated()) MT_RETURN_IF_ERROR(AllocateCache());
   const int64_t E = dims_.n_experts;
-  const std::string what = "layer " + std::to_string(layer) + "'s experts";
   // n_active and the active ids sit together at the start of the routing's integers.
-  MT_CUDA_RETURN_IF_ERROR(
+  MT_RETURN_IF_ERROR(LayerStatus(
       cudaMemcpyAsync(active_host_.data(), r.n_active, static_cast<size_t>(1 + E) * sizeof(int32_t),
                       cudaMemcpyDeviceToHost, compute),
-      "reading the routing of " + what);
-  MT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute), "the GPU before " + what);
+      "reading the routing of", layer, "'s experts"));
+  MT_RETURN_IF_ERROR(
+      LayerStatus(cudaStreamSynchronize(compute), "the GPU before", layer, "'s experts"));
   const int32_t n_active = std::clamp<int32_t>(active_host_.data()[0], 0, static_cast<int32_t>(E));
   const std::span<const int32_t> ids(active_host_.data() + 1, static_cast<size_t>(n_active));
   for (int32_t id : ids)
     if (id < 0 || id >= E)
       return Status::Error("the GPU router chose no expert " + std::to_string(id));
   if (!slots_->Place(layer, ids, placed_))
-    return Status::Error(what + ": more active experts than cache slots");
+    return Status::Error("layer " + std::to_string(layer) +
+                         "'s experts: more active experts than cache slots");
   cuda::ExpertPointers* staged = table_host_.data() + layer * E;
   LayerExpertStats d;
   d.layer = layer;
@@ -151,18 +159,18 @@ Status ExpertOffload::Fetch(int64_t layer, const cuda::DeviceRouting& r,
       ++d.cache_hits;
     } else {
       const ExpertWeights& w = experts_.Expert(layer, ids[i]);
-      MT_CUDA_RETURN_IF_ERROR(
+      MT_RETURN_IF_ERROR(LayerStatus(
           cudaMemcpyAsync(slot, w.gate.data, expert_bytes_, cudaMemcpyHostToDevice, copy_stream_),
-          "copying " + what + " to the GPU");
+          "copying", layer, "'s experts to the GPU"));
       ++d.cache_misses;
       d.bytes_h2d += static_cast<int64_t>(expert_bytes_);
     }
     staged[ids[i]] = cuda::ExpertPointers{slot, slot + gate_bytes_, slot + gate_bytes_ + up_bytes_};
   }
-  MT_CUDA_RETURN_IF_ERROR(
+  MT_RETURN_IF_ERROR(LayerStatus(
       cudaMemcpyAsync(device_table, staged, static_cast<size_t>(E) * sizeof(cuda::ExpertPointers),
                       cudaMemcpyHostToDevice, copy_stream_),
-      "copying " + what + "' table");
+      "copying", layer, "'s expert table"));
   MT_CUDA_RETURN_IF_ERROR(cudaEventRecord(copied_, copy_stream_), "recording the copies");
   MT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, copied_, 0), "waiting for the copies");
   if (stats_ != nullptr) stats_->Add(d);
@@ -173,20 +181,21 @@ Status ExpertOffload::RunOnCpu(const TensorView& router, const RouterOptions& op
                                const float* x, int64_t n_tokens, float* out, float* router_logits,
                                cudaStream_t compute) {
   const auto n = static_cast<size_t>(n_tokens * dims_.d_model);
-  const std::string what = "layer " + std::to_string(layer) + "'s hidden states";
   if (x_host_.size() < n) {
+    const std::string what = "layer " + std::to_string(layer) + "'s hidden states";
     MT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute), "the GPU before " + what);
     MT_RETURN_IF_ERROR(x_host_.Reserve(n, what));
     MT_RETURN_IF_ERROR(out_host_.Reserve(n, what));
   }
-  MT_CUDA_RETURN_IF_ERROR(
+  MT_RETURN_IF_ERROR(LayerStatus(
       cudaMemcpyAsync(x_host_.data(), x, n * sizeof(float), cudaMemcpyDeviceToHost, compute),
-      "copying " + what + " to the host");
-  MT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute), "the GPU before " + what);
+      "copying", layer, "'s hidden states to the host"));
+  MT_RETURN_IF_ERROR(
+      LayerStatus(cudaStreamSynchronize(compute), "the GPU before", layer, "'s CPU experts"));
   cpu_->Moe(router, opts, layer, x_host_.data(), n_tokens, out_host_.data(), router_logits);
-  MT_CUDA_RETURN_IF_ERROR(
+  MT_RETURN_IF_ERROR(LayerStatus(
       cudaMemcpyAsync(out, out_host_.data(), n * sizeof(float), cudaMemcpyHostToDevice, compute),
-      "copying layer " + std::to_string(layer) + "'s expert output to the GPU");
+      "copying", layer, "'s expert output to the GPU"));
   return OkStatus();
 }
 
