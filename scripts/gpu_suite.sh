@@ -1,63 +1,98 @@
 #!/usr/bin/env bash
 # The GPU test suite, on the GPU machine in one call, from .gpucarry/ (scripts/make_gpucarry.sh):
-# every CUDA kernel test, the model tests (the GPU backend against the Hugging Face references),
-# the engine tests, pinned banks read through device pointers, and `moetier logits` on each
-# fixture, GPU against CPU. Logs under $OUT (summary.txt first); exit status: failures.
+# the CUDA kernel tests, the model tests (the GPU backends against the Hugging Face references),
+# the engine, experts and CLI tests, and `moetier logits` on each fixture, GPU against CPU.
+# summary.txt and logs.tar.gz (every log) land in $OUT: a device call brings back 8 files at most.
+# Exit status: the number of failed test executables.
 #   scripts/gpu_suite.sh             # tests
 #   SYNTH=1 scripts/gpu_suite.sh     # then the synthetic Qwen3-30B-A3B-shaped 8-layer model (bf16
 #                                    # and q4_0 banks) and `moetier bench` on it with the gpu,
 #                                    # offload (smallest expert cache) and cpu backends;
-#                                    # with LLAMA=1 also llama.cpp built for CUDA and llama-bench
-#                                    # -ngl 99 (and -ncmoe 8, offload's peer) on the same weights
-#   TESTS=0 skips the tests.
+#                                    # with LLAMA=1 also llama-bench -ngl 99 (and -ncmoe 8,
+#                                    # offload's peer) on the same weights, from llama-bin.tar.xz
+#                                    # when carried, else built here from source (minutes)
+#   TESTS=0 skips the tests; DTYPES="q4_0" limits the synthetic dtypes; BACKENDS="gpu offload"
+#   limits the backends benched; DEADLINE=S (default 540) skips what would start after S seconds.
 set -u
 cd "$(dirname "$0")/.."
+START=$SECONDS
+DEADLINE=${DEADLINE:-540}
 C=$PWD/.gpucarry
 OUT=${OUT:-/tmp/gpu-suite}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$C/libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+W=/tmp/gpu-work
+LOGS=$W/logs
+mkdir -p "$OUT" "$LOGS"
+S=$OUT/summary.txt
+: > "$S"
+say() { echo "[$((SECONDS - START)) s] $*" >> "$S"; }
+time_left() { echo $((DEADLINE - (SECONDS - START))); }
+# Runs "$@" under a timeout of at most what is left before the deadline; skips it when too little is.
+run_timed() {
+  local want=$1; shift
+  local left; left=$(time_left)
+  if [ "$left" -lt 20 ]; then say "skipped (deadline): $*"; return 124; fi
+  [ "$want" -gt "$left" ] && want=$left
+  timeout "$want" "$@"
+}
+pack_logs() { tar -C "$LOGS" -czf "$OUT/logs.tar.gz" . 2>/dev/null; }
+trap pack_logs EXIT
+B=$W/bin
+mkdir -p "$B" && xz -dc "$C/bin.tar.xz" | tar -C "$B" -xf -
+export LD_LIBRARY_PATH=$B/libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # The tests find their fixtures where this repository was built (/work/main); point that here.
 if [ ! -e /work/main/tests/fixtures ]; then mkdir -p /work && ln -sfn "$PWD" /work/main; fi
-export MOETIER_CLI=$C/moetier
-S=$OUT/summary.txt
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$S" 2>&1
+export MOETIER_CLI=$B/moetier
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$S" 2>&1
 FAILED=0
-W=/tmp/gpu-work
-mkdir -p "$W"
 if [ "${SYNTH:-0}" = 1 ] && [ "${LLAMA:-0}" = 1 ]; then
-  # llama.cpp for CUDA builds meanwhile (minutes); only llama-bench and llama-quantize.
-  python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
-    "$C/llama-src.tar.xz" "$W/llama"
-  (cd "$W/llama" && cmake -S . -B b -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
-     -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc \
-     > "$OUT/llama-cmake.log" 2>&1 &&
-   cmake --build b -j"$(nproc)" --target llama-bench llama-quantize > "$OUT/llama-build.log" 2>&1) &
-  LLAMA_PID=$!
+  if [ -f "$C/llama-bin.tar.xz" ]; then
+    xz -dc "$C/llama-bin.tar.xz" | tar -C "$W" -xf -
+    LB=$W/llama
+  else
+    # llama.cpp for CUDA builds meanwhile (minutes); only what the benchmarks run.
+    python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+      "$C/llama-src.tar.xz" "$W/llama-src"
+    (cd "$W/llama-src" && cmake -S . -B b -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+       -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc \
+       > "$LOGS/llama-cmake.log" 2>&1 &&
+     cmake --build b -j"$(nproc)" --target llama-bench llama-batched-bench llama-quantize \
+       > "$LOGS/llama-build.log" 2>&1) &
+    LLAMA_PID=$!
+    LB=$W/llama-src/b/bin
+  fi
 fi
-[ "${TESTS:-1}" = 1 ] && for t in "$C"/tests/*_tests; do
-  name=$(basename "$t")
-  "$t" --gtest_brief=1 > "$OUT/$name.log" 2>&1
+GPU_TESTS=${GPU_TESTS:-cuda_attention_tests cuda_dense_tests cuda_expert_ffn_tests cuda_elementwise_tests
+  cuda_router_tests model_tests engine_tests experts_tests decode_alloc_tests cli_tests}
+[ "${TESTS:-1}" = 1 ] && for name in $GPU_TESTS; do
+  t=$B/tests/$name
+  [ -x "$t" ] || continue
+  run_timed 240 "$t" --gtest_brief=1 > "$LOGS/$name.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && FAILED=$((FAILED + 1))
-  echo "$name: exit $rc, $(grep -c '^\[  PASSED\|OK \]' "$OUT/$name.log") ok, \
-$(grep -c '^\[  FAILED  \]' "$OUT/$name.log") failed lines, \
-$(grep -c 'SKIPPED' "$OUT/$name.log") skipped" >> "$S"
-  grep -E '^\[  FAILED  \]' "$OUT/$name.log" | head -20 >> "$S"
+  say "$name: exit $rc, $(grep -c '^\[  FAILED  \]' "$LOGS/$name.log") failed lines, \
+$(grep -c 'SKIPPED' "$LOGS/$name.log") skipped"
+  grep -E '^\[  FAILED  \]' "$LOGS/$name.log" | head -20 >> "$S"
+  [ $rc -ne 0 ] && tail -5 "$LOGS/$name.log" >> "$S"
 done
+# Logits of five tokens under each placement, against the CPU engine's.
+logits() {  # model-dir out-name moetier-args...
+  local m=$1 name=$2; shift 2
+  run_timed 60 "$B/moetier" logits --model "$m" --tokens 3,17,42,7,99 --out "$W/$name.bin" "$@" \
+    >> "$LOGS/logits.log" 2>&1 || say "logits $name: exit $?"
+}
 [ "${TESTS:-1}" = 1 ] && for m in qwen3_moe mixtral; do
   M=tests/fixtures/hf/$m
-  "$C/moetier" logits --model "$M" --tokens 3,17,42,7,99 --out "$OUT/$m-cpu.bin" --moe-backend cpu \
-    --no-gpu 2>> "$OUT/logits.log"
-  "$C/moetier" logits --model "$M" --tokens 3,17,42,7,99 --out "$OUT/$m-cpu_gpu_dense.bin" \
-    --moe-backend cpu 2>> "$OUT/logits.log"
-  "$C/moetier" logits --model "$M" --tokens 3,17,42,7,99 --out "$OUT/$m-gpu.bin" --moe-backend gpu \
-    --report "$OUT/$m-gpu-report.json" 2>> "$OUT/logits.log"
-  "$C/moetier" logits --model "$M" --tokens 3,17,42,7,99 --out "$OUT/$m-offload.bin" \
-    --moe-backend offload --moe-cpu-layers 1 --report "$OUT/$m-offload-report.json" 2>> "$OUT/logits.log"
+  logits "$M" "$m-cpu" --moe-backend cpu --no-gpu
+  logits "$M" "$m-cpu_gpu_dense" --moe-backend cpu
+  logits "$M" "$m-gpu" --moe-backend gpu --report "$LOGS/$m-gpu-report.json"
+  logits "$M" "$m-offload" --moe-backend offload --moe-cpu-layers 1 \
+    --report "$LOGS/$m-offload-report.json"
   for be in gpu offload cpu_gpu_dense; do
-  python3 - "$OUT/$m-cpu.bin" "$OUT/$m-$be.bin" "$m $be" >> "$S" 2>&1 <<'PY'
-import struct, sys
+    python3 - "$W/$m-cpu.bin" "$W/$m-$be.bin" "$m $be" >> "$S" 2>&1 <<'PY'
+import os, struct, sys
+if not (os.path.exists(sys.argv[1]) and os.path.exists(sys.argv[2])):
+    print(sys.argv[3], "logits: missing output"); sys.exit(0)
 a = open(sys.argv[1], "rb").read(); b = open(sys.argv[2], "rb").read()
 x = struct.unpack(f"{len(a)//4}f", a); y = struct.unpack(f"{len(b)//4}f", b)
 if len(x) != len(y) or not x:
@@ -68,45 +103,87 @@ PY
   done
 done
 if [ "${SYNTH:-0}" = 1 ]; then
-  [ -d "$W/llama/gguf-py" ] || python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
-    "$C/llama-src.tar.xz" "$W/llama"
+  say "synthetic model"
+  G=$W/llama-src
+  [ -d "$G/gguf-py" ] || python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+    "$C/llama-src.tar.xz" "$G"
   python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" \
     "$C/template-meta.gguf.xz" "$W/template.gguf"
-  GGUF_PY=$W/llama/gguf-py python3 "$C/synth_model.py" "$W/template.gguf" "$W/q3moe-8L" --layers 8 \
+  GGUF_PY=$G/gguf-py python3 "$C/synth_model.py" "$W/template.gguf" "$W/q3moe-8L" --layers 8 \
     --hf-dir "$W/q3moe-8L-hf" --tokenizer-dir tests/fixtures/hf/realvocab/qwen3_moe_tiny \
-    > "$OUT/synth.log" 2>&1
-  "$C/moetier" convert -m "$W/q3moe-8L-hf" -o "$W/bank-bf16" --overwrite 2>> "$OUT/synth.log"
-  "$C/moetier" convert -m "$W/bank-bf16" -o "$W/bank-q4_0" --dtype q4_0 --dense-dtype q4_0 \
-    --overwrite 2>> "$OUT/synth.log"
-  # offload: every expert pinned in host memory, the cache at its minimum (one layer's 128
-  # experts: 1.21 GB bf16, 0.34 GB q4_0), so nearly every active expert is copied each step.
-  declare -A MIN_CACHE=([bf16]=1.22 [q4_0]=0.35)
-  for dt in bf16 q4_0; do
-    # cpu: dense on the GPU, every expert on the CPU executor; cpu-only: --no-gpu.
-    for be in gpu offload cpu cpu-only; do
-      extra=()
-      [ $be = offload ] && extra=(--moe-cpu-layers 0 --moe-cache-gb "${MIN_CACHE[$dt]}" --moe-collect-stats)
-      [ $be = cpu-only ] && extra=(--no-gpu)
-      "$C/moetier" bench --model "$W/bank-$dt" --moe-backend "${be%-only}" --json --repeats 3 "${extra[@]}" \
-        > "$OUT/bench-$dt-$be.json" 2> "$OUT/bench-$dt-$be.log"
-      echo "bench $dt $be: exit $?: $(tr -d '\n' < "$OUT/bench-$dt-$be.json" | head -c 900)" >> "$S"
+    > "$LOGS/synth.log" 2>&1
+  DTYPES=${DTYPES:-bf16 q4_0}
+  for dt in $DTYPES; do
+    extra=(); [ "$dt" != bf16 ] && extra=(--dtype "$dt" --dense-dtype "$dt")
+    run_timed 240 "$B/moetier" convert -m "$W/q3moe-8L-hf" -o "$W/bank-$dt" --overwrite "${extra[@]}" \
+      >> "$LOGS/synth.log" 2>&1 || say "convert $dt: exit $?"
+  done
+  say "converted"
+  # One `moetier bench --json` on bank $2 under the name $1 (the rest: its flags).
+  bench() {
+    local name=$1 dt=$2; shift 2
+    run_timed 150 "$B/moetier" bench --model "$W/bank-$dt" --json "$@" \
+      > "$LOGS/bench-$dt-$name.json" 2> "$LOGS/bench-$dt-$name.log"
+    say "bench $dt $name: exit $?: $(python3 scripts/bench_line.py "$LOGS/bench-$dt-$name.json" 2>&1)"
+  }
+  # Expert cache sizes, GB: the minimum (one layer's 128 experts: 1.21 GB bf16, 0.34 GB q4_0, an
+  # eighth of all experts), a quarter, half and all of the 8 layers' experts.
+  declare -A CACHE_MIN=([bf16]=1.22 [q4_0]=0.35) CACHE_25=([bf16]=2.43 [q4_0]=0.69)
+  declare -A CACHE_50=([bf16]=4.85 [q4_0]=1.37) CACHE_100=([bf16]=9.70 [q4_0]=2.74)
+  OFFLOAD=(--moe-backend offload --moe-cpu-layers 0 --moe-collect-stats)
+  for dt in $DTYPES; do
+    for be in ${BACKENDS:-gpu offload cpu cpu-only}; do
+      case $be in
+        gpu)  # everything in VRAM: decode, and prefill of 512 tokens
+          bench gpu "$dt" --moe-backend gpu --prompt-tokens 512 --gen-tokens 128 ;;
+        offload)  # every expert pinned, the cache at its minimum: prefill 4096, decode, 16 sequences
+          bench offload-p4096 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \
+            --prompt-tokens 4096 --max-batch-tokens 4096 --gen-tokens 16 --repeats 2
+          bench offload-min "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \
+            --prompt-tokens 32 --gen-tokens 64 --profile
+          bench offload-25 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_25[$dt]}" --prompt-tokens 32 --gen-tokens 64
+          bench offload-50 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_50[$dt]}" --prompt-tokens 32 --gen-tokens 64
+          bench offload-100 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_100[$dt]}" --prompt-tokens 32 --gen-tokens 64
+          bench offload-par16 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \
+            --parallel 16 --prompt-tokens 128 --gen-tokens 32 ;;
+        cpu)  # dense and KV on the GPU, every expert on the CPU executor
+          bench cpu "$dt" --moe-backend cpu --prompt-tokens 128 --gen-tokens 64 ;;
+        cpu-only)
+          bench cpu-only "$dt" --moe-backend cpu --no-gpu --prompt-tokens 128 --gen-tokens 32 ;;
+      esac
     done
   done
-  if [ -n "${LLAMA_PID:-}" ]; then
-    wait "$LLAMA_PID"
-    LB=$W/llama/b/bin
-    "$LB/llama-quantize" --pure "$W/q3moe-8L.gguf" "$W/q3moe-8L-q4_0.gguf" Q4_0 > "$OUT/quantize.log" 2>&1
-    for g in q3moe-8L q3moe-8L-q4_0; do
-      "$LB/llama-bench" -m "$W/$g.gguf" -ngl 99 -p 512 -n 128 -r 3 -o md >> "$OUT/llama-bench.md" 2>&1
+  if [ "${LOAD:-0}" = 1 ]; then  # load with every bank pinned, against reading the files raw
+    for dt in $DTYPES; do
+      sync; echo 3 > /proc/sys/vm/drop_caches
+      t0=$(date +%s.%N); cat "$W/bank-$dt"/* > /dev/null; t1=$(date +%s.%N)
+      sync; echo 3 > /proc/sys/vm/drop_caches
+      run_timed 120 "$B/moetier" logits --model "$W/bank-$dt" --tokens 1 --out "$W/load.bin" \
+        "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" > "$LOGS/load-$dt.log" 2>&1
+      t2=$(date +%s.%N)
+      say "load $dt: $(du -sb "$W/bank-$dt" | cut -f1) bytes; raw read $(python3 -c "print($t1 - $t0)") s; \
+pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
+      grep -E "experts|load|pinned" "$LOGS/load-$dt.log" | head -5 >> "$S"
+    done
+  fi
+  if [ "${LLAMA:-0}" = 1 ]; then
+    [ -n "${LLAMA_PID:-}" ] && wait "$LLAMA_PID"
+    export LD_LIBRARY_PATH=$LB:$LD_LIBRARY_PATH
+    [[ " $DTYPES " = *" q4_0 "* ]] && run_timed 120 "$LB/llama-quantize" --pure "$W/q3moe-8L.gguf" \
+      "$W/q3moe-8L-q4_0.gguf" Q4_0 > "$LOGS/quantize.log" 2>&1
+    for dt in $DTYPES; do
+      g=q3moe-8L; [ "$dt" = q4_0 ] && g=q3moe-8L-q4_0
+      run_timed 120 "$LB/llama-bench" -m "$W/$g.gguf" -ngl 99 -p 512 -n 128 -r 3 -o md \
+        >> "$LOGS/llama-bench.md" 2>&1
       # The peer of offload: every expert on the CPU (-ncmoe 8), mmap'd and not.
       for mmp in 1 0; do
-        "$LB/llama-bench" -m "$W/$g.gguf" -ngl 99 -ncmoe 8 -mmp $mmp -p 512 -n 128 -r 3 -o md \
-          >> "$OUT/llama-bench.md" 2>&1
+        run_timed 120 "$LB/llama-bench" -m "$W/$g.gguf" -ngl 99 -ncmoe 8 -mmp $mmp -p 512 -n 128 -r 3 \
+          -o md >> "$LOGS/llama-bench.md" 2>&1
       done
     done
-    cat "$OUT/llama-bench.md" >> "$S"
+    grep '|' "$LOGS/llama-bench.md" >> "$S"
   fi
 fi
-echo "failed test executables: $FAILED" >> "$S"
+say "failed test executables: $FAILED"
 cat "$S"
 exit "$FAILED"

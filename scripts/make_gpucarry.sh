@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Fills .gpucarry/ (ignored by git: "/.gpucarry/" in .git/info/exclude) with what
-# scripts/gpu_suite.sh runs on the GPU machine, which has no package registry: the moetier binary
-# and the test executables of a CUDA build (configure it with -DMOETIER_CUDA=ON and, to build
-# fast, -DCMAKE_CUDA_ARCHITECTURES=90 for the H200), stripped, and the shared libraries they need
-# beyond the C/C++ runtime; and, from .devcarry/ (bench/peers/make_devcarry.sh), the synthetic
-# model's writer and llama.cpp's source. Carry ".gpucarry" in the device call.
+# scripts/gpu_suite.sh runs on the GPU machine, which has no package registry: bin.tar.xz holds
+# the moetier binary and the test executables of a CUDA build (configure it with
+# -DMOETIER_CUDA=ON and, to build fast, -DCMAKE_CUDA_ARCHITECTURES=90 for the H200), stripped,
+# and the shared libraries they need beyond the C/C++ runtime (xz: a device call carries at most
+# 64 MiB with the working tree); from .devcarry/ (bench/peers/make_devcarry.sh), the synthetic
+# model's writer and llama.cpp's source; and, when LLAMA_BUILD names a CUDA build of llama.cpp
+# made here, its programs and libraries (llama-bin.tar.xz), so the GPU machine need not build it.
+# Carry ".gpucarry" in the device call.
 #   scripts/make_gpucarry.sh [BUILD_DIR]   # default: build
 set -euo pipefail
 BUILD=$(realpath -m "${1:-build}")
@@ -14,16 +17,28 @@ grep -q MOETIER_WITH_CUDA "$BUILD/CMakeCache.txt" 2>/dev/null ||
   grep -q "MOETIER_CUDA:BOOL=ON" "$BUILD/CMakeCache.txt" ||
   { echo "make_gpucarry.sh: $BUILD is not a CUDA build (-DMOETIER_CUDA=ON)" >&2; exit 2; }
 grep -qx "/.gpucarry/" .git/info/exclude || echo "/.gpucarry/" >> .git/info/exclude
-rm -rf .gpucarry && mkdir -p .gpucarry/libs .gpucarry/tests
-cp "$BUILD/bin/moetier" .gpucarry/ && strip .gpucarry/moetier
+rm -rf .gpucarry && mkdir -p .gpucarry
+B=$(mktemp -d) && trap 'rm -rf "$B"' EXIT
+mkdir -p "$B/libs" "$B/tests"
+cp "$BUILD/bin/moetier" "$B/" && strip "$B/moetier"
 for t in "$BUILD"/tests/*/*_tests "$BUILD"/tests/kernels/cuda/*_tests; do
-  [ -x "$t" ] && cp "$t" .gpucarry/tests/ && strip ".gpucarry/tests/$(basename "$t")"
+  [ -x "$t" ] && cp "$t" "$B/tests/" && strip "$B/tests/$(basename "$t")"
 done
-for f in .gpucarry/moetier .gpucarry/tests/*; do
+for f in "$B/moetier" "$B"/tests/*; do
   ldd "$f" | awk '$3 ~ /^\// {print $3}' |
     grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux[^/]*|libpthread|libdl|librt)\.so' |
     grep -v '/usr/local/cuda' || true
-done | sort -u | while read -r lib; do cp -L "$lib" .gpucarry/libs/; done
+done | sort -u | while read -r lib; do cp -L "$lib" "$B/libs/"; done
+echo "make_gpucarry.sh: compressing (about a minute)" >&2
+tar -C "$B" -cf - moetier tests libs | xz -9 -T2 > .gpucarry/bin.tar.xz
+if [ -n "${LLAMA_BUILD:-}" ]; then
+  L=$(realpath "$LLAMA_BUILD")/bin
+  [ -x "$L/llama-bench" ] || { echo "make_gpucarry.sh: no $L/llama-bench (LLAMA_BUILD)" >&2; exit 2; }
+  mkdir -p "$B/llama" && cp "$L"/llama-bench "$L"/llama-batched-bench "$L"/llama-quantize "$B/llama/"
+  find "$(dirname "$L")" -name '*.so*' -exec cp -L {} "$B/llama/" \;
+  strip "$B"/llama/* 2>/dev/null || true
+  tar -C "$B" -cf - llama | xz -9 -T2 > .gpucarry/llama-bin.tar.xz
+fi
 # For SYNTH=1 (the synthetic model and llama.cpp on the GPU machine): what make_devcarry.sh keeps.
 for f in synth_model.py template-meta.gguf.xz llama-src.tar.xz; do
   [ -f ".devcarry/$f" ] && cp ".devcarry/$f" .gpucarry/

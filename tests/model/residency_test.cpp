@@ -35,6 +35,7 @@ class Residency : public ::testing::TestWithParam<std::string> {
     LoadOptions load;
     load.n_threads = 2;
     load.residency = opts;
+    load.residency.use_gpu = false;  // bit-identical across splits: the CPU engine's promise
     auto m = LoadCausalLM(dir, load);
     EXPECT_TRUE(m.ok()) << m.message();
     if (!m.ok()) return {};

@@ -18,14 +18,25 @@
 
 #include "io/safetensors.h"
 #include "kernels/cpu/bf16c.h"
+#include "model/model_source.h"
 
 namespace moetier::testing {
 
 namespace fs = std::filesystem;
 
+uint64_t OneLayerOfExperts(const fs::path& dir) {
+  auto s = OpenModelSource(dir);
+  EXPECT_TRUE(s.ok()) << s.message();
+  if (!s.ok()) return 0;
+  const ModelConfig& c = s->config;
+  const auto expert = static_cast<uint64_t>(3 * c.expert_intermediate_size * c.hidden_size * 2);
+  return (expert + 255) / 256 * 256 * static_cast<uint64_t>(c.n_experts);
+}
+
 LoadOptions WithThreads(int n) {
   LoadOptions o;
   o.n_threads = n;
+  o.residency.use_gpu = false;
   return o;
 }
 
@@ -120,8 +131,10 @@ CommandResult RunCli(const std::string& args, const std::string& stdin_path,
   // to another machine, where the build tree's path does not exist).
   const char* cli_env = std::getenv("MOETIER_CLI");
   const std::string cli = cli_env != nullptr && *cli_env != '\0' ? cli_env : MOETIER_CLI;
-  const std::string cmd = (env.empty() ? "" : "env '" + env + "' ") + "'" + cli + "' " + args +
-                          " >'" + out.string() + "' 2>'" + err.string() + "' <'" + stdin_path + "'";
+  // The CLI warns about MOETIER_ variables it does not read, as MOETIER_CLI is: not passed on.
+  const std::string cmd = "env -u MOETIER_CLI " + (env.empty() ? "" : "'" + env + "' ") + "'" +
+                          cli + "' " + args + " >'" + out.string() + "' 2>'" + err.string() +
+                          "' <'" + stdin_path + "'";
   const int status = std::system(cmd.c_str());
   CommandResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;

@@ -16,7 +16,12 @@ namespace moetier::testing {
 
 std::filesystem::path FixturesDir();
 
-// LoadOptions with n threads and everything else default.
+// The smallest expert cache --moe-backend offload accepts for a bf16 fixture: one layer's
+// experts, each slot rounded up to 256 bytes as the backend lays them out.
+uint64_t OneLayerOfExperts(const std::filesystem::path& dir);
+
+// LoadOptions with n threads, the CPU engine whether or not a GPU is present (--no-gpu: tests of
+// the GPU backends ask for one), and everything else default.
 LoadOptions WithThreads(int n);
 // An engine for `model` with a KV pool of `kv_positions` (f32) and up to `parallel` sequences.
 std::unique_ptr<Engine> MakeEngine(CausalLM& model, int64_t kv_positions,
