@@ -149,6 +149,9 @@ __global__ void __launch_bounds__(kPrologueWarps* kWarp) PrologueKernel(Prologue
 // chunks of one sequence read its K/V once per token there, from L2 mostly (one layer of a
 // 4k-position sequence is a few MiB; the H200's L2 holds 50).
 inline constexpr int64_t kDecodeMaxTokens = 64;
+// The prefill kernel gives each thread head_dim / 16 output columns; smaller heads (the test
+// fixtures' 8) take the decode kernel at every token count, one block per token.
+inline constexpr int kPrefillMinHeadDim = 16;
 // Blocks the decode kernel aims for: about 4 per SM of an H200 (132 SMs), enough loads in flight
 // to approach HBM bandwidth.
 inline constexpr int64_t kDecodeTargetBlocks = 528;
@@ -263,6 +266,8 @@ void DispatchDimAndKv(int64_t head_dim, DType dtype, F&& f) {
     }
   };
   switch (head_dim) {
+    case 8:
+      return with_kv.template operator()<8>();
     case 16:
       return with_kv.template operator()<16>();
     case 32:
@@ -282,7 +287,8 @@ void DispatchDimAndKv(int64_t head_dim, DType dtype, F&& f) {
 }  // namespace attention
 
 bool AttentionHeadDimSupported(int64_t head_dim) {
-  return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
+  return head_dim == 8 || head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128 ||
+         head_dim == 256;
 }
 
 void LaunchAttentionPrologue(const QkvPrologue& w, const AttentionDims& dims,
@@ -306,6 +312,8 @@ void LaunchAttentionPrologue(const QkvPrologue& w, const AttentionDims& dims,
   p.n_kv_heads = static_cast<int32_t>(dims.n_kv_heads);
   p.eps = dims.norm_eps;
   switch (dims.head_dim) {
+    case 8:
+      return LaunchPrologueD<8>(p, stream);
     case 16:
       return LaunchPrologueD<16>(p, stream);
     case 32:
@@ -345,7 +353,7 @@ void LaunchPagedAttention(const AttentionDims& dims, const DeviceBatch& batch, i
   const PoolRef pool = MakePoolRef(kv, dims, layer);
   const int32_t window = static_cast<int32_t>(dims.sliding_window);
 
-  if (T <= kDecodeMaxTokens) {
+  if (T <= kDecodeMaxTokens || dims.head_dim < kPrefillMinHeadDim) {
     const int64_t context = Context(dims, batch.max_position);
     const DecodePlan plan =
         PlanDecode(dims, T, context, scratch == nullptr ? 0 : static_cast<int64_t>(scratch_bytes));
@@ -390,7 +398,7 @@ void LaunchPagedAttention(const AttentionDims& dims, const DeviceBatch& batch, i
   p.window = window;
   p.scale_log2 = scale_log2;
   DispatchDimAndKv(dims.head_dim, kv.dtype, [&]<int D, typename Kv>() {
-    LaunchPrefillD<D, Kv>(p, dims.n_kv_heads, stream);
+    if constexpr (D >= kPrefillMinHeadDim) LaunchPrefillD<D, Kv>(p, dims.n_kv_heads, stream);
   });
 }
 

@@ -65,7 +65,7 @@ void LaunchAttentionPrologue(const QkvPrologue& p, const AttentionDims& dims,
                              const DeviceBatch& batch, int64_t layer, DeviceKvPool kv, float* q,
                              float* k, float* v, cudaStream_t stream);
 
-// Whether the kernels are built for this head_dim (16, 32, 64, 128 or 256); the launchers must
+// Whether the kernels are built for this head_dim (8, 16, 32, 64, 128 or 256); the launchers must
 // not be called with another (the caller checks at load).
 bool AttentionHeadDimSupported(int64_t head_dim);
 

@@ -404,6 +404,8 @@ void CheckCase(const Config& c, const Step& step, std::mt19937& rng, ThreadPool&
 const Config kConfigs[] = {
     // dtype, head_dim, heads, kv heads, window, qk_norm, bias
     {DType::kF32, 16, 8, 2, 0, true, true},       // the fixtures' shape, group 4
+    {DType::kBF16, 8, 4, 2, 0, true, false},      // the smallest head: decode kernel only
+    {DType::kF32, 8, 4, 1, 21, false, true},      // group 4, a window
     {DType::kBF16, 16, 8, 8, 37, false, true},    // group 1, a window
     {DType::kF16, 64, 8, 1, 0, true, false},      // group 8
     {DType::kBF16, 128, 32, 4, 0, true, false},   // Qwen3-MoE-like
