@@ -26,4 +26,13 @@ Expected<std::unique_ptr<ComputeBackend>> MakeBackend(const ComputeOptions& opti
   return Status::Error("unknown compute device");
 }
 
+Status CheckGpuDims(const ModelDims& dims) {
+#ifdef MOETIER_WITH_CUDA
+  return CudaBackend::CheckDims(dims);
+#else
+  (void)dims;
+  return Status::Error("this moetier was built without CUDA");
+#endif
+}
+
 }  // namespace moetier

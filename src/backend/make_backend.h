@@ -15,4 +15,8 @@ Expected<std::unique_ptr<ComputeBackend>> MakeBackend(const ComputeOptions& opti
                                                       const ExpertSource& experts,
                                                       const ModelDims& dims);
 
+// Whether the GPU backend takes a model of these dims; an error naming why not (or that this
+// build has no CUDA).
+Status CheckGpuDims(const ModelDims& dims);
+
 }  // namespace moetier

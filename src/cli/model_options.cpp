@@ -20,7 +20,9 @@ void AddResidencyOptions(CLI::App& cmd, ModelOptions& opts) {
                 "the GPU (no GPU: the CPU, with a notice). offload: dense and KV on the GPU, "
                 "banks pinned and copied into a VRAM expert cache as needed, except the "
                 "--moe-cpu-layers, run by the CPU executor. hybrid: banks planned as offload, "
-                "run on the CPU for now. auto: hybrid with a GPU, else cpu");
+                "run on the CPU for now. auto (the default): gpu when the weights, the KV cache "
+                "(--ctx-size, else 8192 positions) and 1 GB of workspace fit in the free VRAM, "
+                "else offload; cpu without a usable GPU");
   g->add_flag("--no-gpu", opts.no_gpu,
               "Run everything on the CPU even when a GPU is present (nothing pinned for it)");
   g->add_option(
@@ -112,6 +114,7 @@ Expected<ResidencyOptions> ToResidencyOptions(const ModelOptions& opts) {
   r.budgets.pin_budget_gb = opts.pin_budget_gb;
   r.budgets.lock_budget_gb = opts.lock_budget_gb;
   r.cpu_layers = opts.cpu_layers;
+  r.kv_positions = opts.ctx_size;
   if (opts.moe_cache_gb) r.expert_cache_bytes = static_cast<uint64_t>(*opts.moe_cache_gb * 1e9);
   r.verify = !opts.no_verify;
   r.use_gpu = !opts.no_gpu;

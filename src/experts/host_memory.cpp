@@ -26,6 +26,12 @@ std::string GpuName() {
   return prop.name;
 }
 
+uint64_t GpuFreeBytes() {
+  size_t free = 0, total = 0;
+  if (!GpuAvailable() || cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
+  return free;
+}
+
 Status RegisterHostMemory(void* ptr, size_t n_bytes, void** device_ptr) {
   if (!GpuAvailable()) return Status::Error("no CUDA device");
   cudaError_t e = cudaHostRegister(ptr, n_bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
@@ -57,6 +63,9 @@ bool GpuAvailable() {
 }
 std::string GpuName() {
   return "none";
+}
+uint64_t GpuFreeBytes() {
+  return 0;
 }
 Status RegisterHostMemory(void*, size_t, void**) {
   return Status::Error("this build has no CUDA support (configure with -DMOETIER_CUDA=ON)");

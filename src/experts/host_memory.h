@@ -15,6 +15,8 @@ namespace moetier {
 bool GpuAvailable();
 // "NVIDIA H200" or "none".
 std::string GpuName();
+// Free memory of GPU 0 now (0 without one).
+uint64_t GpuFreeBytes();
 
 // cudaHostRegister(ptr, n_bytes) with the mapped flag; on success *device_ptr is the device
 // address of ptr. Fails (with CUDA's message) without a GPU.

@@ -107,6 +107,7 @@ struct ResidencyOptions {
   BudgetFlags budgets;               // --pin-budget-gb, --lock-budget-gb
   std::string cpu_layers = "auto";   // --moe-cpu-layers
   uint64_t expert_cache_bytes = 0;   // --moe-cache-gb (0: the free VRAM after the rest)
+  int64_t kv_positions = 0;          // --ctx-size: the KV cache auto must leave VRAM for (0: 8192)
   bool use_gpu = true;               // false (--no-gpu): as if no GPU were present
   bool verify = true;                // checksums of a converted model (--no-verify skips)
   int n_io_threads = 0;              // threads reading banks (0: a default)

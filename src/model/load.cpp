@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <set>
 
+#include "backend/make_backend.h"
 #include "core/log.h"
 #include "experts/host_memory.h"
 #include "experts/memory_limits.h"
@@ -24,12 +25,59 @@ bool GpuUsable(const ResidencyOptions& o) {
   return o.use_gpu && GpuAvailable();
 }
 
+// --moe-backend auto leaves room in VRAM for this many KV positions when --ctx-size does not say.
+constexpr int64_t kAutoKvPositions = 8192;
+// ... and this much beside the weights and the KV cache: activations, cuBLAS, the CUDA runtime.
+constexpr uint64_t kAutoGpuWorkspaceBytes = uint64_t{1} << 30;
+
+// The bytes of every tensor that is not an expert's (as stored).
+uint64_t DenseBytes(const ModelSource& s) {
+  const std::set<std::string> experts = ExpertTensorNames(s);
+  uint64_t n = 0;
+  for (const std::string& name : s.dense().Names())
+    if (!experts.contains(name)) n += s.dense().Find(name)->n_bytes;
+  return n;
+}
+
+// --moe-backend auto: gpu when every expert, the dense weights and the KV cache asked for (bf16,
+// as the GPU keeps it) fit in the free VRAM beside a workspace; else offload (pinned layers
+// through a VRAM expert cache, the layers the pin budget leaves out on the CPU executor); the
+// CPU when no GPU is usable or the GPU kernels do not take the model.
+Backend ResolveAutoBackend(const ModelSource& s, const ResidencyOptions& o) {
+  if (!GpuUsable(o)) return Backend::kCpu;
+  const ModelConfig& c = s.config;
+  ModelDims dims;
+  dims.head_dim = c.head_dim;
+  dims.n_experts = c.n_experts;
+  dims.top_k = c.n_experts_per_token;
+  if (Status fits = CheckGpuDims(dims); !fits.ok()) {
+    LogInfo("--moe-backend auto: cpu (" + fits.message() + ")");
+    return Backend::kCpu;
+  }
+  uint64_t experts = 0;
+  for (const LayerBank& b : s.banks) experts += b.bytes;
+  const int64_t positions = o.kv_positions > 0 ? o.kv_positions : kAutoKvPositions;
+  const uint64_t kv = static_cast<uint64_t>(2 * c.n_layers * c.n_kv_heads * c.head_dim * 2) *
+                      static_cast<uint64_t>(positions);
+  const uint64_t need = experts + DenseBytes(s) + kv + kAutoGpuWorkspaceBytes;
+  const uint64_t free = GpuFreeBytes();
+  const Backend b = need <= free ? Backend::kGpu : Backend::kOffload;
+  char line[240];
+  std::snprintf(line, sizeof line,
+                "--moe-backend auto: %s (weights, %lld KV positions and a workspace need %.2f GB; "
+                "%.2f GB of VRAM free)",
+                b == Backend::kGpu ? "gpu" : "offload", static_cast<long long>(positions),
+                static_cast<double>(need) / 1e9, static_cast<double>(free) / 1e9);
+  LogInfo(line);
+  return b;
+}
+
 Expected<ResidencyPlan> PlanFor(const ModelSource& s, const ResidencyOptions& o) {
   MT_ASSIGN_OR_RETURN(Budgets budgets, ResolveBudgets(o.budgets, ReadHostMemoryInfo()));
   MT_ASSIGN_OR_RETURN(CpuLayersSpec spec, ParseCpuLayersSpec(o.cpu_layers));
   MT_ASSIGN_OR_RETURN(const DType cpu_dtype, CpuExpertDType(s.layout, o.packing));
   PlanInputs in;
-  in.backend = o.backend;
+  in.backend = o.backend == Backend::kAuto ? ResolveAutoBackend(s, o) : o.backend;
   in.gpu_available = GpuUsable(o);
   in.banks = s.banks;
   if (cpu_dtype != s.layout.dtype) {
@@ -55,7 +103,7 @@ void LogWarnings(const std::vector<std::string>& warnings) {
 
 // Whether the decoder runs on the GPU: gpu always (the plan fell back to cpu without one);
 // offload, and cpu as llama.cpp's --cpu-moe (dense parts and KV on the GPU, the experts on the
-// CPU executor), when a GPU is usable. hybrid and auto (its split is not built yet) on the CPU.
+// CPU executor), when a GPU is usable. hybrid (its split is not built yet) on the CPU.
 bool RunsOnGpu(const ResidencyPlan& plan, const ResidencyOptions& o) {
   if (plan.backend == Backend::kGpu) return true;
   return (plan.backend == Backend::kOffload || plan.backend == Backend::kCpu) && GpuUsable(o);

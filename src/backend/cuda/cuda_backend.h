@@ -36,6 +36,9 @@ class CudaBackend final : public ComputeBackend {
   static Expected<std::unique_ptr<ComputeBackend>> Create(const ComputeOptions& options,
                                                           const ExpertSource& experts,
                                                           const ModelDims& dims);
+  // Whether the kernels take a model of these dims (head_dim, experts, top-k), before any VRAM
+  // is touched; the error names what does not fit.
+  static Status CheckDims(const ModelDims& dims);
   ~CudaBackend() override;
 
   Status Hold(std::span<const TensorView* const> matrices,
