@@ -69,15 +69,18 @@ struct RunFigures {
   double decode_tokens_per_s = 0;  // all sequences together
   double decode_gb_per_s = 0;      // weight bytes the decode steps read, per second
   uint64_t kv_pool_bytes = 0;      // the run's KV pool (reserved; RAM only as positions fill)
-  double decode_h2d_gb_per_s = 0;  // expert bytes copied to the GPU while decoding, per second
+  // The expert copies to the GPU while decoding: bytes per second of the copy engine's time on
+  // them (their effective speed), and bytes per decoded token.
+  double decode_h2d_gb_per_s = 0;
 };
 
-// Expert bytes copied host to device so far (0 without --moe-collect-stats).
-int64_t BytesToGpu(const CausalLM& lm) {
-  if (lm.expert_stats() == nullptr) return 0;
-  int64_t n = 0;
-  for (const LayerExpertStats& l : lm.expert_stats()->Snapshot()) n += l.bytes_h2d;
-  return n;
+// Expert bytes copied host to device so far and the copy engine's ns on them (0 without
+// --moe-collect-stats).
+LayerExpertStats CopiesToGpu(const CausalLM& lm) {
+  LayerExpertStats t;
+  if (lm.expert_stats() == nullptr) return t;
+  for (const LayerExpertStats& l : lm.expert_stats()->Snapshot()) t += l;
+  return t;
 }
 
 // Submits one greedy request per prompt, each generating max_new tokens, and drives the engine
@@ -145,11 +148,11 @@ Expected<RunFigures> BenchRun(const Opts& o, CausalLM& lm, int run, PhaseTimes* 
   for (size_t i = 0; i < prompts.size(); ++i) prompts[i].push_back(first[i].at(0));
   Clock::time_point decoding;
   uint64_t bytes0 = 0;
-  int64_t h2d0 = 0;
+  LayerExpertStats h2d0;
   const auto decoded = RunRequests(*engine, prompts, o.gen_tokens + 1, error, [&] {
     decoding = Clock::now();
     bytes0 = lm.WeightBytesStreamed();
-    h2d0 = BytesToGpu(lm);
+    h2d0 = CopiesToGpu(lm);
     lm.SetPhaseTimes(decode_times);
   });
   const Clock::time_point t2 = Clock::now();
@@ -166,7 +169,8 @@ Expected<RunFigures> BenchRun(const Opts& o, CausalLM& lm, int run, PhaseTimes* 
   f.prefill_tokens_per_s = static_cast<double>(n * o.prompt_tokens) / prefill_s;
   f.decode_tokens_per_s = static_cast<double>(n * o.gen_tokens) / decode_s;
   f.decode_gb_per_s = static_cast<double>(lm.WeightBytesStreamed() - bytes0) / 1e9 / decode_s;
-  f.decode_h2d_gb_per_s = static_cast<double>(BytesToGpu(lm) - h2d0) / 1e9 / decode_s;
+  const LayerExpertStats h2d1 = CopiesToGpu(lm);
+  f.decode_h2d_gb_per_s = H2dGbPerS(h2d1.bytes_h2d - h2d0.bytes_h2d, h2d1.h2d_ns - h2d0.h2d_ns);
   return f;
 }
 
@@ -272,7 +276,7 @@ int Run(const Opts& o) {
     j["cache_hit_rate"] = t["cache_hit_rate"];
     j["cpu_experts"] = t["cpu_experts"];
     j["gpu_experts"] = t["gpu_experts"];
-    j["h2d_gb_per_s"] = Median(decode_h2d);  // the expert cache's misses while decoding
+    j["h2d_gb_per_s"] = Median(decode_h2d);  // effective speed of the misses' copies in decode
   }
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());

@@ -33,6 +33,7 @@ struct TuningKnobs {
   std::optional<int64_t> attn_heads_per_task;      // MOETIER_ATTN_HEADS_PER_TASK
   std::optional<int64_t> spin_us;                  // MOETIER_SPIN_US
   std::optional<int64_t> pin_threads;              // MOETIER_PIN_THREADS (0 or 1)
+  std::optional<int64_t> stream_min_tokens;        // MOETIER_STREAM_MIN_TOKENS
 };
 
 // One knob: its variable, the field it sets, its accepted range and what it does.
@@ -42,7 +43,7 @@ struct TuningKnobSpec {
   int64_t min, max;
   std::string_view help;
 };
-extern const std::array<TuningKnobSpec, 10> kTuningKnobSpecs;
+extern const std::array<TuningKnobSpec, 11> kTuningKnobSpecs;
 
 // MOETIER_* variables parsed elsewhere (with their own validation, reported by
 // CheckEnvironment): the kernel level, budgets, failure injection and seeds for tests, debug

@@ -13,6 +13,7 @@ LayerExpertStats& LayerExpertStats::operator+=(const LayerExpertStats& d) {
   cache_hits += d.cache_hits;
   cache_misses += d.cache_misses;
   bytes_h2d += d.bytes_h2d;
+  h2d_ns += d.h2d_ns;
   return *this;
 }
 
@@ -40,6 +41,10 @@ std::vector<LayerExpertStats> ExpertStats::Snapshot() const {
   return layers_;
 }
 
+double H2dGbPerS(int64_t bytes, int64_t ns) {
+  return ns > 0 ? static_cast<double>(bytes) / static_cast<double>(ns) : 0.0;
+}
+
 namespace {
 
 nlohmann::ordered_json LayerJson(const LayerExpertStats& s) {
@@ -51,7 +56,8 @@ nlohmann::ordered_json LayerJson(const LayerExpertStats& s) {
           {"cpu_experts", s.cpu_experts},
           {"cache_hits", s.cache_hits},
           {"cache_misses", s.cache_misses},
-          {"bytes_h2d", s.bytes_h2d}};
+          {"bytes_h2d", s.bytes_h2d},
+          {"h2d_ns", s.h2d_ns}};
 }
 
 LayerExpertStats Totals(const std::vector<LayerExpertStats>& layers) {
@@ -72,6 +78,7 @@ nlohmann::ordered_json ExpertStatsJson(const std::vector<LayerExpertStats>& laye
   const LayerExpertStats tot = Totals(layers);
   const int64_t lookups = tot.cache_hits + tot.cache_misses;
   t["cache_hit_rate"] = lookups > 0 ? static_cast<double>(tot.cache_hits) / lookups : 0.0;
+  t["h2d_gb_per_s"] = H2dGbPerS(tot.bytes_h2d, tot.h2d_ns);
   j["totals"] = t;
   return j;
 }
@@ -85,13 +92,13 @@ std::string ExpertStatsSummary(const std::vector<LayerExpertStats>& layers) {
   std::snprintf(line, sizeof line,
                 "expert stats: %zu MoE layers, %lld calls, %.1f experts active a call, %.0f%% "
                 "computed on the CPU, %.0f%% on the GPU, cache hits %lld / misses %lld, %.2f GB "
-                "copied to the GPU",
+                "copied to the GPU at %.1f GB/s",
                 layers.size(), static_cast<long long>(t.calls), per_call, cpu_share,
                 t.active_experts > 0 ? 100.0 * static_cast<double>(t.gpu_experts) /
                                            static_cast<double>(t.active_experts)
                                      : 0.0,
                 static_cast<long long>(t.cache_hits), static_cast<long long>(t.cache_misses),
-                static_cast<double>(t.bytes_h2d) / 1e9);
+                static_cast<double>(t.bytes_h2d) / 1e9, H2dGbPerS(t.bytes_h2d, t.h2d_ns));
   return line;
 }
 

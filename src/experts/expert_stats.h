@@ -22,6 +22,9 @@ struct LayerExpertStats {
   int64_t cache_hits = 0;      // GPU expert cache (offload): experts found in a slot
   int64_t cache_misses = 0;    // ... and copied in
   int64_t bytes_h2d = 0;       // bytes copied host to device for this layer's experts
+  // The copy engine's time on those copies, ns: per step, from the start of the layer's first
+  // copy to the end of its last (CUDA events); bytes_h2d / h2d_ns is their effective speed.
+  int64_t h2d_ns = 0;
   // Adds every counter of d (not the layer id).
   LayerExpertStats& operator+=(const LayerExpertStats& d);
 };
@@ -43,5 +46,9 @@ class ExpertStats {
 nlohmann::ordered_json ExpertStatsJson(const std::vector<LayerExpertStats>& layers);
 // "experts: 4 layers, 123 calls, 6.2 active/call, 100% on the CPU" (one line for stderr)
 std::string ExpertStatsSummary(const std::vector<LayerExpertStats>& layers);
+
+// Effective copy speed, GB/s (bytes per ns), of `bytes` copied in `ns` of copy-engine time; 0
+// when nothing was timed.
+double H2dGbPerS(int64_t bytes, int64_t ns);
 
 }  // namespace moetier

@@ -46,21 +46,26 @@ int64_t RoundUpPow2(int64_t n) {
 
 }  // namespace
 
-Expected<std::unique_ptr<ComputeBackend>> CudaBackend::Create(const ComputeOptions& options,
-                                                              const ExpertSource& experts,
-                                                              const ModelDims& dims) {
-  if (!cuda::DeviceAvailable())
-    return Status::Error("--moe-backend gpu: no CUDA device answers (driver missing or busy)");
-  MT_CUDA_RETURN_IF_ERROR(cudaSetDevice(0), "selecting GPU 0");
+Status CudaBackend::CheckDims(const ModelDims& dims) {
   if (!cuda::AttentionHeadDimSupported(dims.head_dim))
     return Status::Error("--moe-backend gpu: head_dim " + std::to_string(dims.head_dim) +
-                         " has no attention kernel (16, 32, 64, 128 or 256); use "
+                         " has no attention kernel (8, 16, 32, 64, 128 or 256); use "
                          "--moe-backend cpu");
   if (dims.n_experts > cuda::kMaxRouterExperts || dims.top_k > cuda::kMaxRouterTopK)
     return Status::Error("--moe-backend gpu: the GPU router takes at most " +
                          std::to_string(cuda::kMaxRouterExperts) + " experts and top-k " +
                          std::to_string(cuda::kMaxRouterTopK) + "; this model has " +
                          std::to_string(dims.n_experts) + " and " + std::to_string(dims.top_k));
+  return OkStatus();
+}
+
+Expected<std::unique_ptr<ComputeBackend>> CudaBackend::Create(const ComputeOptions& options,
+                                                              const ExpertSource& experts,
+                                                              const ModelDims& dims) {
+  if (!cuda::DeviceAvailable())
+    return Status::Error("--moe-backend gpu: no CUDA device answers (driver missing or busy)");
+  MT_CUDA_RETURN_IF_ERROR(cudaSetDevice(0), "selecting GPU 0");
+  MT_RETURN_IF_ERROR(CheckDims(dims));
   std::unique_ptr<CudaBackend> b(new CudaBackend(experts, dims));
   MT_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&b->stream_), "creating a CUDA stream");
   MT_ASSIGN_OR_RETURN(b->offload_, ExpertOffload::Create(options, experts, dims));
@@ -216,6 +221,7 @@ void CudaBackend::BeginStep(const Batch& batch) {
         "clearing the non-finite scans");
   n_scans_ = 0;
   moe_calls_ = 0;
+  if (Status s = offload_->BeginStep(T, stream_); !s.ok()) error_ = s.message();
 }
 
 float* CudaBackend::Activations(Act slot, int64_t n_tokens, int64_t width) {
@@ -383,6 +389,8 @@ Status CudaBackend::EndStep() {
                         stream_),
         "reading the expert counts");
   Check(cudaStreamSynchronize(stream_), "the step on the GPU");
+  if (error_.empty())
+    if (Status s = offload_->CollectCopyTimes(); !s.ok()) error_ = s.message();
   if (!error_.empty()) return Status::Error("GPU: " + error_);
   scans_.assign(static_cast<size_t>(n_scans_), -1);
   for (int64_t i = 0; i < n_scans_; ++i) {

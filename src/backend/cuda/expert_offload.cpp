@@ -6,6 +6,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/log.h"
+#include "core/tuning.h"
 #include "kernels/cuda/cuda_check.h"
 
 namespace moetier {
@@ -17,6 +18,12 @@ namespace {
 constexpr uint64_t kWorkspaceReserveBytes = uint64_t{1} << 30;
 // Slots start on this boundary: the expert kernels' 16-byte loads and whole cache lines.
 constexpr uint64_t kSlotAlignment = 256;
+// The prefill crossover: a step streams whole banks once its tokens make this many (token,
+// expert) assignments per expert (tokens * top-k / experts). At 2, about 86 % of a layer's
+// experts are active with uniform routing (1 - e^-2), so the bank copies little that the cache
+// path would not, and they overlap the previous layer's compute instead of following a host
+// sync. MOETIER_STREAM_MIN_TOKENS replaces the rule.
+constexpr int64_t kStreamAssignmentsPerExpert = 2;
 
 bool GpuReadsExperts(DType t) {
   return t == DType::kBF16 || t == DType::kQ8_0 || t == DType::kQ4_0;
@@ -46,6 +53,9 @@ ExpertOffload::~ExpertOffload() {
     cudaStreamDestroy(copy_stream_);
   }
   if (copied_ != nullptr) cudaEventDestroy(copied_);
+  if (stream_ready_ != nullptr) cudaEventDestroy(stream_ready_);
+  for (cudaEvent_t e : copy_start_) cudaEventDestroy(e);
+  for (cudaEvent_t e : copy_end_) cudaEventDestroy(e);
 }
 
 Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOptions& options,
@@ -81,11 +91,22 @@ Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOpti
     ++o->n_cached_layers_;
   }
   o->slot_stride_ = (o->expert_bytes_ + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
+  o->stream_min_tokens_ = Tuning().stream_min_tokens.value_or(std::max<int64_t>(
+      1, (kStreamAssignmentsPerExpert * E + dims.top_k - 1) / std::max<int64_t>(1, dims.top_k)));
   if (o->has_cached_layers()) {
     MT_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&o->copy_stream_, cudaStreamNonBlocking),
                             "creating the expert copy stream");
     MT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&o->copied_, cudaEventDisableTiming),
                             "creating the expert copy event");
+    MT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&o->stream_ready_, cudaEventDisableTiming),
+                            "creating the expert stream event");
+    for (int64_t l = 0; l < dims.n_layers; ++l)
+      for (auto* events : {&o->copy_start_, &o->copy_end_}) {
+        cudaEvent_t e = nullptr;
+        MT_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e), "creating the expert copy timing events");
+        events->push_back(e);
+      }
+    o->timed_layers_.reserve(static_cast<size_t>(dims.n_layers));
     MT_RETURN_IF_ERROR(o->active_host_.Reserve(static_cast<size_t>(1 + E), "the routing"));
     MT_RETURN_IF_ERROR(o->table_host_.Reserve(static_cast<size_t>(dims.n_layers * E),
                                               "the expert cache's tables"));
@@ -99,6 +120,22 @@ Status ExpertOffload::AllocateCache() {
   const int64_t E = dims_.n_experts;
   const uint64_t min_bytes = slot_stride_ * static_cast<uint64_t>(E);  // a step may use them all
   const uint64_t all_bytes = min_bytes * static_cast<uint64_t>(n_cached_layers_);
+  // The stream buffers first, when the VRAM left after them still holds the smallest cache;
+  // else prefill takes the cache path, with a notice.
+  const uint64_t stream_bytes = 2 * min_bytes;
+  {
+    size_t free = 0, total = 0;
+    MT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total), "reading the free VRAM");
+    const uint64_t need = stream_bytes + kWorkspaceReserveBytes +
+                          (requested_cache_bytes_ != 0 ? requested_cache_bytes_ : min_bytes);
+    if (free >= need) {
+      MT_ASSIGN_OR_RETURN(stream_buf_,
+                          cuda::DeviceBuffer<uint8_t>::Create(stream_bytes, "the stream buffers"));
+    } else {
+      LogInfo("gpu: no VRAM for the prefill stream buffers (" + Gb(stream_bytes) +
+              "); long prompts copy experts through the cache");
+    }
+  }
   uint64_t bytes = requested_cache_bytes_;
   if (bytes != 0) {
     if (bytes < min_bytes)
@@ -127,13 +164,109 @@ Status ExpertOffload::AllocateCache() {
           ", " +
           (requested_cache_bytes_ != 0 ? std::string("--moe-cache-gb") : "auto: the free VRAM") +
           ") for " + std::to_string(n_cached_layers_) + " layer(s) of pinned experts (" +
-          Gb(cached_bytes_) + ")");
+          Gb(cached_bytes_) + ")" +
+          (stream_buf_.size() > 0 ? "; steps of " + std::to_string(stream_min_tokens_) +
+                                        "+ tokens stream whole banks through two buffers (" +
+                                        Gb(stream_buf_.bytes()) + ")"
+                                  : ""));
   return OkStatus();
+}
+
+Status ExpertOffload::BeginStep(int64_t n_tokens, cudaStream_t compute) {
+  if (!has_cached_layers()) return OkStatus();
+  if (!cache_allocated()) MT_RETURN_IF_ERROR(AllocateCache());
+  stream_layer_[0] = stream_layer_[1] = -1;
+  streaming_ = stream_buf_.size() > 0 && n_tokens >= stream_min_tokens_;
+  if (!streaming_) return OkStatus();
+  const int64_t first = NextCachedLayer(-1);
+  return first >= 0 ? StreamBank(first, 0, compute) : OkStatus();
+}
+
+int64_t ExpertOffload::NextCachedLayer(int64_t layer) const {
+  for (int64_t l : dims_.moe_layers)
+    if (l > layer && home(l) == ExpertHome::kGpuCache) return l;
+  return -1;
+}
+
+Status ExpertOffload::TimeCopies(int64_t layer, bool start) {
+  if (stats_ == nullptr) return OkStatus();
+  const auto l = static_cast<size_t>(layer);
+  MT_CUDA_RETURN_IF_ERROR(cudaEventRecord(start ? copy_start_[l] : copy_end_[l], copy_stream_),
+                          "timing the copies");
+  if (!start) timed_layers_.push_back(layer);
+  return OkStatus();
+}
+
+Status ExpertOffload::StreamBank(int64_t layer, int b, cudaStream_t compute) {
+  MT_CUDA_RETURN_IF_ERROR(cudaEventRecord(stream_ready_, compute), "ordering the bank copy");
+  MT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, stream_ready_, 0),
+                          "ordering the bank copy");
+  const int64_t E = dims_.n_experts;
+  uint8_t* dst = stream_buf_.data() + static_cast<uint64_t>(b) * slot_stride_ * E;
+  const auto* first = static_cast<const uint8_t*>(experts_.Expert(layer, 0).gate.data);
+  // One copy when the bank holds its experts back to back at the slots' stride; else one each.
+  bool one_range = expert_bytes_ == slot_stride_;
+  for (int64_t e = 1; one_range && e < E; ++e)
+    one_range = experts_.Expert(layer, e).gate.data == first + e * expert_bytes_;
+  MT_RETURN_IF_ERROR(TimeCopies(layer, true));
+  if (one_range) {
+    MT_RETURN_IF_ERROR(LayerStatus(
+        cudaMemcpyAsync(dst, first, expert_bytes_ * E, cudaMemcpyHostToDevice, copy_stream_),
+        "streaming", layer, "'s bank to the GPU"));
+  } else {
+    for (int64_t e = 0; e < E; ++e)
+      MT_RETURN_IF_ERROR(
+          LayerStatus(cudaMemcpyAsync(dst + e * slot_stride_, experts_.Expert(layer, e).gate.data,
+                                      expert_bytes_, cudaMemcpyHostToDevice, copy_stream_),
+                      "streaming", layer, "'s bank to the GPU"));
+  }
+  MT_RETURN_IF_ERROR(TimeCopies(layer, false));
+  stream_layer_[b] = layer;
+  LayerExpertStats d;
+  d.layer = layer;
+  d.cache_misses = E;
+  d.bytes_h2d = static_cast<int64_t>(expert_bytes_) * E;
+  if (stats_ != nullptr) stats_->Add(d);
+  return OkStatus();
+}
+
+Status ExpertOffload::PublishTable(int64_t layer, cuda::ExpertPointers* device_table,
+                                   cudaStream_t compute) {
+  const int64_t E = dims_.n_experts;
+  MT_RETURN_IF_ERROR(
+      LayerStatus(cudaMemcpyAsync(device_table, table_host_.data() + layer * E,
+                                  static_cast<size_t>(E) * sizeof(cuda::ExpertPointers),
+                                  cudaMemcpyHostToDevice, copy_stream_),
+                  "copying", layer, "'s expert table"));
+  MT_CUDA_RETURN_IF_ERROR(cudaEventRecord(copied_, copy_stream_), "recording the copies");
+  MT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, copied_, 0), "waiting for the copies");
+  return OkStatus();
+}
+
+Status ExpertOffload::FetchStreamed(int64_t layer, cuda::ExpertPointers* device_table,
+                                    cudaStream_t compute) {
+  int b = stream_layer_[0] == layer ? 0 : stream_layer_[1] == layer ? 1 : -1;
+  if (b < 0) {  // not queued ahead (the first layer, or an order the prefetch did not foresee)
+    b = stream_layer_[0] < 0 || stream_layer_[0] < layer ? 0 : 1;
+    MT_RETURN_IF_ERROR(StreamBank(layer, b, compute));
+  }
+  const int64_t E = dims_.n_experts;
+  uint8_t* base = stream_buf_.data() + static_cast<uint64_t>(b) * slot_stride_ * E;
+  cuda::ExpertPointers* staged = table_host_.data() + layer * E;
+  for (int64_t e = 0; e < E; ++e) {
+    uint8_t* slot = base + e * slot_stride_;
+    staged[e] = cuda::ExpertPointers{slot, slot + gate_bytes_, slot + gate_bytes_ + up_bytes_};
+  }
+  MT_RETURN_IF_ERROR(PublishTable(layer, device_table, compute));
+  // The other buffer's reader (the previous cached layer's FFN) is queued on compute already.
+  const int64_t next = NextCachedLayer(layer);
+  return next >= 0 ? StreamBank(next, 1 - b, compute) : OkStatus();
 }
 
 Status ExpertOffload::Fetch(int64_t layer, const cuda::DeviceRouting& r,
                             cuda::ExpertPointers* device_table, cudaStream_t compute) {
   if (!cache_allocated()) MT_RETURN_IF_ERROR(AllocateCache());
+  if (streaming_) return FetchStreamed(layer, device_table, compute);
   const int64_t E = dims_.n_experts;
   // n_active and the active ids sit together at the start of the routing's integers.
   MT_RETURN_IF_ERROR(LayerStatus(
@@ -158,6 +291,7 @@ Status ExpertOffload::Fetch(int64_t layer, const cuda::DeviceRouting& r,
     if (placed_[i].hit) {
       ++d.cache_hits;
     } else {
+      if (d.cache_misses == 0) MT_RETURN_IF_ERROR(TimeCopies(layer, true));
       const ExpertWeights& w = experts_.Expert(layer, ids[i]);
       MT_RETURN_IF_ERROR(LayerStatus(
           cudaMemcpyAsync(slot, w.gate.data, expert_bytes_, cudaMemcpyHostToDevice, copy_stream_),
@@ -167,12 +301,8 @@ Status ExpertOffload::Fetch(int64_t layer, const cuda::DeviceRouting& r,
     }
     staged[ids[i]] = cuda::ExpertPointers{slot, slot + gate_bytes_, slot + gate_bytes_ + up_bytes_};
   }
-  MT_RETURN_IF_ERROR(LayerStatus(
-      cudaMemcpyAsync(device_table, staged, static_cast<size_t>(E) * sizeof(cuda::ExpertPointers),
-                      cudaMemcpyHostToDevice, copy_stream_),
-      "copying", layer, "'s expert table"));
-  MT_CUDA_RETURN_IF_ERROR(cudaEventRecord(copied_, copy_stream_), "recording the copies");
-  MT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, copied_, 0), "waiting for the copies");
+  if (d.cache_misses > 0) MT_RETURN_IF_ERROR(TimeCopies(layer, false));
+  MT_RETURN_IF_ERROR(PublishTable(layer, device_table, compute));
   if (stats_ != nullptr) stats_->Add(d);
   return OkStatus();
 }
@@ -196,6 +326,21 @@ Status ExpertOffload::RunOnCpu(const TensorView& router, const RouterOptions& op
   MT_RETURN_IF_ERROR(LayerStatus(
       cudaMemcpyAsync(out, out_host_.data(), n * sizeof(float), cudaMemcpyHostToDevice, compute),
       "copying", layer, "'s expert output to the GPU"));
+  return OkStatus();
+}
+
+Status ExpertOffload::CollectCopyTimes() {
+  for (int64_t layer : timed_layers_) {
+    const auto l = static_cast<size_t>(layer);
+    float ms = 0.0f;
+    MT_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, copy_start_[l], copy_end_[l]),
+                            "reading the expert copies' time");
+    LayerExpertStats d;
+    d.layer = layer;
+    d.h2d_ns = static_cast<int64_t>(static_cast<double>(ms) * 1e6);
+    if (stats_ != nullptr) stats_->Add(d);
+  }
+  timed_layers_.clear();
   return OkStatus();
 }
 

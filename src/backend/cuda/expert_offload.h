@@ -7,6 +7,10 @@
 //   are copied from the bank's pinned pages by the copy engine on its own stream (one
 //   contiguous range per expert), the layer's pointer table follows, and the compute stream
 //   waits for those copies only.
+// - Prefill streaming: in a step of at least stream_min_tokens() tokens (most of every layer's
+//   experts are active), each kGpuCache layer's whole bank is copied into one of two VRAM
+//   buffers instead, the next cached layer's into the other while this one computes, and the
+//   cache is left as it was. No routing comes to the host, and copies overlap compute.
 // - kCpuExecutor layers (banks locked or pageable): the layer's input goes to the host, the CPU
 //   backend's MoE (router, experts, routed sum) runs on it, the result comes back; the GPU waits
 //   for that layer only.
@@ -53,10 +57,17 @@ class ExpertOffload {
   Status AllocateCache();
   bool cache_allocated() const { return slots_ != nullptr; }
 
+  // Starts a step of n_tokens tokens (compute: the CUDA backend's stream): decides whether it
+  // streams whole banks and, if so, queues the first cached layer's.
+  Status BeginStep(int64_t n_tokens, cudaStream_t compute);
+  // The crossover: steps of at least this many tokens stream (the header says how).
+  int64_t stream_min_tokens() const { return stream_min_tokens_; }
+
   // For a kGpuCache layer after the GPU routed (r on `compute`): places the active experts,
   // queues the misses' copies and the pointer table into `device_table` ([n_experts] of this
   // layer) on the copy stream, and makes `compute` wait for them. Adds the layer's hits, misses
-  // and bytes copied to the stats.
+  // and bytes copied to the stats. In a streaming step: points the table at the layer's bank in
+  // its stream buffer and queues the next cached layer's bank into the other.
   Status Fetch(int64_t layer, const cuda::DeviceRouting& r, cuda::ExpertPointers* device_table,
                cudaStream_t compute);
 
@@ -67,11 +78,25 @@ class ExpertOffload {
                   cudaStream_t compute);
 
   void SetExpertStats(ExpertStats* stats);
+  // With stats: adds each layer's copy-engine time of this step's misses (events recorded by
+  // Fetch) to them. Call once the step's copies are done (after a sync of the compute stream).
+  Status CollectCopyTimes();
   // The CPU layers' active experts since the last call.
   int64_t TakeActiveExperts();
 
  private:
   ExpertOffload(const ExpertSource& experts, const ModelDims& dims);
+
+  Status FetchStreamed(int64_t layer, cuda::ExpertPointers* device_table, cudaStream_t compute);
+  // Queues layer's whole bank into stream buffer b on the copy stream, once `compute` has run
+  // everything queued on it so far (the buffer's last reader among it).
+  Status StreamBank(int64_t layer, int b, cudaStream_t compute);
+  // The next kGpuCache layer after `layer` (-1: none).
+  int64_t NextCachedLayer(int64_t layer) const;
+  // Records the start (before the first copy) or the end of a layer's copies for the stats.
+  Status TimeCopies(int64_t layer, bool start);
+  // Queues the staged pointer table of `layer` and makes `compute` wait for the copy stream.
+  Status PublishTable(int64_t layer, cuda::ExpertPointers* device_table, cudaStream_t compute);
 
   const ExpertSource& experts_;
   ModelDims dims_;
@@ -85,6 +110,18 @@ class ExpertOffload {
 
   cudaStream_t copy_stream_ = nullptr;
   cudaEvent_t copied_ = nullptr;
+  // Per layer id, timing events around the step's miss copies (with stats), and the layers
+  // timed this step.
+  std::vector<cudaEvent_t> copy_start_, copy_end_;
+  std::vector<int64_t> timed_layers_;
+
+  // Prefill streaming: two buffers of one layer's experts (slot_stride_ apart), the layer each
+  // holds or receives this step (-1: none), and whether this step streams.
+  int64_t stream_min_tokens_ = 0;
+  cuda::DeviceBuffer<uint8_t> stream_buf_;  // [2][n_experts] slots
+  int64_t stream_layer_[2] = {-1, -1};
+  bool streaming_ = false;
+  cudaEvent_t stream_ready_ = nullptr;  // on compute: the buffer's earlier readers are done
   cuda::DeviceBuffer<uint8_t> cache_;
   std::unique_ptr<ExpertSlots> slots_;
   std::vector<ExpertSlots::Placement> placed_;
