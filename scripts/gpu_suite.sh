@@ -12,7 +12,9 @@
 #                                    # offload's peer) on the same weights, from llama-bin.tar.xz
 #                                    # when carried, else built here from source (minutes)
 #   TESTS=0 skips the tests; DTYPES="q4_0" limits the synthetic dtypes; BACKENDS="gpu offload"
-#   limits the backends benched; DEADLINE=S (default 540) skips what would start after S seconds.
+#   limits the backends benched; CROSS=1 adds offload prefill at 32-256 tokens streamed and not
+#   (the crossover); LOAD=1 times a load with every bank pinned against a raw read;
+#   DEADLINE=S (default 540) skips what would start after S seconds.
 set -u
 cd "$(dirname "$0")/.."
 START=$SECONDS
@@ -49,14 +51,15 @@ if [ "${SYNTH:-0}" = 1 ] && [ "${LLAMA:-0}" = 1 ]; then
     xz -dc "$C/llama-bin.tar.xz" | tar -C "$W" -xf -
     LB=$W/llama
   else
-    # llama.cpp for CUDA builds meanwhile (minutes); only what the benchmarks run.
+    # llama.cpp for CUDA builds meanwhile (minutes, at the lowest priority); only what the
+    # benchmarks run.
     python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
       "$C/llama-src.tar.xz" "$W/llama-src"
     (cd "$W/llama-src" && cmake -S . -B b -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
        -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc \
        > "$LOGS/llama-cmake.log" 2>&1 &&
-     cmake --build b -j"$(nproc)" --target llama-bench llama-batched-bench llama-quantize \
+     nice -n 19 cmake --build b -j"$(nproc)" --target llama-bench llama-batched-bench llama-quantize \
        > "$LOGS/llama-build.log" 2>&1) &
     LLAMA_PID=$!
     LB=$W/llama-src/b/bin
@@ -140,16 +143,13 @@ if [ "${SYNTH:-0}" = 1 ]; then
           bench offload-p4096 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \
             --prompt-tokens 4096 --max-batch-tokens 4096 --gen-tokens 16 --repeats 2
           bench offload-min "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \
-            --prompt-tokens 32 --gen-tokens 64 --profile
+            --prompt-tokens 32 --gen-tokens 64
           bench offload-25 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_25[$dt]}" --prompt-tokens 32 --gen-tokens 64
           bench offload-50 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_50[$dt]}" --prompt-tokens 32 --gen-tokens 64
           bench offload-100 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_100[$dt]}" --prompt-tokens 32 --gen-tokens 64
           bench offload-par16 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \
             --parallel 16 --prompt-tokens 128 --gen-tokens 32 ;;
-        cpu)  # dense and KV on the GPU, every expert on the CPU executor
-          bench cpu "$dt" --moe-backend cpu --prompt-tokens 128 --gen-tokens 64 ;;
-        cpu-only)
-          bench cpu-only "$dt" --moe-backend cpu --no-gpu --prompt-tokens 128 --gen-tokens 32 ;;
+        cpu | cpu-only) ;;  # after llama.cpp's build (below): they time the CPU
       esac
     done
   done
@@ -166,23 +166,49 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
       grep -E "experts|load|pinned" "$LOGS/load-$dt.log" | head -5 >> "$S"
     done
   fi
+  if [ "${CROSS:-0}" = 1 ]; then  # the prefill crossover: prompts streamed whole or through the cache
+    for dt in $DTYPES; do
+      sizes="32 64 128 256"; [ "$dt" = bf16 ] && sizes="32 128"
+      for p in $sizes; do
+        for mode in stream cache; do
+          n=1; [ $mode = cache ] && n=1099511627776
+          MOETIER_STREAM_MIN_TOKENS=$n bench "cross-$p-$mode" "$dt" "${OFFLOAD[@]}" \
+            --moe-cache-gb "${CACHE_MIN[$dt]}" --prompt-tokens "$p" --max-batch-tokens "$p" \
+            --gen-tokens 2 --repeats 3
+        done
+      done
+    done
+  fi
   if [ "${LLAMA:-0}" = 1 ]; then
     [ -n "${LLAMA_PID:-}" ] && wait "$LLAMA_PID"
+    say "llama.cpp ready"
     export LD_LIBRARY_PATH=$LB:$LD_LIBRARY_PATH
     [[ " $DTYPES " = *" q4_0 "* ]] && run_timed 120 "$LB/llama-quantize" --pure "$W/q3moe-8L.gguf" \
       "$W/q3moe-8L-q4_0.gguf" Q4_0 > "$LOGS/quantize.log" 2>&1
+    lb() { run_timed 120 "$LB/llama-bench" -m "$W/$g.gguf" -ngl 99 -r 3 -o md "$@" >> "$LOGS/llama-bench.md" 2>&1; }
     for dt in $DTYPES; do
       g=q3moe-8L; [ "$dt" = q4_0 ] && g=q3moe-8L-q4_0
-      run_timed 120 "$LB/llama-bench" -m "$W/$g.gguf" -ngl 99 -p 512 -n 128 -r 3 -o md \
-        >> "$LOGS/llama-bench.md" 2>&1
-      # The peer of offload: every expert on the CPU (-ncmoe 8), mmap'd and not.
-      for mmp in 1 0; do
-        run_timed 120 "$LB/llama-bench" -m "$W/$g.gguf" -ngl 99 -ncmoe 8 -mmp $mmp -p 512 -n 128 -r 3 \
-          -o md >> "$LOGS/llama-bench.md" 2>&1
-      done
+      lb -p 512 -n 128                                   # everything on the GPU
+      lb -ncmoe 8 -mmp 1 -p 0 -n 128                     # experts on the CPU, mmap'd
+      lb -ncmoe 8 -mmp 0 -p 0 -n 128                     # ... in a pinned buffer
+      lb -ncmoe 8 -mmp 0 -p 4096 -n 0                    # prefill 4096, default batches
+      lb -ncmoe 8 -mmp 0 -p 4096 -n 0 -ub 2048 -b 4096   # ... its best batches
+      run_timed 120 "$LB/llama-batched-bench" -m "$W/$g.gguf" -ngl 99 -ncmoe 8 --no-mmap -c 8192 \
+        -npp 128 -ntg 32 -npl 16 --output-format jsonl >> "$LOGS/llama-batched-$dt.jsonl" 2>&1
+      grep '"pp"' "$LOGS/llama-batched-$dt.jsonl" | tail -1 | sed "s/^/llama-batched-bench $dt: /" >> "$S"
     done
     grep '|' "$LOGS/llama-bench.md" >> "$S"
   fi
+  for dt in $DTYPES; do  # the CPU executor: after the build, which would take its cores
+    for be in ${BACKENDS:-gpu offload cpu cpu-only}; do
+      case $be in
+        cpu)  # dense and KV on the GPU, every expert on the CPU executor
+          bench cpu "$dt" --moe-backend cpu --prompt-tokens 128 --gen-tokens 64 ;;
+        cpu-only)
+          bench cpu-only "$dt" --moe-backend cpu --no-gpu --prompt-tokens 128 --gen-tokens 32 ;;
+      esac
+    done
+  done
 fi
 say "failed test executables: $FAILED"
 cat "$S"
