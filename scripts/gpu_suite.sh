@@ -12,8 +12,8 @@
 #                                    # offload's peer) on the same weights, from llama-bin.tar.xz
 #                                    # when carried, else built here from source (minutes)
 #   TESTS=0 skips the tests; DTYPES="q4_0" limits the synthetic dtypes; BACKENDS="gpu offload"
-#   limits the backends benched; CROSS=1 adds offload prefill at 32-256 tokens streamed and not
-#   (the crossover); LOAD=1 times a load with every bank pinned against a raw read;
+#   limits the backends benched (BACKENDS=none: none); CROSS=1 adds offload prefill at 32-256
+#   tokens (CROSS_SIZES="512 1024": those) streamed and not (the crossover); LOAD=1 times a load with every bank pinned against a raw read;
 #   DEADLINE=S (default 540) skips what would start after S seconds.
 set -u
 cd "$(dirname "$0")/.."
@@ -169,7 +169,7 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
   if [ "${CROSS:-0}" = 1 ]; then  # the prefill crossover: prompts streamed whole or through the cache
     for dt in $DTYPES; do
       sizes="32 64 128 256"; [ "$dt" = bf16 ] && sizes="32 128"
-      for p in $sizes; do
+      for p in ${CROSS_SIZES:-$sizes}; do
         for mode in stream cache; do
           n=1; [ $mode = cache ] && n=1099511627776
           MOETIER_STREAM_MIN_TOKENS=$n bench "cross-$p-$mode" "$dt" "${OFFLOAD[@]}" \
