@@ -21,8 +21,8 @@ struct Outcome {
   LayerExpertStats totals;    // with offload
 };
 
-// A 24-token prompt in one step (above the fixtures' streaming threshold, 2 x experts / top-k),
-// then 8 steps of one token each.
+// A 24-token prompt in one step (above the fixtures' streaming threshold: 2 x experts / top-k,
+// their banks being tiny), then 8 steps of one token each.
 Outcome PromptThenDecode(const std::filesystem::path& dir, Backend backend, uint64_t cache_bytes) {
   LoadOptions o;
   o.residency.backend = backend;
