@@ -120,6 +120,9 @@ class ComputeBackend {
   // its copies; the CPU uses them where they are.
   virtual Status Hold(std::span<const TensorView* const> matrices,
                       std::span<const std::vector<float>* const> vectors) = 0;
+  // The MoE layers whose experts Hold copied to the backend's own memory: their host copies are
+  // no longer read (the decoder frees them).
+  virtual std::vector<int64_t> LayersWithOwnExperts() const { return {}; }
   // Bytes free now where this backend's KV pool would go (available RAM; free VRAM).
   virtual uint64_t KvMemoryFree() const = 0;
   // Memory for a KV pool of n_bytes: host memory on the CPU, device memory on a GPU.

@@ -18,4 +18,17 @@ BankedExperts::BankedExperts(int64_t n_layers, std::vector<int64_t> moe_layers,
   }
 }
 
+uint64_t BankedExperts::ReleaseHost(std::span<const int64_t> layers) {
+  uint64_t freed = 0;
+  for (int64_t layer : layers)
+    for (size_t i = 0; i < moe_layers_.size(); ++i) {
+      if (moe_layers_[i] != layer || banks_[i].size() == 0) continue;
+      freed += banks_[i].size();
+      banks_[i] = HostBank();  // unpins or unlocks, and frees
+      const ExpertWeights none{};
+      table_.SetLayer(layer, std::vector<ExpertWeights>(table_.n_experts(layer), none));
+    }
+  return freed;
+}
+
 }  // namespace moetier

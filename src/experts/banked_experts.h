@@ -20,6 +20,7 @@ class BankedExperts final : public ExpertSource {
   const ExpertWeights& Expert(int64_t layer, int64_t expert) const override {
     return table_.Expert(layer, expert);
   }
+  uint64_t ReleaseHost(std::span<const int64_t> layers) override;
   const std::vector<int64_t>& moe_layers() const { return moe_layers_; }
   const HostBank& bank(size_t i) const { return banks_[i]; }
   const ExpertLayout& layout(size_t i) const { return layouts_[i]; }

@@ -18,6 +18,7 @@ class ExpertTable final : public ExpertSource {
   const ExpertWeights& Expert(int64_t layer, int64_t expert) const override {
     return table_[static_cast<size_t>(layer)][static_cast<size_t>(expert)];
   }
+  size_t n_experts(int64_t layer) const { return table_[static_cast<size_t>(layer)].size(); }
 
  private:
   std::vector<std::vector<ExpertWeights>> table_;

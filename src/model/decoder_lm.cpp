@@ -3,8 +3,10 @@
 #include <string>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "backend/make_backend.h"
+#include "core/log.h"
 #include "kernels/cpu/elementwise.h"
 #include "layers/mlp.h"
 
@@ -62,7 +64,15 @@ Status DecoderLM::HoldWeights() {
         matrices.push_back(m);
     }
   }
-  return backend_->Hold(matrices, vectors);
+  MT_RETURN_IF_ERROR(backend_->Hold(matrices, vectors));
+  const uint64_t freed = experts_->ReleaseHost(backend_->LayersWithOwnExperts());
+  if (freed > 0) {
+    char line[96];
+    std::snprintf(line, sizeof line, "experts: %.2f GB of host copies freed (held in VRAM)",
+                  static_cast<double>(freed) / 1e9);
+    LogInfo(line);
+  }
+  return OkStatus();
 }
 
 DecoderLM::DecoderLM(ModelConfig config, std::unique_ptr<TensorStore> dense, DecoderWeights weights,

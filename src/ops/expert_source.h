@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "core/tensor.h"
 
@@ -23,6 +24,13 @@ class ExpertSource {
   virtual ~ExpertSource() = default;
   // Valid for MoE layers and expert < n_experts; the reference lives as long as the source.
   virtual const ExpertWeights& Expert(int64_t layer, int64_t expert) const = 0;
+  // Frees the host memory of these layers' experts, once a device holds its own copy: Expert()
+  // of them then gives empty views (null data, 0 bytes). Returns the bytes freed; a source
+  // whose bytes it does not own frees nothing.
+  virtual uint64_t ReleaseHost(std::span<const int64_t> layers) {
+    (void)layers;
+    return 0;
+  }
 };
 
 }  // namespace moetier

@@ -100,15 +100,15 @@ void CudaBackend::Check(cudaError_t err, const char* what) {
 Status CudaBackend::Hold(std::span<const TensorView* const> matrices,
                          std::span<const std::vector<float>* const> vectors) {
   MT_RETURN_IF_ERROR(weights_.AddDense(matrices, vectors));
-  std::vector<int64_t> vram_layers;
+  vram_layers_.clear();
   int64_t shape_layer = -1;  // the first layer whose experts the GPU computes
   for (int64_t layer : dims_.moe_layers) {
     const ExpertHome home = offload_->home(layer);
-    if (home == ExpertHome::kVram) vram_layers.push_back(layer);
+    if (home == ExpertHome::kVram) vram_layers_.push_back(layer);
     if (home != ExpertHome::kCpuExecutor && shape_layer < 0) shape_layer = layer;
   }
   MT_RETURN_IF_ERROR(
-      weights_.AddExperts(experts_, vram_layers, shape_layer, dims_.n_layers, dims_.n_experts));
+      weights_.AddExperts(experts_, vram_layers_, shape_layer, dims_.n_layers, dims_.n_experts));
   LogInfo("gpu: " + std::to_string(weights_.bytes() >> 20) + " MiB of weights in VRAM");
   return Reserve(capacity_tokens_);  // the expert kernels' scratch, now that the shape is known
 }

@@ -66,6 +66,7 @@ class CudaBackend final : public ComputeBackend {
   void SetPhaseTimes(PhaseTimes* times) override { times_ = times; }
   PhaseTimes* phase_times() const override { return times_; }
   void SetExpertStats(ExpertStats* stats) override;
+  std::vector<int64_t> LayersWithOwnExperts() const override { return vram_layers_; }
 
  private:
   CudaBackend(const ExpertSource& experts, const ModelDims& dims);
@@ -82,6 +83,7 @@ class CudaBackend final : public ComputeBackend {
   ModelDims dims_;
   cudaStream_t stream_ = nullptr;
   cuda::DeviceWeights weights_;
+  std::vector<int64_t> vram_layers_;        // layers whose experts Hold copied to VRAM
   std::unique_ptr<ExpertOffload> offload_;  // where layers' experts live, when not all in VRAM
   cuda::DenseMatMul dense_;
   cuda::ExpertFfn ffn_;
