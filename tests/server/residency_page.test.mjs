@@ -102,7 +102,9 @@ class Browser {
   async close() {
     if (this.child.exitCode === null) this.child.kill('SIGTERM');
     await this.exited;
-    fs.rmSync(this.profile, { recursive: true, force: true });
+    // Chromium's helper processes may still be writing the profile when the browser has exited
+    // (ENOTEMPTY): retry for a few seconds.
+    fs.rmSync(this.profile, { recursive: true, force: true, maxRetries: 20, retryDelay: 250 });
   }
 }
 
@@ -150,10 +152,15 @@ before(async () => {
 });
 
 after(async () => {
-  if (browser) await browser.close();
-  if (server) {
-    const code = await server.stop();
-    assert.equal(code, 0, `moetier serve did not stop cleanly:\n${server.log()}`);
+  // The server stops even when closing the browser fails: a server left running keeps the test
+  // process alive until ctest's timeout.
+  try {
+    if (browser) await browser.close();
+  } finally {
+    if (server) {
+      const code = await server.stop();
+      assert.equal(code, 0, `moetier serve did not stop cleanly:\n${server.log()}`);
+    }
   }
 });
 
