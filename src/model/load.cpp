@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <set>
 
+#include "backend/kv_cache.h"
 #include "backend/make_backend.h"
 #include "core/log.h"
 #include "experts/host_memory.h"
@@ -57,8 +58,8 @@ Backend ResolveAutoBackend(const ModelSource& s, const ResidencyOptions& o) {
   uint64_t experts = 0;
   for (const LayerBank& b : s.banks) experts += b.bytes;
   const int64_t positions = o.kv_positions > 0 ? o.kv_positions : kAutoKvPositions;
-  const uint64_t kv = static_cast<uint64_t>(2 * c.n_layers * c.n_kv_heads * c.head_dim * 2) *
-                      static_cast<uint64_t>(positions);
+  const uint64_t kv =
+      KvPool::BlockBytes(KvShape{c.n_layers, c.n_kv_heads, c.head_dim}, positions, DType::kBF16);
   const uint64_t need = experts + DenseBytes(s) + kv + kAutoGpuWorkspaceBytes;
   const uint64_t free = GpuFreeBytes();
   const Backend b = need <= free ? Backend::kGpu : Backend::kOffload;
