@@ -12,7 +12,9 @@
 #                                    # offload's peer) on the same weights, from llama-bin.tar.xz
 #                                    # when carried, else built here from source (minutes)
 #   TESTS=0 skips the tests; DTYPES="q4_0" limits the synthetic dtypes; BACKENDS="gpu offload"
-#   limits the backends benched (BACKENDS=none: none); CROSS=1 adds offload prefill at 32-256
+#   limits the backends benched (BACKENDS=none: none; also offload-decode: offload's decode at 1,
+#   4 and 16 sequences, and hybrid: the same, with half the banks pinned, and --profile, both
+#   after llama.cpp's build as they use the CPU); CROSS=1 adds offload prefill at 32-256
 #   tokens (CROSS_SIZES="512 1024": those) streamed and not (the crossover); LOAD=1 times a load with every bank pinned against a raw read;
 #   DEADLINE=S (default 540) skips what would start after S seconds.
 set -u
@@ -149,7 +151,7 @@ if [ "${SYNTH:-0}" = 1 ]; then
           bench offload-100 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_100[$dt]}" --prompt-tokens 32 --gen-tokens 64
           bench offload-par16 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \
             --parallel 16 --prompt-tokens 128 --gen-tokens 32 ;;
-        cpu | cpu-only) ;;  # after llama.cpp's build (below): they time the CPU
+        cpu | cpu-only | offload-decode | hybrid) ;;  # after llama.cpp's build (below)
       esac
     done
   done
@@ -194,8 +196,8 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
       lb -ncmoe 8 -mmp 0 -p 4096 -n 0                    # prefill 4096, default batches
       lb -ncmoe 8 -mmp 0 -p 4096 -n 0 -ub 2048 -b 4096   # ... its best batches
       run_timed 120 "$LB/llama-batched-bench" -m "$W/$g.gguf" -ngl 99 -ncmoe 8 --no-mmap -c 8192 \
-        -npp 128 -ntg 32 -npl 16 --output-format jsonl >> "$LOGS/llama-batched-$dt.jsonl" 2>&1
-      grep '"pp"' "$LOGS/llama-batched-$dt.jsonl" | tail -1 | sed "s/^/llama-batched-bench $dt: /" >> "$S"
+        -npp 128 -ntg 32 -npl 4,16 --output-format jsonl >> "$LOGS/llama-batched-$dt.jsonl" 2>&1
+      grep '"pp"' "$LOGS/llama-batched-$dt.jsonl" | sed "s/^/llama-batched-bench $dt: /" >> "$S"
     done
     grep '|' "$LOGS/llama-bench.md" >> "$S"
   fi
@@ -206,6 +208,23 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
           bench cpu "$dt" --moe-backend cpu --prompt-tokens 128 --gen-tokens 64 ;;
         cpu-only)
           bench cpu-only "$dt" --moe-backend cpu --no-gpu --prompt-tokens 128 --gen-tokens 32 ;;
+        offload-decode)  # every expert pinned, the smallest cache: 1, 4 and 16 sequences
+          bench offload-min "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \
+            --prompt-tokens 32 --gen-tokens 64
+          for n in 4 16; do
+            bench "offload-par$n" "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \
+              --parallel "$n" --prompt-tokens 128 --gen-tokens 32
+          done ;;
+        hybrid)  # the same with the misses split; then half the banks pinned (the rest locked)
+          HYBRID=(--moe-backend hybrid --moe-collect-stats --moe-cache-gb "${CACHE_MIN[$dt]}")
+          bench hybrid-min "$dt" "${HYBRID[@]}" --moe-cpu-layers 0 --prompt-tokens 32 \
+            --gen-tokens 64 --profile
+          for n in 4 16; do
+            bench "hybrid-par$n" "$dt" "${HYBRID[@]}" --moe-cpu-layers 0 --parallel "$n" \
+              --prompt-tokens 128 --gen-tokens 32
+          done
+          bench hybrid-halfpin "$dt" "${HYBRID[@]}" --pin-budget-gb "${CACHE_50[$dt]}" \
+            --prompt-tokens 32 --gen-tokens 64 ;;
       esac
     done
   done

@@ -78,7 +78,8 @@ enum class ComputeDevice {
 // Where a GPU backend finds a MoE layer's experts (the settled residency decides: load.cpp).
 enum class ExpertHome {
   kVram,        // copied to VRAM at load (--moe-backend gpu)
-  kGpuCache,    // a pinned host bank: misses copied into the VRAM expert cache (offload)
+  kGpuCache,    // a pinned host bank: misses copied into the VRAM expert cache (offload), or
+                // with ComputeOptions::split_misses some computed by the CPU executor (hybrid)
   kCpuExecutor  // a locked or pageable bank: computed in place by the CPU executor (offload)
 };
 
@@ -93,6 +94,11 @@ struct ComputeOptions {
   // The most tokens one step may hold (--max-batch-tokens, or a whole prompt for a one-sequence
   // client): a GPU backend sizes its buffers once for it. 0: a default.
   int64_t max_step_tokens = 0;
+  // kGpu with kGpuCache layers, --moe-backend hybrid: a decode step's misses are split between
+  // the copy engine and the CPU executor (experts/miss_split.h) instead of all copied.
+  bool split_misses = false;
+  // ... the copy engine's share of them forced (0 to 1); negative: measured.
+  double fetch_share = -1;
 };
 
 // What a backend sizes its buffers and tables for.

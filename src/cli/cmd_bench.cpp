@@ -70,13 +70,17 @@ struct RunFigures {
   double decode_gb_per_s = 0;      // weight bytes the decode steps read, per second
   uint64_t kv_pool_bytes = 0;      // the run's KV pool (reserved; RAM only as positions fill)
   // The expert copies to the GPU while decoding: bytes per second of the copy engine's time on
-  // them (their effective speed), and bytes per decoded token.
+  // them (their effective speed).
   double decode_h2d_gb_per_s = 0;
+  // Hybrid, while decoding: experts fetched and computed by the CPU per decoded token (summed
+  // over the layers), and the mean q* of the split steps.
+  double decode_fetched_per_token = 0;
+  double decode_cpu_experts_per_token = 0;
+  double decode_q_star = 0;
 };
 
-// Expert bytes copied host to device so far and the copy engine's ns on them (0 without
-// --moe-collect-stats).
-LayerExpertStats CopiesToGpu(const CausalLM& lm) {
+// The expert stats summed over the layers so far (zeros without --moe-collect-stats).
+LayerExpertStats ExpertTotals(const CausalLM& lm) {
   LayerExpertStats t;
   if (lm.expert_stats() == nullptr) return t;
   for (const LayerExpertStats& l : lm.expert_stats()->Snapshot()) t += l;
@@ -152,7 +156,7 @@ Expected<RunFigures> BenchRun(const Opts& o, CausalLM& lm, int run, PhaseTimes* 
   const auto decoded = RunRequests(*engine, prompts, o.gen_tokens + 1, error, [&] {
     decoding = Clock::now();
     bytes0 = lm.WeightBytesStreamed();
-    h2d0 = CopiesToGpu(lm);
+    h2d0 = ExpertTotals(lm);
     lm.SetPhaseTimes(decode_times);
   });
   const Clock::time_point t2 = Clock::now();
@@ -169,8 +173,17 @@ Expected<RunFigures> BenchRun(const Opts& o, CausalLM& lm, int run, PhaseTimes* 
   f.prefill_tokens_per_s = static_cast<double>(n * o.prompt_tokens) / prefill_s;
   f.decode_tokens_per_s = static_cast<double>(n * o.gen_tokens) / decode_s;
   f.decode_gb_per_s = static_cast<double>(lm.WeightBytesStreamed() - bytes0) / 1e9 / decode_s;
-  const LayerExpertStats h2d1 = CopiesToGpu(lm);
+  const LayerExpertStats h2d1 = ExpertTotals(lm);
   f.decode_h2d_gb_per_s = H2dGbPerS(h2d1.bytes_h2d - h2d0.bytes_h2d, h2d1.h2d_ns - h2d0.h2d_ns);
+  const auto decoded_tokens = static_cast<double>(n * o.gen_tokens);
+  f.decode_fetched_per_token =
+      static_cast<double>(h2d1.fetched_experts - h2d0.fetched_experts) / decoded_tokens;
+  f.decode_cpu_experts_per_token =
+      static_cast<double>(h2d1.cpu_experts - h2d0.cpu_experts) / decoded_tokens;
+  LayerExpertStats split = h2d1;
+  split.split_calls -= h2d0.split_calls;
+  split.q_star_sum -= h2d0.q_star_sum;
+  f.decode_q_star = MeanQStar(split);
   return f;
 }
 
@@ -181,7 +194,8 @@ int Run(const Opts& o) {
   CausalLM& lm = **loaded;
   const int threads = o.model.n_threads > 0 ? o.model.n_threads : ThreadPool::DefaultThreads();
 
-  std::vector<double> prefill_tps, decode_tps, decode_gbps, decode_h2d;
+  std::vector<double> prefill_tps, decode_tps, decode_gbps, decode_h2d, fetched, cpu_experts,
+      q_star;
   uint64_t kv_pool_bytes = 0;
   PhaseTimes decode_times;   // summed over every run's decode steps (--profile)
   PhaseTimes prefill_times;  // summed over every run's prompt (--profile)
@@ -193,6 +207,9 @@ int Run(const Opts& o) {
     decode_tps.push_back(f->decode_tokens_per_s);
     decode_gbps.push_back(f->decode_gb_per_s);
     decode_h2d.push_back(f->decode_h2d_gb_per_s);
+    fetched.push_back(f->decode_fetched_per_token);
+    cpu_experts.push_back(f->decode_cpu_experts_per_token);
+    q_star.push_back(f->decode_q_star);
     kv_pool_bytes = f->kv_pool_bytes;
   }
   const uint64_t peak_rss = ReadPeakRssBytes();  // before the bandwidth buffer
@@ -277,6 +294,11 @@ int Run(const Opts& o) {
     j["cpu_experts"] = t["cpu_experts"];
     j["gpu_experts"] = t["gpu_experts"];
     j["h2d_gb_per_s"] = Median(decode_h2d);  // effective speed of the misses' copies in decode
+    // Decode, per token (summed over layers): experts copied to the GPU and computed by the CPU
+    // executor (hybrid's split, offload's CPU layers); the hybrid split's mean q*.
+    j["fetched_experts_per_token"] = Median(fetched);
+    j["cpu_experts_per_token"] = Median(cpu_experts);
+    j["q_star"] = Median(q_star);
   }
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());

@@ -19,8 +19,10 @@ void AddResidencyOptions(CLI::App& cmd, ModelOptions& opts) {
                 "llama.cpp's --cpu-moe). gpu: the whole model and the KV cache in VRAM, run on "
                 "the GPU (no GPU: the CPU, with a notice). offload: dense and KV on the GPU, "
                 "banks pinned and copied into a VRAM expert cache as needed, except the "
-                "--moe-cpu-layers, run by the CPU executor. hybrid: banks planned as offload, "
-                "run on the CPU for now. auto (the default): gpu when the weights, the KV cache "
+                "--moe-cpu-layers, run by the CPU executor. hybrid: as offload, but in decode "
+                "steps the cache misses are split: a share copied to the GPU, the rest computed "
+                "by the CPU executor at the same time (the share from the copy and CPU speeds "
+                "measured as it runs). auto (the default): gpu when the weights, the KV cache "
                 "(--ctx-size, else 8192 positions) and 1 GB of workspace fit in the free VRAM, "
                 "else offload; cpu without a usable GPU");
   g->add_flag("--no-gpu", opts.no_gpu,

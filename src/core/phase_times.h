@@ -18,13 +18,17 @@ enum class Phase : size_t {
   kExpertsGateUp,  // job A: gate, up, silu
   kExpertsDown,    // job B: down, weighted sum
   kLmHead,         // final norm and lm_head
-  kForward,        // the whole Forward call
+  // A GPU backend's host side (its kernels are asynchronous: the phases above then time only
+  // their launches):
+  kGpuWait,     // waiting for the GPU (a layer's routing read back before its experts)
+  kCpuExperts,  // the CPU executor's experts inside a GPU step (offload's CPU layers, hybrid)
+  kForward,     // the whole Forward call
   kCount
 };
 
 inline constexpr std::array<const char*, static_cast<size_t>(Phase::kCount)> kPhaseNames = {
-    "attn_qkv",        "attention",    "attn_out", "router", "routing",
-    "experts_gate_up", "experts_down", "lm_head",  "forward"};
+    "attn_qkv",     "attention", "attn_out", "router",      "routing", "experts_gate_up",
+    "experts_down", "lm_head",   "gpu_wait", "cpu_experts", "forward"};
 
 struct PhaseTimes {
   std::array<double, static_cast<size_t>(Phase::kCount)> seconds{};

@@ -7,7 +7,7 @@
 
 namespace moetier {
 
-const std::array<TuningKnobSpec, 11> kTuningKnobSpecs = {{
+const std::array<TuningKnobSpec, 12> kTuningKnobSpecs = {{
     {"MOETIER_AMX_MIN_TOKENS", &TuningKnobs::amx_min_tokens, 1, 1 << 20,
      "smallest batch of tokens whose q8_0/bf16 matmuls use AMX tiles"},
     {"MOETIER_BF16C_EXPAND_MIN_TOKENS", &TuningKnobs::bf16c_expand_min_tokens, 1, 1 << 20,
@@ -30,6 +30,8 @@ const std::array<TuningKnobSpec, 11> kTuningKnobSpecs = {{
      "1: pin each worker to a core; 0: leave them to the OS scheduler"},
     {"MOETIER_STREAM_MIN_TOKENS", &TuningKnobs::stream_min_tokens, 1, int64_t{1} << 40,
      "smallest step (tokens) for which offload streams whole banks to the GPU"},
+    {"MOETIER_FETCH_PERCENT", &TuningKnobs::fetch_percent, 0, 100,
+     "hybrid: percent of a step's cache misses the copy engine fetches (the rest: the CPU)"},
 }};
 
 const std::array<std::string_view, 6> kOtherEnvironmentVariables = {

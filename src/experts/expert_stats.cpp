@@ -12,8 +12,11 @@ LayerExpertStats& LayerExpertStats::operator+=(const LayerExpertStats& d) {
   cpu_experts += d.cpu_experts;
   cache_hits += d.cache_hits;
   cache_misses += d.cache_misses;
+  fetched_experts += d.fetched_experts;
   bytes_h2d += d.bytes_h2d;
   h2d_ns += d.h2d_ns;
+  split_calls += d.split_calls;
+  q_star_sum += d.q_star_sum;
   return *this;
 }
 
@@ -41,6 +44,10 @@ std::vector<LayerExpertStats> ExpertStats::Snapshot() const {
   return layers_;
 }
 
+double MeanQStar(const LayerExpertStats& s) {
+  return s.split_calls > 0 ? s.q_star_sum / static_cast<double>(s.split_calls) : 0.0;
+}
+
 double H2dGbPerS(int64_t bytes, int64_t ns) {
   return ns > 0 ? static_cast<double>(bytes) / static_cast<double>(ns) : 0.0;
 }
@@ -56,8 +63,11 @@ nlohmann::ordered_json LayerJson(const LayerExpertStats& s) {
           {"cpu_experts", s.cpu_experts},
           {"cache_hits", s.cache_hits},
           {"cache_misses", s.cache_misses},
+          {"fetched_experts", s.fetched_experts},
           {"bytes_h2d", s.bytes_h2d},
-          {"h2d_ns", s.h2d_ns}};
+          {"h2d_ns", s.h2d_ns},
+          {"split_calls", s.split_calls},
+          {"q_star", MeanQStar(s)}};
 }
 
 LayerExpertStats Totals(const std::vector<LayerExpertStats>& layers) {

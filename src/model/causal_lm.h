@@ -108,6 +108,7 @@ struct ResidencyOptions {
   std::string cpu_layers = "auto";   // --moe-cpu-layers
   uint64_t expert_cache_bytes = 0;   // --moe-cache-gb (0: the free VRAM after the rest)
   int64_t kv_positions = 0;          // --ctx-size: the KV cache auto must leave VRAM for (0: 8192)
+  double fetch_share = -1;           // hybrid: the copy engine's share of misses (<0: measured)
   bool use_gpu = true;               // false (--no-gpu): as if no GPU were present
   bool verify = true;                // checksums of a converted model (--no-verify skips)
   int n_io_threads = 0;              // threads reading banks (0: a default)

@@ -6,6 +6,7 @@
 #include "backend/kv_cache.h"
 #include "backend/make_backend.h"
 #include "core/log.h"
+#include "core/tuning.h"
 #include "experts/host_memory.h"
 #include "experts/memory_limits.h"
 #include "experts/weight_packing.h"
@@ -103,11 +104,13 @@ void LogWarnings(const std::vector<std::string>& warnings) {
 }
 
 // Whether the decoder runs on the GPU: gpu always (the plan fell back to cpu without one);
-// offload, and cpu as llama.cpp's --cpu-moe (dense parts and KV on the GPU, the experts on the
-// CPU executor), when a GPU is usable. hybrid (its split is not built yet) on the CPU.
+// offload, hybrid, and cpu as llama.cpp's --cpu-moe (dense parts and KV on the GPU, the experts
+// on the CPU executor), when a GPU is usable.
 bool RunsOnGpu(const ResidencyPlan& plan, const ResidencyOptions& o) {
   if (plan.backend == Backend::kGpu) return true;
-  return (plan.backend == Backend::kOffload || plan.backend == Backend::kCpu) && GpuUsable(o);
+  return (plan.backend == Backend::kOffload || plan.backend == Backend::kHybrid ||
+          plan.backend == Backend::kCpu) &&
+         GpuUsable(o);
 }
 
 // Dense matrices are held for the CPU (packed, copied) only when the CPU runs them: the GPU
@@ -128,6 +131,11 @@ ComputeOptions ComputeFor(const ResidencyPlan& plan, const std::vector<LayerResi
   if (!RunsOnGpu(plan, options.residency)) return c;
   c.device = ComputeDevice::kGpu;
   if (plan.backend == Backend::kGpu) return c;  // every expert in VRAM
+  c.split_misses = plan.backend == Backend::kHybrid;
+  const ResidencyOptions& r = options.residency;
+  c.fetch_share = r.fetch_share >= 0       ? r.fetch_share
+                  : Tuning().fetch_percent ? static_cast<double>(*Tuning().fetch_percent) / 100.0
+                                           : -1.0;
   c.expert_homes.assign(static_cast<size_t>(n_layers), ExpertHome::kCpuExecutor);
   for (const LayerResidency& l : settled)
     if (l.tier == Tier::kPinned)

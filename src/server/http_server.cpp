@@ -344,8 +344,13 @@ void ModelMetrics(const CausalLM& model, std::ostringstream& out) {
   put("moetier_experts_run_on_gpu_total", "Experts computed on the GPU, over layers.",
       t.gpu_experts);
   put("moetier_expert_cache_hits_total", "GPU expert cache hits.", t.cache_hits);
-  put("moetier_expert_cache_misses_total", "GPU expert cache misses (copied in).", t.cache_misses);
+  put("moetier_expert_cache_misses_total",
+      "GPU expert cache misses (fetched, or with hybrid computed by the CPU).", t.cache_misses);
+  put("moetier_experts_fetched_total", "Experts copied host to device.", t.fetched_experts);
   put("moetier_expert_bytes_to_gpu_total", "Expert bytes copied host to device.", t.bytes_h2d);
+  out << "# HELP moetier_expert_copy_seconds_total Copy-engine time on the expert copies.\n"
+         "# TYPE moetier_expert_copy_seconds_total counter\n"
+      << "moetier_expert_copy_seconds_total " << static_cast<double>(t.h2d_ns) / 1e9 << '\n';
   const int64_t lookups = t.cache_hits + t.cache_misses;
   out << "# HELP moetier_expert_cache_hit_ratio Hits over lookups of the GPU expert cache.\n"
          "# TYPE moetier_expert_cache_hit_ratio gauge\n"

@@ -2,12 +2,18 @@
 // VRAM (--moe-backend gpu), or pinned banks under offload — copied miss by miss into the smallest
 // expert cache (evicted and copied again within the run), into a cache that holds them all, or
 // streamed whole through the prefill buffers. The same kernels over the same routing: the same
-// bits. Skipped without a GPU.
+// bits. Hybrid computes some misses on the CPU instead: the same bits when it fetches them all,
+// within the GPU tolerance of offload otherwise. And greedy continuations do not depend on the
+// split between CPU layers and GPU layers, the pin budget or the hybrid split. Skipped without
+// a GPU.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
+#include "engine/generate.h"
+#include "io/safetensors.h"
 #include "model/causal_lm.h"
 #include "model/model_source.h"
 #include "support/gpu.h"
@@ -23,11 +29,13 @@ struct Outcome {
 
 // A 24-token prompt in one step (above the fixtures' streaming threshold: 2 x experts / top-k,
 // their banks being tiny), then 8 steps of one token each.
-Outcome PromptThenDecode(const std::filesystem::path& dir, Backend backend, uint64_t cache_bytes) {
+Outcome PromptThenDecode(const std::filesystem::path& dir, Backend backend, uint64_t cache_bytes,
+                         double fetch_share = -1) {
   LoadOptions o;
   o.residency.backend = backend;
   o.residency.cpu_layers = "0";
   o.residency.expert_cache_bytes = cache_bytes;
+  o.residency.fetch_share = fetch_share;
   auto m = LoadCausalLM(dir, o);
   EXPECT_TRUE(m.ok()) << m.message();
   Outcome r;
@@ -73,7 +81,91 @@ TEST_P(GpuPlacement, ExpertBytesFromVramCacheOrStreamGiveTheSameBits) {
   EXPECT_GT(smallest.totals.h2d_ns, 0) << "the copies were not timed";
 }
 
+// Hybrid fetching every miss runs offload's kernels on offload's routing (the split's path,
+// with nothing for the CPU): the same bits. Fetching some or none, the CPU executor's products
+// replace the GPU's for the rest: within the GPU placements' tolerance of offload (fp32 both,
+// summed in another order), and the decode steps did split.
+TEST_P(GpuPlacement, HybridMatchesOffload) {
+  MT_REQUIRE_GPU();
+  const auto dir = testing::HfFixture(GetParam());
+  const uint64_t one_layer = testing::OneLayerOfExperts(dir);
+  const Outcome offload = PromptThenDecode(dir, Backend::kOffload, one_layer);
+  ASSERT_FALSE(offload.logits.empty());
+  const Outcome all_fetched = PromptThenDecode(dir, Backend::kHybrid, one_layer, 1.0);
+  EXPECT_EQ(all_fetched.logits, offload.logits);
+  EXPECT_EQ(all_fetched.totals.cpu_experts, 0);
+  for (double share : {0.0, 0.5, -1.0}) {
+    SCOPED_TRACE("fetch share " + std::to_string(share));
+    const Outcome hybrid = PromptThenDecode(dir, Backend::kHybrid, one_layer, share);
+    ASSERT_EQ(hybrid.logits.size(), offload.logits.size());
+    for (size_t i = 0; i < offload.logits.size(); ++i)
+      ASSERT_NEAR(hybrid.logits[i], offload.logits[i],
+                  4e-5f * (1.0f + std::fabs(offload.logits[i])))
+          << "logit " << i;
+    EXPECT_GT(hybrid.totals.split_calls, 0);
+    EXPECT_EQ(hybrid.totals.fetched_experts + hybrid.totals.cpu_experts,
+              hybrid.totals.cache_misses);
+    if (share == 0.0) {
+      EXPECT_GT(hybrid.totals.cpu_experts, 0);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuPlacement, ::testing::Values("qwen3_moe", "mixtral"));
+
+// Greedy continuations of the fixtures' prompts equal Hugging Face's (until the reference's
+// margin falls under the GPU tolerance) whatever the layers' split: every MoE layer through the
+// cache, one or all of them on the CPU executor, a pin budget of one layer's bank (the plan locks
+// the rest), and hybrid with its measured split.
+struct Split {
+  Backend backend;
+  std::string cpu_layers;
+  bool one_layer_pin_budget;
+  const char* name;
+};
+
+TEST_P(GpuPlacement, GreedyContinuationsDoNotDependOnTheSplit) {
+  MT_REQUIRE_GPU();
+  const auto dir = testing::HfFixture(GetParam());
+  auto ref = SafetensorsFile::Open(dir / "reference.safetensors");
+  ASSERT_TRUE(ref.ok()) << ref.message();
+  auto source = OpenModelSource(dir);
+  ASSERT_TRUE(source.ok());
+  const std::string all = std::to_string(source->config.n_moe_layers());
+  const Split splits[] = {{Backend::kOffload, "0", false, "offload, no CPU layer"},
+                          {Backend::kOffload, "1", false, "offload, one CPU layer"},
+                          {Backend::kOffload, all, false, "offload, every layer on the CPU"},
+                          {Backend::kOffload, "auto", true, "offload, pin budget one layer"},
+                          {Backend::kHybrid, "0", false, "hybrid, measured split"}};
+  for (const Split& split : splits) {
+    SCOPED_TRACE(split.name);
+    LoadOptions o;
+    o.residency.backend = split.backend;
+    o.residency.cpu_layers = split.cpu_layers;
+    o.residency.expert_cache_bytes = testing::OneLayerOfExperts(dir);
+    if (split.one_layer_pin_budget)
+      o.residency.budgets.pin_budget_gb =
+          static_cast<double>(testing::OneLayerOfExperts(dir)) / 1e9;
+    auto m = LoadCausalLM(dir, o);
+    ASSERT_TRUE(m.ok()) << m.message();
+    for (int p = 0; p < 3; ++p) {
+      const std::string key = "prompt" + std::to_string(p);
+      const std::vector<int32_t> tokens = testing::IntsOf(*ref->Find(key + ".tokens"));
+      const std::vector<int32_t> want = testing::IntsOf(*ref->Find(key + ".greedy"));
+      const std::vector<float> margin = ToF32(*ref->Find(key + ".greedy_margin"));
+      GenerateOptions g;
+      g.max_new_tokens = static_cast<int64_t>(want.size());
+      auto engine = testing::MakeEngine(**m, 64);
+      auto got = Generate(*engine, tokens, g);
+      ASSERT_TRUE(got.ok()) << got.message();
+      ASSERT_EQ(got->ids.size(), want.size());
+      size_t compared = 0;
+      for (size_t i = 0; i < want.size() && margin[i] >= 1e-3f; ++i, ++compared)
+        ASSERT_EQ(got->ids[i], want[i]) << key << " step " << i;
+      EXPECT_GT(compared, 0u) << key;
+    }
+  }
+}
 
 }  // namespace
 }  // namespace moetier

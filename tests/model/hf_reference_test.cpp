@@ -2,8 +2,9 @@
 // reference.safetensors, computed in float64 from the same bf16 weights): logits at every
 // position, greedy continuations, router logits, and incremental decoding against a full
 // recompute — on the CPU, and on the GPU where one is present (--moe-backend gpu; cpu with the
-// dense parts on the GPU; and offload with the smallest expert cache, so experts are evicted and
-// copied again within a prompt, and one MoE layer on the CPU executor), with the same
+// dense parts on the GPU; offload with the smallest expert cache, so experts are evicted and
+// copied again within a prompt, and one MoE layer on the CPU executor; and hybrid, as offload
+// with half of each decode step's misses computed by the CPU executor), with the same
 // tolerances.
 #include <gtest/gtest.h>
 
@@ -70,7 +71,8 @@ void PrintTo(const Placement& p, std::ostream* os) {
 const Placement kPlacements[] = {{Backend::kCpu, false, "cpu"},
                                  {Backend::kCpu, true, "cpu_gpu_dense"},
                                  {Backend::kGpu, true, "gpu"},
-                                 {Backend::kOffload, true, "offload"}};
+                                 {Backend::kOffload, true, "offload"},
+                                 {Backend::kHybrid, true, "hybrid"}};
 
 class HfReference : public ::testing::TestWithParam<std::tuple<std::string, Placement>> {
  protected:
@@ -83,15 +85,18 @@ class HfReference : public ::testing::TestWithParam<std::tuple<std::string, Plac
     LoadOptions load;
     load.residency.backend = backend();
     load.residency.use_gpu = std::get<1>(GetParam()).gpu;
-    if (backend() == Backend::kOffload) {
+    if (backend() == Backend::kOffload || backend() == Backend::kHybrid) {
       load.residency.cpu_layers = "1";
       load.residency.expert_cache_bytes = testing::OneLayerOfExperts(dir_);
+      load.residency.fetch_share = 0.5;  // hybrid: both sides take misses whatever they measure
     }
     auto model = LoadCausalLM(dir_, load);
     ASSERT_TRUE(model.ok()) << model.message();
     model_ = std::move(model).value();
   }
   Backend backend() const { return std::get<1>(GetParam()).backend; }
+  // Experts on the GPU's kernels (all or some): gpu, offload, hybrid.
+  bool experts_on_gpu() const { return backend() != Backend::kCpu; }
   std::filesystem::path dir_;
   std::unique_ptr<Reference> ref_;
   std::unique_ptr<CausalLM> model_;
@@ -186,7 +191,8 @@ TEST_P(HfReference, IncrementalDecodingEqualsFullRecompute) {
     // inside 1e-5. With experts on the GPU a one-token step and the recompute of the prompt take
     // different expert kernels (fp32 on CUDA cores; tensor-core products of activations split
     // into two bf16 parts, 2^-18 relative each), measured up to 1.2e-5 apart on the fixtures.
-    const float rel = backend() == Backend::kGpu || backend() == Backend::kOffload ? 4e-5f : 1e-5f;
+    // Hybrid adds the CPU executor's fp32 experts for some of a step's misses: within the same.
+    const float rel = experts_on_gpu() ? 4e-5f : 1e-5f;
     for (int64_t i = 0; i < V; ++i)
       ASSERT_NEAR(step[static_cast<size_t>(i)], full[static_cast<size_t>(t * V + i)],
                   rel * (1.0f + std::fabs(full[static_cast<size_t>(t * V + i)])))
@@ -242,6 +248,38 @@ TEST_P(HfReference, OffloadCopiesMissesAndRunsOneLayerOnTheCpu) {
   }
   EXPECT_EQ(cpu_layers, 1);
   EXPECT_EQ(cached_layers, model_->config().n_moe_layers() - 1);
+}
+
+// Hybrid ran as planned: the CPU layer as offload's; in the cached layers each one-token step's
+// misses split between copies and the CPU executor (half each, as forced), the hits and the
+// fetched on the GPU.
+TEST_P(HfReference, HybridSplitsEachStepsMissesBetweenCopiesAndTheCpu) {
+  if (backend() != Backend::kHybrid) GTEST_SKIP() << "hybrid only";
+  model_->CollectExpertStats();
+  const auto tokens = ref_->Ints("prompt1.tokens");
+  KvCache cache = *model_->NewCache(64);
+  std::vector<float> logits;
+  for (int32_t token : tokens)
+    ASSERT_TRUE(model_->Forward(std::span(&token, 1), cache, LogitsFor::kLastToken, logits).ok());
+  int cpu_layers = 0, split_layers = 0;
+  for (const LayerExpertStats& l : model_->expert_stats()->Snapshot()) {
+    if (l.split_calls == 0) {
+      ++cpu_layers;
+      EXPECT_EQ(l.cpu_experts, l.active_experts) << "layer " << l.layer;
+      continue;
+    }
+    ++split_layers;
+    EXPECT_EQ(l.split_calls, l.calls) << "layer " << l.layer;
+    EXPECT_DOUBLE_EQ(MeanQStar(l), 0.5);
+    EXPECT_EQ(l.cache_hits + l.cache_misses, l.active_experts) << "layer " << l.layer;
+    EXPECT_EQ(l.fetched_experts + l.cpu_experts, l.cache_misses) << "layer " << l.layer;
+    EXPECT_GT(l.fetched_experts, 0) << "layer " << l.layer;
+    EXPECT_GT(l.cpu_experts, 0) << "layer " << l.layer;
+    EXPECT_EQ(l.gpu_experts, l.active_experts - l.cpu_experts) << "layer " << l.layer;
+    EXPECT_GT(l.bytes_h2d, 0) << "layer " << l.layer;
+  }
+  EXPECT_EQ(cpu_layers, 1);
+  EXPECT_EQ(split_layers, model_->config().n_moe_layers() - 1);
 }
 
 // --moe-backend cpu with a GPU present: the dense parts on the GPU, every expert on the CPU

@@ -442,6 +442,8 @@ TEST_F(HttpServerTest, MetricsArePrometheusText) {
   EXPECT_NE(res->body.find("\nmoetier_experts_run_on_gpu_total 0\n"), std::string::npos);
   EXPECT_NE(res->body.find("moetier_expert_bytes{tier=\"locked\"}"), std::string::npos);
   EXPECT_NE(res->body.find("\nmoetier_expert_cache_hit_ratio 0\n"), std::string::npos);
+  EXPECT_NE(res->body.find("\nmoetier_experts_fetched_total 0\n"), std::string::npos);
+  EXPECT_NE(res->body.find("\nmoetier_expert_copy_seconds_total 0\n"), std::string::npos);
 }
 
 // A client that leaves mid-stream cancels its request: it ends long before its max_tokens, and

@@ -33,6 +33,13 @@ uint64_t OneLayerOfExperts(const fs::path& dir) {
   return (expert + 255) / 256 * 256 * static_cast<uint64_t>(c.n_experts);
 }
 
+std::vector<int32_t> IntsOf(const TensorView& t) {
+  std::vector<int32_t> out;
+  for (int64_t i = 0; i < t.NumElements(); ++i)
+    out.push_back(static_cast<int32_t>(t.as<int64_t>()[i]));
+  return out;
+}
+
 LoadOptions WithThreads(int n) {
   LoadOptions o;
   o.n_threads = n;

@@ -26,6 +26,8 @@ LoadOptions WithThreads(int n);
 // An engine for `model` with a KV pool of `kv_positions` (f32) and up to `parallel` sequences.
 std::unique_ptr<Engine> MakeEngine(CausalLM& model, int64_t kv_positions,
                                    const text::Tokenizer* tokenizer = nullptr, int parallel = 1);
+// An int64 tensor's values as int32 (the fixtures' token ids).
+std::vector<int32_t> IntsOf(const TensorView& t);
 // tests/fixtures/hf/<rel>, e.g. "qwen3_moe" or "realvocab/qwen3_moe_tiny".
 std::filesystem::path HfFixture(const std::string& rel);
 

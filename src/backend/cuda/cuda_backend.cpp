@@ -139,7 +139,8 @@ Status CudaBackend::Reserve(int64_t n_tokens) {
                                                                         "the router logits"));
   MT_ASSIGN_OR_RETURN(topk_ids_, cuda::DeviceBuffer<int32_t>::Create(n_assign, "the routing"));
   MT_ASSIGN_OR_RETURN(topk_weights_, cuda::DeviceBuffer<float>::Create(n_assign, "the routing"));
-  // n_active, experts [E], begin [E + 1], token_of and assign_of [T * K].
+  // n_active, experts [E], begin [E + 1], token_of and assign_of [T * K] (in this order:
+  // ExpertOffload reads the first four back in one copy).
   MT_ASSIGN_OR_RETURN(routing_ints_,
                       cuda::DeviceBuffer<int32_t>::Create(
                           1 + static_cast<size_t>(2 * E + 1) + 2 * n_assign, "the routing"));
@@ -360,15 +361,24 @@ void CudaBackend::Moe(const TensorView& router, const RouterOptions& opts, int64
 }
 
 void CudaBackend::RunExpertsOnGpu(int64_t layer, const float* x, float* out) {
-  if (offload_->home(layer) == ExpertHome::kGpuCache) {
-    if (!error_.empty()) return;  // the routing may be garbage: copy nothing
-    if (Status s = offload_->Fetch(layer, routing_, weights_.ExpertTable(layer), stream_);
-        !s.ok()) {
-      error_ = s.message();
-      return;
-    }
+  cuda::ExpertPointers* table = weights_.ExpertTable(layer);
+  if (offload_->home(layer) != ExpertHome::kGpuCache) {
+    ffn_.Run(routing_, table, x, out, stream_);
+    return;
   }
-  ffn_.Run(routing_, weights_.ExpertTable(layer), x, out, stream_);
+  if (!error_.empty()) return;  // the routing may be garbage: copy nothing
+  if (Status s = offload_->Fetch(layer, routing_, x, table, stream_); !s.ok()) {
+    error_ = s.message();
+    return;
+  }
+  ffn_.RunExperts(routing_, table, x, stream_);
+  // Hybrid: the CPU computes its share of the misses while the GPU runs the launches above.
+  Expected<const float*> partial = offload_->ComputeCpuShare(layer, stream_);
+  if (!partial.ok()) {
+    error_ = partial.message();
+    return;
+  }
+  ffn_.RoutedSum(routing_, *partial, out, stream_);
 }
 
 int64_t CudaBackend::ScanNonFinite(const float* x, int64_t n, int64_t slot) {
@@ -404,7 +414,8 @@ Status CudaBackend::EndStep() {
     LayerExpertStats d;
     d.layer = moe_call_layer_[static_cast<size_t>(i)];
     d.calls = 1;
-    d.active_experts = d.gpu_experts = n_active;
+    d.active_experts = n_active;
+    d.gpu_experts = n_active - offload_->StepCpuExperts(d.layer);
     d.assignments = step_tokens_ * dims_.top_k;
     stats_->Add(d);
   }

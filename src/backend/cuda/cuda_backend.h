@@ -63,7 +63,10 @@ class CudaBackend final : public ComputeBackend {
   std::span<const int64_t> NonFiniteScans() override { return scans_; }
   Status EndStep() override;
   void Logits(const float* x, int64_t n_rows, const TensorView& lm_head, float* logits) override;
-  void SetPhaseTimes(PhaseTimes* times) override { times_ = times; }
+  void SetPhaseTimes(PhaseTimes* times) override {
+    times_ = times;
+    offload_->SetPhaseTimes(times);
+  }
   PhaseTimes* phase_times() const override { return times_; }
   void SetExpertStats(ExpertStats* stats) override;
   std::vector<int64_t> LayersWithOwnExperts() const override { return vram_layers_; }

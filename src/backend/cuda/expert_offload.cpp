@@ -1,6 +1,7 @@
 #include "backend/cuda/expert_offload.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <span>
@@ -32,6 +33,12 @@ constexpr uint64_t kSlotAlignment = 256;
 // MOETIER_STREAM_MIN_TOKENS replaces the rule.
 constexpr int64_t kStreamAssignmentsPerExpert = 2;
 constexpr double kStreamTokensPerBankGb = 2000.0;
+// Hybrid splits a step's misses while it has at most this many (token, expert) assignments per
+// expert of the layer (tokens * top-k / experts): decode steps of up to 64 sequences with
+// Qwen3-30B-A3B's 128 experts and top-8. The CPU executor's time per expert then follows its
+// bytes, which the split's rates assume; larger steps copy every miss (their experts have many
+// tokens each: the GPU computes them far faster).
+constexpr double kSplitMaxAssignmentsPerExpert = 4.0;
 
 bool GpuReadsExperts(DType t) {
   return t == DType::kBF16 || t == DType::kQ8_0 || t == DType::kQ4_0;
@@ -119,11 +126,18 @@ Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOpti
         events->push_back(e);
       }
     o->timed_layers_.reserve(static_cast<size_t>(dims.n_layers));
-    MT_RETURN_IF_ERROR(o->active_host_.Reserve(static_cast<size_t>(1 + E), "the routing"));
+    MT_RETURN_IF_ERROR(o->routing_host_.Reserve(static_cast<size_t>(1 + E), "the routing"));
     MT_RETURN_IF_ERROR(o->table_host_.Reserve(static_cast<size_t>(dims.n_layers * E),
                                               "the expert cache's tables"));
   }
-  if (cpu_layers) o->cpu_ = std::make_unique<CpuBackend>(options.n_threads, experts, dims.d_model);
+  o->split_ = options.split_misses && o->has_cached_layers();
+  if (o->split_) {
+    o->split_model_ = std::make_unique<MissSplit>(o->expert_bytes_, options.fetch_share);
+    o->step_cpu_experts_.assign(static_cast<size_t>(dims.n_layers), 0);
+  }
+  o->timed_experts_.assign(static_cast<size_t>(dims.n_layers), 0);
+  if (cpu_layers || o->split_)
+    o->cpu_ = std::make_unique<CpuBackend>(options.n_threads, experts, dims.d_model);
   return o;
 }
 
@@ -172,6 +186,12 @@ Status ExpertOffload::AllocateCache() {
       cache_, cuda::DeviceBuffer<uint8_t>::Create(static_cast<size_t>(n_slots) * slot_stride_,
                                                   "the GPU expert cache (lower --moe-cache-gb)"));
   slots_ = std::make_unique<ExpertSlots>(n_slots, dims_.n_layers, E);
+  if (split_) {
+    MT_ASSIGN_OR_RETURN(zero_slot_, cuda::DeviceBuffer<uint8_t>::Create(
+                                        slot_stride_, "the hybrid split's zero expert"));
+    MT_CUDA_RETURN_IF_ERROR(cudaMemset(zero_slot_.data(), 0, zero_slot_.bytes()),
+                            "zeroing the hybrid split's zero expert");
+  }
   LogInfo("gpu: expert cache of " + std::to_string(n_slots) + " experts (" + Gb(cache_.bytes()) +
           ", " +
           (requested_cache_bytes_ != 0 ? std::string("--moe-cache-gb") : "auto: the free VRAM") +
@@ -189,6 +209,10 @@ Status ExpertOffload::BeginStep(int64_t n_tokens, cudaStream_t compute) {
   if (!cache_allocated()) MT_RETURN_IF_ERROR(AllocateCache());
   stream_layer_[0] = stream_layer_[1] = -1;
   streaming_ = stream_buf_.size() > 0 && n_tokens >= stream_min_tokens_;
+  split_step_ = split_ && !streaming_ &&
+                static_cast<double>(n_tokens * dims_.top_k) <=
+                    kSplitMaxAssignmentsPerExpert * static_cast<double>(dims_.n_experts);
+  std::fill(step_cpu_experts_.begin(), step_cpu_experts_.end(), 0);
   if (!streaming_) return OkStatus();
   const int64_t first = NextCachedLayer(-1);
   return first >= 0 ? StreamBank(first, 0, compute) : OkStatus();
@@ -200,12 +224,15 @@ int64_t ExpertOffload::NextCachedLayer(int64_t layer) const {
   return -1;
 }
 
-Status ExpertOffload::TimeCopies(int64_t layer, bool start) {
-  if (stats_ == nullptr) return OkStatus();
+Status ExpertOffload::TimeCopies(int64_t layer, bool start, int64_t n_experts) {
+  if (stats_ == nullptr && !split_) return OkStatus();
   const auto l = static_cast<size_t>(layer);
   MT_CUDA_RETURN_IF_ERROR(cudaEventRecord(start ? copy_start_[l] : copy_end_[l], copy_stream_),
                           "timing the copies");
-  if (!start) timed_layers_.push_back(layer);
+  if (!start) {
+    timed_layers_.push_back(layer);
+    timed_experts_[l] = n_experts;
+  }
   return OkStatus();
 }
 
@@ -232,11 +259,11 @@ Status ExpertOffload::StreamBank(int64_t layer, int b, cudaStream_t compute) {
                                       expert_bytes_, cudaMemcpyHostToDevice, copy_stream_),
                       "streaming", layer, "'s bank to the GPU"));
   }
-  MT_RETURN_IF_ERROR(TimeCopies(layer, false));
+  MT_RETURN_IF_ERROR(TimeCopies(layer, false, E));
   stream_layer_[b] = layer;
   LayerExpertStats d;
   d.layer = layer;
-  d.cache_misses = E;
+  d.cache_misses = d.fetched_experts = E;
   d.bytes_h2d = static_cast<int64_t>(expert_bytes_) * E;
   if (stats_ != nullptr) stats_->Add(d);
   return OkStatus();
@@ -267,7 +294,7 @@ Status ExpertOffload::FetchStreamed(int64_t layer, cuda::ExpertPointers* device_
   cuda::ExpertPointers* staged = table_host_.data() + layer * E;
   for (int64_t e = 0; e < E; ++e) {
     uint8_t* slot = base + e * slot_stride_;
-    staged[e] = cuda::ExpertPointers{slot, slot + gate_bytes_, slot + gate_bytes_ + up_bytes_};
+    staged[e] = SlotPointers(slot);
   }
   MT_RETURN_IF_ERROR(PublishTable(layer, device_table, compute));
   // The other buffer's reader (the previous cached layer's FFN) is queued on compute already.
@@ -275,27 +302,65 @@ Status ExpertOffload::FetchStreamed(int64_t layer, cuda::ExpertPointers* device_
   return next >= 0 ? StreamBank(next, 1 - b, compute) : OkStatus();
 }
 
-Status ExpertOffload::Fetch(int64_t layer, const cuda::DeviceRouting& r,
+Status ExpertOffload::ReadRouting(int64_t layer, const cuda::DeviceRouting& r, const float* x,
+                                  bool whole, cudaStream_t compute) {
+  const int64_t E = dims_.n_experts;
+  // n_active, the active ids, begin and token_of sit together at the start of the routing's
+  // integers (cuda_backend.cpp lays them out).
+  const int64_t n_ints = whole ? 1 + E + (E + 1) + r.n_assignments() : 1 + E;
+  if (routing_host_.size() < static_cast<size_t>(n_ints)) {
+    MT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute), "the GPU before reading a routing");
+    MT_RETURN_IF_ERROR(routing_host_.Reserve(static_cast<size_t>(n_ints), "the routing"));
+    MT_RETURN_IF_ERROR(
+        weights_host_.Reserve(static_cast<size_t>(r.n_assignments()), "the routing"));
+  }
+  MT_RETURN_IF_ERROR(LayerStatus(cudaMemcpyAsync(routing_host_.data(), r.n_active,
+                                                 static_cast<size_t>(n_ints) * sizeof(int32_t),
+                                                 cudaMemcpyDeviceToHost, compute),
+                                 "reading the routing of", layer, "'s experts"));
+  if (whole) {
+    MT_RETURN_IF_ERROR(
+        LayerStatus(cudaMemcpyAsync(weights_host_.data(), r.weight_of,
+                                    static_cast<size_t>(r.n_assignments()) * sizeof(float),
+                                    cudaMemcpyDeviceToHost, compute),
+                    "reading the routing of", layer, "'s experts"));
+    MT_RETURN_IF_ERROR(
+        LayerStatus(cudaMemcpyAsync(x_host_.data(), x,
+                                    static_cast<size_t>(r.n_tokens * dims_.d_model) * sizeof(float),
+                                    cudaMemcpyDeviceToHost, compute),
+                    "copying", layer, "'s hidden states to the host"));
+  }
+  ScopedPhase wait(times_, Phase::kGpuWait);
+  MT_RETURN_IF_ERROR(
+      LayerStatus(cudaStreamSynchronize(compute), "the GPU before", layer, "'s experts"));
+  const int32_t* ids = routing_host_.data() + 1;
+  const int32_t n_active = routing_host_.data()[0];
+  if (n_active < 0 || n_active > E)
+    return Status::Error("the GPU router reported " + std::to_string(n_active) + " experts");
+  for (int32_t a = 0; a < n_active; ++a)
+    if (ids[a] < 0 || ids[a] >= E)
+      return Status::Error("the GPU router chose no expert " + std::to_string(ids[a]));
+  return OkStatus();
+}
+
+Status ExpertOffload::CopyExpert(int64_t layer, int32_t expert, uint8_t* slot) {
+  return LayerStatus(cudaMemcpyAsync(slot, experts_.Expert(layer, expert).gate.data, expert_bytes_,
+                                     cudaMemcpyHostToDevice, copy_stream_),
+                     "copying", layer, "'s experts to the GPU");
+}
+
+Status ExpertOffload::Fetch(int64_t layer, const cuda::DeviceRouting& r, const float* x,
                             cuda::ExpertPointers* device_table, cudaStream_t compute) {
   if (!cache_allocated()) MT_RETURN_IF_ERROR(AllocateCache());
   if (streaming_) return FetchStreamed(layer, device_table, compute);
-  const int64_t E = dims_.n_experts;
-  // n_active and the active ids sit together at the start of the routing's integers.
-  MT_RETURN_IF_ERROR(LayerStatus(
-      cudaMemcpyAsync(active_host_.data(), r.n_active, static_cast<size_t>(1 + E) * sizeof(int32_t),
-                      cudaMemcpyDeviceToHost, compute),
-      "reading the routing of", layer, "'s experts"));
-  MT_RETURN_IF_ERROR(
-      LayerStatus(cudaStreamSynchronize(compute), "the GPU before", layer, "'s experts"));
-  const int32_t n_active = std::clamp<int32_t>(active_host_.data()[0], 0, static_cast<int32_t>(E));
-  const std::span<const int32_t> ids(active_host_.data() + 1, static_cast<size_t>(n_active));
-  for (int32_t id : ids)
-    if (id < 0 || id >= E)
-      return Status::Error("the GPU router chose no expert " + std::to_string(id));
+  if (split_step_) return FetchSplit(layer, r, x, device_table, compute);
+  MT_RETURN_IF_ERROR(ReadRouting(layer, r, x, /*whole=*/false, compute));
+  const std::span<const int32_t> ids(routing_host_.data() + 1,
+                                     static_cast<size_t>(routing_host_.data()[0]));
   if (!slots_->Place(layer, ids, placed_))
     return Status::Error("layer " + std::to_string(layer) +
                          "'s experts: more active experts than cache slots");
-  cuda::ExpertPointers* staged = table_host_.data() + layer * E;
+  cuda::ExpertPointers* staged = table_host_.data() + layer * dims_.n_experts;
   LayerExpertStats d;
   d.layer = layer;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -304,37 +369,147 @@ Status ExpertOffload::Fetch(int64_t layer, const cuda::DeviceRouting& r,
       ++d.cache_hits;
     } else {
       if (d.cache_misses == 0) MT_RETURN_IF_ERROR(TimeCopies(layer, true));
-      const ExpertWeights& w = experts_.Expert(layer, ids[i]);
-      MT_RETURN_IF_ERROR(LayerStatus(
-          cudaMemcpyAsync(slot, w.gate.data, expert_bytes_, cudaMemcpyHostToDevice, copy_stream_),
-          "copying", layer, "'s experts to the GPU"));
+      MT_RETURN_IF_ERROR(CopyExpert(layer, ids[i], slot));
       ++d.cache_misses;
-      d.bytes_h2d += static_cast<int64_t>(expert_bytes_);
     }
-    staged[ids[i]] = cuda::ExpertPointers{slot, slot + gate_bytes_, slot + gate_bytes_ + up_bytes_};
+    staged[ids[i]] = SlotPointers(slot);
   }
-  if (d.cache_misses > 0) MT_RETURN_IF_ERROR(TimeCopies(layer, false));
+  d.fetched_experts = d.cache_misses;
+  d.bytes_h2d = d.fetched_experts * static_cast<int64_t>(expert_bytes_);
+  if (d.cache_misses > 0) MT_RETURN_IF_ERROR(TimeCopies(layer, false, d.cache_misses));
   MT_RETURN_IF_ERROR(PublishTable(layer, device_table, compute));
   if (stats_ != nullptr) stats_->Add(d);
   return OkStatus();
+}
+
+Status ExpertOffload::ReserveHostRows(int64_t layer, int64_t n_tokens, cudaStream_t compute) {
+  const auto n = static_cast<size_t>(n_tokens * dims_.d_model);
+  if (x_host_.size() >= n) return OkStatus();
+  const std::string what = "layer " + std::to_string(layer) + "'s hidden states";
+  MT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute), "the GPU before " + what);
+  MT_RETURN_IF_ERROR(x_host_.Reserve(n, what));
+  return out_host_.Reserve(n, what);
+}
+
+Status ExpertOffload::FetchSplit(int64_t layer, const cuda::DeviceRouting& r, const float* x,
+                                 cuda::ExpertPointers* device_table, cudaStream_t compute) {
+  const int64_t E = dims_.n_experts;
+  MT_RETURN_IF_ERROR(ReserveHostRows(layer, r.n_tokens, compute));
+  MT_RETURN_IF_ERROR(ReadRouting(layer, r, x, /*whole=*/true, compute));
+  const int32_t n_active = routing_host_.data()[0];
+  const int32_t* ids = routing_host_.data() + 1;
+  const int32_t* begin = ids + E;
+  const int32_t* token_of = begin + E + 1;
+  const float* weight_of = weights_host_.data();
+  // What the CPU executor will index by: whole, in range (the GPU grouped it; a fault there
+  // must be an error, not a wild read).
+  bool consistent = begin[0] == 0 && begin[n_active] == r.n_assignments();
+  for (int32_t a = 0; consistent && a < n_active; ++a) consistent = begin[a] <= begin[a + 1];
+  for (int64_t j = 0; consistent && j < r.n_assignments(); ++j)
+    consistent = token_of[j] >= 0 && token_of[j] < r.n_tokens;
+  if (!consistent)
+    return Status::Error("layer " + std::to_string(layer) + ": the GPU's routing is inconsistent");
+
+  // Hits stay on the GPU; of the misses, the split's share is fetched, the rest left to the CPU.
+  gpu_ids_.clear();
+  misses_.clear();
+  for (int32_t a = 0; a < n_active; ++a) {
+    if (slots_->SlotOf(layer, ids[a]) >= 0)
+      gpu_ids_.push_back(ids[a]);
+    else
+      misses_.push_back(MissCandidate{ids[a], begin[a + 1] - begin[a]});
+  }
+  const auto n_misses = static_cast<int64_t>(misses_.size());
+  const int64_t n_hits = static_cast<int64_t>(gpu_ids_.size());
+  ChooseFetched(misses_, split_model_->FetchCount(n_misses), fetched_);
+  gpu_ids_.insert(gpu_ids_.end(), fetched_.begin(), fetched_.end());
+  std::sort(gpu_ids_.begin(), gpu_ids_.end());
+  if (!slots_->Place(layer, gpu_ids_, placed_))
+    return Status::Error("layer " + std::to_string(layer) +
+                         "'s experts: more active experts than cache slots");
+
+  cuda::ExpertPointers* staged = table_host_.data() + layer * E;
+  const auto n_fetched = static_cast<int64_t>(fetched_.size());
+  if (n_fetched > 0) MT_RETURN_IF_ERROR(TimeCopies(layer, true));
+  for (size_t i = 0; i < gpu_ids_.size(); ++i) {
+    uint8_t* slot = cache_.data() + static_cast<uint64_t>(placed_[i].slot) * slot_stride_;
+    if (!placed_[i].hit) MT_RETURN_IF_ERROR(CopyExpert(layer, gpu_ids_[i], slot));
+    staged[gpu_ids_[i]] = SlotPointers(slot);
+  }
+  if (n_fetched > 0) MT_RETURN_IF_ERROR(TimeCopies(layer, false, n_fetched));
+
+  // The CPU's experts: their assignments over every token of the step, ascending ids as routed.
+  cpu_routing_.n_tokens = r.n_tokens;
+  cpu_routing_.experts.clear();
+  cpu_routing_.begin.assign(1, 0);
+  cpu_routing_.token_of.clear();
+  cpu_routing_.weight_of.clear();
+  for (int32_t a = 0; a < n_active; ++a) {
+    if (std::binary_search(gpu_ids_.begin(), gpu_ids_.end(), ids[a])) continue;
+    cpu_routing_.experts.push_back(ids[a]);
+    cpu_routing_.token_of.insert(cpu_routing_.token_of.end(), token_of + begin[a],
+                                 token_of + begin[a + 1]);
+    cpu_routing_.weight_of.insert(cpu_routing_.weight_of.end(), weight_of + begin[a],
+                                  weight_of + begin[a + 1]);
+    cpu_routing_.begin.push_back(static_cast<int32_t>(cpu_routing_.token_of.size()));
+    staged[ids[a]] = SlotPointers(zero_slot_.data());
+  }
+  MT_RETURN_IF_ERROR(PublishTable(layer, device_table, compute));
+
+  const auto n_cpu = static_cast<int64_t>(cpu_routing_.experts.size());
+  step_cpu_experts_[static_cast<size_t>(layer)] = n_cpu;
+  LayerExpertStats d;
+  d.layer = layer;
+  d.cache_hits = n_hits;
+  d.cache_misses = n_misses;
+  d.fetched_experts = n_fetched;
+  d.cpu_experts = n_cpu;
+  d.bytes_h2d = n_fetched * static_cast<int64_t>(expert_bytes_);
+  d.split_calls = 1;
+  d.q_star_sum = split_model_->q_star();
+  if (stats_ != nullptr) stats_->Add(d);
+  return OkStatus();
+}
+
+Expected<const float*> ExpertOffload::ComputeCpuShare(int64_t layer, cudaStream_t compute) {
+  if (!split_step_ || cpu_routing_.experts.empty()) return static_cast<const float*>(nullptr);
+  const int64_t n_tokens = cpu_routing_.n_tokens;
+  const auto n = static_cast<size_t>(n_tokens * dims_.d_model);
+  if (partial_dev_.size() < n) {
+    MT_ASSIGN_OR_RETURN(partial_dev_,
+                        cuda::DeviceBuffer<float>::Create(n, "the CPU experts' output on the GPU"));
+  }
+  {
+    ScopedPhase phase(times_, Phase::kCpuExperts);
+    const auto t0 = std::chrono::steady_clock::now();
+    cpu_->executor().Run(layer, cpu_routing_, x_host_.data(), out_host_.data());
+    const std::chrono::duration<double, std::nano> ns = std::chrono::steady_clock::now() - t0;
+    split_model_->ObserveCpu(static_cast<int64_t>(cpu_routing_.experts.size()), ns.count());
+  }
+  MT_RETURN_IF_ERROR(
+      LayerStatus(cudaMemcpyAsync(partial_dev_.data(), out_host_.data(), n * sizeof(float),
+                                  cudaMemcpyHostToDevice, compute),
+                  "copying", layer, "'s CPU experts' output to the GPU"));
+  return static_cast<const float*>(partial_dev_.data());
 }
 
 Status ExpertOffload::RunOnCpu(const TensorView& router, const RouterOptions& opts, int64_t layer,
                                const float* x, int64_t n_tokens, float* out, float* router_logits,
                                cudaStream_t compute) {
   const auto n = static_cast<size_t>(n_tokens * dims_.d_model);
-  if (x_host_.size() < n) {
-    const std::string what = "layer " + std::to_string(layer) + "'s hidden states";
-    MT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute), "the GPU before " + what);
-    MT_RETURN_IF_ERROR(x_host_.Reserve(n, what));
-    MT_RETURN_IF_ERROR(out_host_.Reserve(n, what));
-  }
+  MT_RETURN_IF_ERROR(ReserveHostRows(layer, n_tokens, compute));
   MT_RETURN_IF_ERROR(LayerStatus(
       cudaMemcpyAsync(x_host_.data(), x, n * sizeof(float), cudaMemcpyDeviceToHost, compute),
       "copying", layer, "'s hidden states to the host"));
-  MT_RETURN_IF_ERROR(
-      LayerStatus(cudaStreamSynchronize(compute), "the GPU before", layer, "'s CPU experts"));
-  cpu_->Moe(router, opts, layer, x_host_.data(), n_tokens, out_host_.data(), router_logits);
+  {
+    ScopedPhase wait(times_, Phase::kGpuWait);
+    MT_RETURN_IF_ERROR(
+        LayerStatus(cudaStreamSynchronize(compute), "the GPU before", layer, "'s CPU experts"));
+  }
+  {
+    ScopedPhase phase(times_, Phase::kCpuExperts);
+    cpu_->Moe(router, opts, layer, x_host_.data(), n_tokens, out_host_.data(), router_logits);
+  }
   MT_RETURN_IF_ERROR(LayerStatus(
       cudaMemcpyAsync(out, out_host_.data(), n * sizeof(float), cudaMemcpyHostToDevice, compute),
       "copying", layer, "'s expert output to the GPU"));
@@ -351,6 +526,8 @@ Status ExpertOffload::CollectCopyTimes() {
     d.layer = layer;
     d.h2d_ns = static_cast<int64_t>(static_cast<double>(ms) * 1e6);
     if (stats_ != nullptr) stats_->Add(d);
+    if (split_model_ != nullptr)
+      split_model_->ObserveCopies(timed_experts_[l], static_cast<double>(d.h2d_ns));
   }
   timed_layers_.clear();
   return OkStatus();

@@ -11,6 +11,11 @@
 //   experts are active), each kGpuCache layer's whole bank is copied into one of two VRAM
 //   buffers instead, the next cached layer's into the other while this one computes, and the
 //   cache is left as it was. No routing comes to the host, and copies overlap compute.
+// - Hybrid (ComputeOptions::split_misses), in decode-sized steps: the misses are split
+//   (experts/miss_split.h) — a share fetched as above, the rest computed by the CPU executor in
+//   place, from the layer's input and routing read back with the active ids. The GPU computes
+//   the hits and fetched experts (the CPU's point at a zeroed slot, so their outputs are zero)
+//   while the CPU computes its share; their partial sums meet in the routed sum.
 // - kCpuExecutor layers (banks locked or pageable): the layer's input goes to the host, the CPU
 //   backend's MoE (router, experts, routed sum) runs on it, the result comes back; the GPU waits
 //   for that layer only.
@@ -27,8 +32,11 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/pinned_buffer.h"
+#include "core/phase_times.h"
 #include "core/status.h"
 #include "experts/expert_slots.h"
+#include "experts/miss_split.h"
+#include "experts/routing.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/expert_ffn.h"
 #include "kernels/cuda/routing.h"
@@ -68,8 +76,19 @@ class ExpertOffload {
   // layer) on the copy stream, and makes `compute` wait for them. Adds the layer's hits, misses
   // and bytes copied to the stats. In a streaming step: points the table at the layer's bank in
   // its stream buffer and queues the next cached layer's bank into the other.
-  Status Fetch(int64_t layer, const cuda::DeviceRouting& r, cuda::ExpertPointers* device_table,
-               cudaStream_t compute);
+  // x: the layer's input [r.n_tokens, d_model] on the device (read back by hybrid steps).
+  Status Fetch(int64_t layer, const cuda::DeviceRouting& r, const float* x,
+               cuda::ExpertPointers* device_table, cudaStream_t compute);
+  // After Fetch and the GPU's expert launches for the same layer: in a hybrid step with misses
+  // left to the CPU, computes them now (the GPU works meanwhile) and queues their weighted sum
+  // [n_tokens, d_model] to the device on `compute`; returns it, or null when the CPU had none.
+  Expected<const float*> ComputeCpuShare(int64_t layer, cudaStream_t compute);
+  // Experts of `layer` the CPU computed in this step's hybrid split (0 otherwise).
+  int64_t StepCpuExperts(int64_t layer) const {
+    return step_cpu_experts_.empty() ? 0 : step_cpu_experts_[static_cast<size_t>(layer)];
+  }
+  // Whether this step splits misses (hybrid, a decode-sized step).
+  bool splitting() const { return split_step_; }
 
   // For a kCpuExecutor layer: x [n_tokens, d_model] (device) to the host, the CPU backend's
   // Moe, out (device) from the host, ordered on `compute`. router_logits: as ComputeBackend::Moe.
@@ -78,6 +97,7 @@ class ExpertOffload {
                   cudaStream_t compute);
 
   void SetExpertStats(ExpertStats* stats);
+  void SetPhaseTimes(PhaseTimes* times) { times_ = times; }
   // With stats: adds each layer's copy-engine time of this step's misses (events recorded by
   // Fetch) to them. Call once the step's copies are done (after a sync of the compute stream).
   Status CollectCopyTimes();
@@ -88,13 +108,27 @@ class ExpertOffload {
   ExpertOffload(const ExpertSource& experts, const ModelDims& dims);
 
   Status FetchStreamed(int64_t layer, cuda::ExpertPointers* device_table, cudaStream_t compute);
+  Status FetchSplit(int64_t layer, const cuda::DeviceRouting& r, const float* x,
+                    cuda::ExpertPointers* device_table, cudaStream_t compute);
+  // Reads the routing's n_active and active ids (and, to split, the whole routing and x) into
+  // the pinned buffers; waits for them.
+  Status ReadRouting(int64_t layer, const cuda::DeviceRouting& r, const float* x, bool whole,
+                     cudaStream_t compute);
+  // Queues the copy of (layer, expert) into slot `slot` on the copy stream.
+  Status CopyExpert(int64_t layer, int32_t expert, uint8_t* slot);
+  // Host buffers for a layer's input and output of n_tokens tokens (synchronizes to regrow).
+  Status ReserveHostRows(int64_t layer, int64_t n_tokens, cudaStream_t compute);
+  cuda::ExpertPointers SlotPointers(uint8_t* slot) const {
+    return cuda::ExpertPointers{slot, slot + gate_bytes_, slot + gate_bytes_ + up_bytes_};
+  }
   // Queues layer's whole bank into stream buffer b on the copy stream, once `compute` has run
   // everything queued on it so far (the buffer's last reader among it).
   Status StreamBank(int64_t layer, int b, cudaStream_t compute);
   // The next kGpuCache layer after `layer` (-1: none).
   int64_t NextCachedLayer(int64_t layer) const;
   // Records the start (before the first copy) or the end of a layer's copies for the stats.
-  Status TimeCopies(int64_t layer, bool start);
+  // (n_experts: how many the layer's timed copies hold, given at the end.)
+  Status TimeCopies(int64_t layer, bool start, int64_t n_experts = 0);
   // Queues the staged pointer table of `layer` and makes `compute` wait for the copy stream.
   Status PublishTable(int64_t layer, cuda::ExpertPointers* device_table, cudaStream_t compute);
 
@@ -125,12 +159,26 @@ class ExpertOffload {
   cuda::DeviceBuffer<uint8_t> cache_;
   std::unique_ptr<ExpertSlots> slots_;
   std::vector<ExpertSlots::Placement> placed_;
-  cuda::PinnedBuffer<int32_t> active_host_;              // [1 + n_experts]: n_active, ids
   cuda::PinnedBuffer<cuda::ExpertPointers> table_host_;  // [n_layers * n_experts] staged
 
   std::unique_ptr<CpuBackend> cpu_;
-  cuda::PinnedBuffer<float> x_host_, out_host_;
+  cuda::PinnedBuffer<float> x_host_, out_host_;  // a layer's input and its CPU experts' output
   ExpertStats* stats_ = nullptr;
+  PhaseTimes* times_ = nullptr;
+
+  // Hybrid: the split's model, whether this step splits, and the current layer's split.
+  bool split_ = false;
+  std::unique_ptr<MissSplit> split_model_;
+  bool split_step_ = false;
+  cuda::PinnedBuffer<int32_t> routing_host_;  // n_active, experts, begin, token_of
+  cuda::PinnedBuffer<float> weights_host_;    // weight_of
+  std::vector<MissCandidate> misses_;
+  std::vector<int32_t> gpu_ids_, fetched_;
+  Routing cpu_routing_;                    // the misses the CPU computes, over all tokens
+  std::vector<int64_t> step_cpu_experts_;  // per layer id, this step
+  std::vector<int64_t> timed_experts_;     // per layer id: experts in its timed copies
+  cuda::DeviceBuffer<uint8_t> zero_slot_;  // one expert of zeros: the CPU's experts' table
+  cuda::DeviceBuffer<float> partial_dev_;  // the CPU's weighted sum on the device
 };
 
 }  // namespace moetier

@@ -58,9 +58,11 @@ constexpr double kPrefillMinTokensPerExpertBf16 = 4.0;
 // The routed sum.
 
 // out[t, c] = Σ over k < top_k, in order, of weight_of[j] * y[j, c], j = assign_of[t, k] (token
-// t's assignments, experts ascending): fp32 FMA from 0, a fixed order.
+// t's assignments, experts ascending): fp32 FMA from 0, a fixed order; then + partial[t, c]
+// when a partial sum is given.
 __global__ void RoutedSumKernel(const float* y, const int32_t* assign_of, const float* weight_of,
-                                int64_t n_tokens, int64_t top_k, int64_t d_model, float* out) {
+                                int64_t n_tokens, int64_t top_k, int64_t d_model,
+                                const float* partial, float* out) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_tokens * d_model) return;
   const int64_t t = idx / d_model, c = idx % d_model;
@@ -69,7 +71,7 @@ __global__ void RoutedSumKernel(const float* y, const int32_t* assign_of, const 
     const int64_t j = assign_of[t * top_k + k];
     acc = fmaf(weight_of[j], y[j * d_model + c], acc);
   }
-  out[idx] = acc;
+  out[idx] = partial != nullptr ? acc + partial[idx] : acc;
 }
 
 // The scratch of one ExpertFfn (its State), sized at Create.
@@ -321,6 +323,12 @@ ExpertFfn& ExpertFfn::operator=(ExpertFfn&&) noexcept = default;
 
 void ExpertFfn::Run(const DeviceRouting& r, const ExpertPointers* table, const float* x, float* out,
                     cudaStream_t stream) {
+  RunExperts(r, table, x, stream);
+  RoutedSum(r, nullptr, out, stream);
+}
+
+void ExpertFfn::RunExperts(const DeviceRouting& r, const ExpertPointers* table, const float* x,
+                           cudaStream_t stream) {
   if (r.n_tokens == 0) return;
   Scratch& s = *s_;
   switch (FmtOf(s.shape.dtype)) {
@@ -334,10 +342,16 @@ void ExpertFfn::Run(const DeviceRouting& r, const ExpertPointers* table, const f
       RunFmt<Fmt::kQ4_0>(s, r, table, x, stream);
       break;
   }
+}
+
+void ExpertFfn::RoutedSum(const DeviceRouting& r, const float* partial, float* out,
+                          cudaStream_t stream) {
+  if (r.n_tokens == 0) return;
+  const Scratch& s = *s_;
   const int64_t n_out = r.n_tokens * s.shape.d_model;
   RoutedSumKernel<<<static_cast<unsigned>(CeilDiv(n_out, kElementwiseThreads)), kElementwiseThreads,
                     0, stream>>>(s.y, r.assign_of, r.weight_of, r.n_tokens, r.top_k,
-                                 s.shape.d_model, out);
+                                 s.shape.d_model, partial, out);
 }
 
 }  // namespace moetier::cuda

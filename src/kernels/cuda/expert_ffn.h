@@ -71,6 +71,14 @@ class ExpertFfn {
   // Create sizes the decode grids for the device current then; Run on that device.
   void Run(const DeviceRouting& r, const ExpertPointers* table, const float* x, float* out,
            cudaStream_t stream);
+  // Run in two halves, for a caller that adds a partial sum computed elsewhere (the hybrid
+  // split: the CPU executor's experts) between them. RunExperts queues the gate+up and down
+  // launches (per-assignment outputs in the scratch); RoutedSum then writes
+  // out[t, :] = (Σ over t's assignments, experts ascending, of weight · y) + partial[t, :]
+  // (partial: device [r.n_tokens, d_model], or null for none). Run is the two with no partial.
+  void RunExperts(const DeviceRouting& r, const ExpertPointers* table, const float* x,
+                  cudaStream_t stream);
+  void RoutedSum(const DeviceRouting& r, const float* partial, float* out, cudaStream_t stream);
 
  private:
   struct State;

@@ -552,6 +552,68 @@ TEST(ExpertFfnDecode, TokenAloneEqualsTokenInBatch) {
   }
 }
 
+// The hybrid split's mechanism: experts whose table entries point at an expert of zeros add
+// exactly nothing, and RoutedSum adds a partial sum computed elsewhere (here the CPU executor
+// over those experts' assignments) after the GPU's: together within the decode tolerance of the
+// CPU executor over the whole routing, and the partial added as one fp32 addition.
+TEST(ExpertFfnSplit, ZeroedExpertsPlusAPartialSumMatchTheWholeRouting) {
+  MT_REQUIRE_GPU();
+  std::mt19937 rng(testing::TestSeed());
+  for (DType dtype : {DType::kBF16, DType::kQ8_0, DType::kQ4_0}) {
+    SCOPED_TRACE(std::string(DTypeName(dtype)));
+    ExpertShape shape = kSmall;
+    shape.dtype = dtype;
+    const int64_t E = 16, T = 5, K = 4;
+    const HostExperts ex = MakeExperts(shape, E, rng);
+    const DeviceExperts dev = UploadExperts(ex, false);
+    const StepRouting s = MakeRouting(T, E, K, rng);
+    const std::vector<float> x = RandomInput(T, shape.d_model, rng);
+
+    // Odd experts go to the "CPU": their table entries read zeros on the GPU.
+    size_t zero_bytes = 0;
+    for (const auto& m : ex.bytes) zero_bytes = std::max(zero_bytes, m.size());
+    DeviceBuffer<uint8_t> zeros = Upload(std::vector<uint8_t>(zero_bytes, 0));
+    std::vector<ExpertPointers> table(static_cast<size_t>(E));
+    ASSERT_EQ(cudaSuccess, cudaMemcpy(table.data(), dev.table.data(), dev.table.bytes(),
+                                      cudaMemcpyDeviceToHost));
+    for (int64_t e = 1; e < E; e += 2)
+      table[static_cast<size_t>(e)] = ExpertPointers{zeros.data(), zeros.data(), zeros.data()};
+    DeviceBuffer<ExpertPointers> split_table = Upload(table);
+    StepRouting odd;
+    odd.n_experts = E;
+    odd.top_k = K;
+    odd.host.n_tokens = T;
+    odd.host.begin.assign(1, 0);
+    for (size_t a = 0; a < s.host.n_active(); ++a) {
+      if (s.host.experts[a] % 2 == 0) continue;
+      odd.host.experts.push_back(s.host.experts[a]);
+      for (int64_t j = s.host.first(a); j < s.host.first(a) + s.host.count(a); ++j) {
+        odd.host.token_of.push_back(s.host.token_of[static_cast<size_t>(j)]);
+        odd.host.weight_of.push_back(s.host.weight_of[static_cast<size_t>(j)]);
+      }
+      odd.host.begin.push_back(static_cast<int32_t>(odd.host.token_of.size()));
+    }
+    ASSERT_FALSE(odd.host.experts.empty());
+    const std::vector<float> partial = RunCpu(ex, odd, x);
+
+    Expected<ExpertFfn> ffn =
+        ExpertFfn::Create(ex.shape, T, K, ExpertFfnOptions{ExpertFfnPath::kDecode});
+    ASSERT_TRUE(ffn.ok()) << ffn.message();
+    DeviceRoutingBuffers routing = UploadRouting(s);
+    DeviceBuffer<float> x_dev = Upload(x);
+    DeviceBuffer<float> partial_dev = Upload(partial);
+    DeviceBuffer<float> gpu_only = DeviceBuffer<float>::Create(x.size(), "test out").value();
+    DeviceBuffer<float> both = DeviceBuffer<float>::Create(x.size(), "test out").value();
+    ffn->RunExperts(routing.view, split_table.data(), x_dev.data(), nullptr);
+    ffn->RoutedSum(routing.view, nullptr, gpu_only.data(), nullptr);
+    ffn->RoutedSum(routing.view, partial_dev.data(), both.data(), nullptr);
+    const std::vector<float> a = testing::Download(gpu_only, x.size());
+    const std::vector<float> b = testing::Download(both, x.size());
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(b[i], a[i] + partial[i]) << "element " << i;
+    ExpectMatch(ExpertFfnPath::kDecode, ex, s, x, b, "split between zeroed experts and a partial");
+  }
+}
+
 // kAuto takes the decode kernels for a decode step and the GEMMs for a prefill-sized step
 // (150 tokens per expert): bit-identical to the forced path.
 TEST(ExpertFfnAuto, PicksDecodeForFewAndPrefillForManyTokensPerExpert) {

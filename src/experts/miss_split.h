@@ -1,0 +1,55 @@
+// The hybrid backend's split of a step's expert-cache misses (--moe-backend hybrid): per pinned
+// layer and step, the misses the copy engine fetches into the VRAM cache (computed there, with
+// the hits) and those the CPU executor computes in place at the same time. Both sides take time
+// per expert — the copy engine its bytes over PCIe, the CPU its bytes from RAM — so the step is
+// done when the slower side is: the split balances their predicted times. With equal-sized
+// experts that is a share q* = copy rate / (copy rate + CPU rate) of the misses for the copy
+// engine, each rate the one measured while both run (each observation contended by the other
+// side), an exponential average refined from every split step.
+//
+// Which misses go where is ChooseFetched's rule; this file is arithmetic only (no CUDA).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace moetier {
+
+class MissSplit {
+ public:
+  // expert_bytes: one expert's bytes. fixed_fetch_share in [0, 1] forces q* (tests, benches);
+  // negative: measured.
+  MissSplit(uint64_t expert_bytes, double fixed_fetch_share);
+
+  // The share of the misses the copy engine takes now.
+  double q_star() const;
+  // Of n_misses, how many to fetch: the count whose predicted copy and CPU times are closest to
+  // balanced (the smaller of the two maxima), or round(q* x n_misses) when q* is fixed.
+  int64_t FetchCount(int64_t n_misses) const;
+
+  // A layer's observed side: `experts` experts in `ns` nanoseconds (copy engine: first copy's
+  // start to last copy's end; CPU: the executor's wall time).
+  void ObserveCopies(int64_t experts, double ns);
+  void ObserveCpu(int64_t experts, double ns);
+  double copy_ns_per_expert() const { return copy_ns_; }
+  double cpu_ns_per_expert() const { return cpu_ns_; }
+
+ private:
+  double fixed_share_;
+  double copy_ns_, cpu_ns_;  // exponential averages, per expert
+};
+
+// One miss of a step: the expert and how many of the step's tokens chose it.
+struct MissCandidate {
+  int32_t expert = 0;
+  int32_t tokens = 0;
+};
+
+// The rule for which misses to fetch: the n_fetch with the most tokens (ties: lower id). An
+// expert with many tokens gains most from the GPU's compute, and the CPU executor's time grows
+// with tokens while a copy's does not. `fetched` gets their ids, ascending; `misses` is
+// reordered.
+void ChooseFetched(std::span<MissCandidate> misses, int64_t n_fetch, std::vector<int32_t>& fetched);
+
+}  // namespace moetier

@@ -1,0 +1,88 @@
+// The hybrid split's arithmetic: q* from the observed rates, the count that balances both sides,
+// a forced share, and which misses are fetched.
+#include "experts/miss_split.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace moetier {
+namespace {
+
+constexpr uint64_t kExpertBytes = 9'437'184;  // a Qwen3-30B-A3B expert in bf16
+
+// Feeds `n` identical observations: the averages converge to them.
+void Observe(MissSplit& s, double copy_ns, double cpu_ns, int n = 100) {
+  for (int i = 0; i < n; ++i) {
+    s.ObserveCopies(3, 3 * copy_ns);
+    s.ObserveCpu(5, 5 * cpu_ns);
+  }
+}
+
+TEST(MissSplit, StartsEvenThenFollowsTheMeasuredRates) {
+  MissSplit s(kExpertBytes, -1);
+  EXPECT_DOUBLE_EQ(s.q_star(), 0.5);
+  // Copies at 55 GB/s, the CPU at 90 GB/s: q* = 55 / 145.
+  Observe(s, kExpertBytes / 55.0, kExpertBytes / 90.0);
+  EXPECT_NEAR(s.q_star(), 55.0 / 145.0, 1e-6);
+  EXPECT_NEAR(s.copy_ns_per_expert(), kExpertBytes / 55.0, 1e-3);
+  // The CPU slows (another process reads memory): the split moves to the copy engine.
+  Observe(s, kExpertBytes / 55.0, kExpertBytes / 20.0);
+  EXPECT_NEAR(s.q_star(), 55.0 / 75.0, 1e-6);
+}
+
+TEST(MissSplit, OneObservationMovesTheAverageOnlyPartly) {
+  MissSplit s(kExpertBytes, -1);
+  const double before = s.cpu_ns_per_expert();
+  s.ObserveCpu(1, 100 * before);  // one very slow step
+  EXPECT_GT(s.cpu_ns_per_expert(), before);
+  EXPECT_LT(s.cpu_ns_per_expert(), 50 * before);
+  s.ObserveCpu(0, 1.0);  // nothing computed: no observation
+  s.ObserveCopies(4, 0.0);
+  EXPECT_DOUBLE_EQ(s.copy_ns_per_expert(), kExpertBytes / 25.0);
+}
+
+TEST(MissSplit, FetchCountBalancesThePredictedTimes) {
+  MissSplit s(kExpertBytes, -1);
+  Observe(s, 2.0, 1.0);  // the CPU twice as fast per expert: q* = 1/3
+  EXPECT_EQ(s.FetchCount(0), 0);
+  EXPECT_EQ(s.FetchCount(3), 1);  // 1 copy (2) vs 2 on the CPU (2)
+  EXPECT_EQ(s.FetchCount(6), 2);
+  // 4 misses: fetching 1 finishes at max(2, 3) = 3, fetching 2 at max(4, 2) = 4.
+  EXPECT_EQ(s.FetchCount(4), 1);
+  // 1 miss: the CPU (1) before a copy (2).
+  EXPECT_EQ(s.FetchCount(1), 0);
+  for (int64_t n = 0; n < 40; ++n) {
+    const int64_t f = s.FetchCount(n);
+    ASSERT_GE(f, 0);
+    ASSERT_LE(f, n);
+    // No other count finishes sooner.
+    auto finish = [&](int64_t k) { return std::max(2.0 * k, 1.0 * (n - k)); };
+    for (int64_t k = 0; k <= n; ++k) ASSERT_LE(finish(f), finish(k)) << n << " misses";
+  }
+}
+
+TEST(MissSplit, AForcedShareIgnoresTheRates) {
+  for (double share : {0.0, 0.25, 1.0}) {
+    MissSplit s(kExpertBytes, share);
+    Observe(s, 1.0, 100.0);
+    EXPECT_DOUBLE_EQ(s.q_star(), share);
+    EXPECT_EQ(s.FetchCount(8), static_cast<int64_t>(share * 8));
+  }
+}
+
+TEST(ChooseFetched, TakesTheExpertsWithMostTokensLowerIdsFirst) {
+  std::vector<MissCandidate> misses = {{7, 1}, {3, 2}, {9, 4}, {1, 1}, {5, 2}};
+  std::vector<int32_t> fetched;
+  ChooseFetched(misses, 3, fetched);
+  EXPECT_EQ(fetched, (std::vector<int32_t>{3, 5, 9}));  // 4 tokens, then 2 and 2
+  ChooseFetched(misses, 4, fetched);
+  EXPECT_EQ(fetched, (std::vector<int32_t>{1, 3, 5, 9}));  // of the 1-token ones, id 1 first
+  ChooseFetched(misses, 0, fetched);
+  EXPECT_TRUE(fetched.empty());
+  ChooseFetched(misses, 99, fetched);
+  EXPECT_EQ(fetched.size(), misses.size());
+}
+
+}  // namespace
+}  // namespace moetier
