@@ -16,7 +16,7 @@
 #   4 and 16 sequences, and hybrid: the same, with half the banks pinned, and --profile, both
 #   after llama.cpp's build as they use the CPU); CROSS=1 adds offload prefill at 32-256
 #   tokens (CROSS_SIZES="512 1024": those) streamed and not (the crossover); LOAD=1 times a load with every bank pinned against a raw read;
-#   DEADLINE=S (default 540) skips what would start after S seconds.
+#   LLAMA_P4096=0 skips llama.cpp's 4096-token prefill runs; DEADLINE=S (default 540) skips what would start after S seconds.
 set -u
 cd "$(dirname "$0")/.."
 START=$SECONDS
@@ -193,8 +193,10 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
       lb -p 512 -n 128                                   # everything on the GPU
       lb -ncmoe 8 -mmp 1 -p 0 -n 128                     # experts on the CPU, mmap'd
       lb -ncmoe 8 -mmp 0 -p 0 -n 128                     # ... in a pinned buffer
-      lb -ncmoe 8 -mmp 0 -p 4096 -n 0                    # prefill 4096, default batches
-      lb -ncmoe 8 -mmp 0 -p 4096 -n 0 -ub 2048 -b 4096   # ... its best batches
+      if [ "${LLAMA_P4096:-1}" = 1 ]; then
+        lb -ncmoe 8 -mmp 0 -p 4096 -n 0                    # prefill 4096, default batches
+        lb -ncmoe 8 -mmp 0 -p 4096 -n 0 -ub 2048 -b 4096   # ... its best batches
+      fi
       run_timed 120 "$LB/llama-batched-bench" -m "$W/$g.gguf" -ngl 99 -ncmoe 8 --no-mmap -c 8192 \
         -npp 128 -ntg 32 -npl 4,16 --output-format jsonl >> "$LOGS/llama-batched-$dt.jsonl" 2>&1
       grep '"pp"' "$LOGS/llama-batched-$dt.jsonl" | sed "s/^/llama-batched-bench $dt: /" >> "$S"
