@@ -221,9 +221,11 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
           HYBRID=(--moe-backend hybrid --moe-collect-stats --moe-cache-gb "${CACHE_MIN[$dt]}")
           bench hybrid-min "$dt" "${HYBRID[@]}" --moe-cpu-layers 0 --prompt-tokens 32 \
             --gen-tokens 64 --profile
+          MOETIER_CPU_SHARE_ASYNC=0 bench hybrid-min-sync "$dt" "${HYBRID[@]}" --moe-cpu-layers 0 \
+            --prompt-tokens 32 --gen-tokens 64 --profile
           for n in 4 16; do
             bench "hybrid-par$n" "$dt" "${HYBRID[@]}" --moe-cpu-layers 0 --parallel "$n" \
-              --prompt-tokens 128 --gen-tokens 32
+              --prompt-tokens 128 --gen-tokens 32 --profile
           done
           bench hybrid-halfpin "$dt" "${HYBRID[@]}" --pin-budget-gb "${CACHE_50[$dt]}" \
             --prompt-tokens 32 --gen-tokens 64 ;;

@@ -257,8 +257,10 @@ int Run(const Opts& o) {
   j["kv_pool_bytes"] = kv_pool_bytes;
   if (o.profile) {
     // Milliseconds by phase, per decoded token and per prompt; "other" is the forward's time
-    // outside the phases (norms, residual adds, embedding), "step" the whole decode step with
-    // the bench loop's argmax, "prompt" the whole prefill.
+    // outside the host's phases (norms, residual adds, embedding; on a GPU the launches), "step"
+    // the whole decode step with the bench loop's argmax, "prompt" the whole prefill. On a GPU
+    // the host's phases time launches and waits; gpu_experts and copies are device time, cpu_share
+    // hybrid's worker thread.
     auto by_phase = [&](const PhaseTimes& times, double per, const char* total_name,
                         double total_ms) {
       nlohmann::ordered_json p;
@@ -266,7 +268,8 @@ int Run(const Opts& o) {
       for (size_t i = 0; i < kPhaseNames.size(); ++i) {
         const double ms = 1e3 * times.seconds[i] / per;
         p[kPhaseNames[i]] = ms;
-        if (static_cast<Phase>(i) != Phase::kForward) inside += ms;
+        const auto phase = static_cast<Phase>(i);
+        if (phase != Phase::kForward && !IsConcurrentPhase(phase)) inside += ms;
       }
       p["other"] = 1e3 * times[Phase::kForward] / per - inside;
       p[total_name] = total_ms;

@@ -24,7 +24,7 @@ void AddResidencyOptions(CLI::App& cmd, ModelOptions& opts) {
                 "by the CPU executor at the same time (the share from the copy and CPU speeds "
                 "measured as it runs). auto (the default): gpu when the weights, the KV cache "
                 "(--ctx-size, else 8192 positions) and 1 GB of workspace fit in the free VRAM, "
-                "else offload; cpu without a usable GPU");
+                "else hybrid; cpu without a usable GPU");
   g->add_flag("--no-gpu", opts.no_gpu,
               "Run everything on the CPU even when a GPU is present (nothing pinned for it)");
   g->add_option(

@@ -20,15 +20,27 @@ enum class Phase : size_t {
   kLmHead,         // final norm and lm_head
   // A GPU backend's host side (its kernels are asynchronous: the phases above then time only
   // their launches):
-  kGpuWait,     // waiting for the GPU (a layer's routing read back before its experts)
-  kCpuExperts,  // the CPU executor's experts inside a GPU step (offload's CPU layers, hybrid)
+  kGpuWait,     // waiting for the GPU (a layer's routing read back before its experts; with
+                // hybrid's worker, the GPU itself waits there for the previous layer's CPU share)
+  kCpuExperts,  // the CPU executor's experts on the host thread (offload's CPU layers; hybrid
+                // without its worker)
+  // Concurrent with the host's phases: device time (CUDA events), and hybrid's worker thread.
+  kGpuExperts,  // the GPU's expert kernels (gate+up and down launches of every MoE layer)
+  kCopies,      // the copy engine's expert copies (offload and hybrid misses, streamed banks)
+  kCpuShare,    // hybrid: the worker computing the CPU's share of misses
   kForward,     // the whole Forward call
   kCount
 };
 
 inline constexpr std::array<const char*, static_cast<size_t>(Phase::kCount)> kPhaseNames = {
-    "attn_qkv",     "attention", "attn_out", "router",      "routing", "experts_gate_up",
-    "experts_down", "lm_head",   "gpu_wait", "cpu_experts", "forward"};
+    "attn_qkv",        "attention",    "attn_out",  "router",   "routing",
+    "experts_gate_up", "experts_down", "lm_head",   "gpu_wait", "cpu_experts",
+    "gpu_experts",     "copies",       "cpu_share", "forward"};
+
+// Whether `p` runs beside the host thread (its time is not part of the Forward's wall time).
+constexpr bool IsConcurrentPhase(Phase p) {
+  return p == Phase::kGpuExperts || p == Phase::kCopies || p == Phase::kCpuShare;
+}
 
 struct PhaseTimes {
   std::array<double, static_cast<size_t>(Phase::kCount)> seconds{};

@@ -7,7 +7,7 @@
 
 namespace moetier {
 
-const std::array<TuningKnobSpec, 12> kTuningKnobSpecs = {{
+const std::array<TuningKnobSpec, 13> kTuningKnobSpecs = {{
     {"MOETIER_AMX_MIN_TOKENS", &TuningKnobs::amx_min_tokens, 1, 1 << 20,
      "smallest batch of tokens whose q8_0/bf16 matmuls use AMX tiles"},
     {"MOETIER_BF16C_EXPAND_MIN_TOKENS", &TuningKnobs::bf16c_expand_min_tokens, 1, 1 << 20,
@@ -32,6 +32,8 @@ const std::array<TuningKnobSpec, 12> kTuningKnobSpecs = {{
      "smallest step (tokens) for which offload streams whole banks to the GPU"},
     {"MOETIER_FETCH_PERCENT", &TuningKnobs::fetch_percent, 0, 100,
      "hybrid: percent of a step's cache misses the copy engine fetches (the rest: the CPU)"},
+    {"MOETIER_CPU_SHARE_ASYNC", &TuningKnobs::cpu_share_async, 0, 1,
+     "hybrid: 1 runs the CPU's share on a worker the GPU waits for; 0 on the host thread"},
 }};
 
 const std::array<std::string_view, 6> kOtherEnvironmentVariables = {

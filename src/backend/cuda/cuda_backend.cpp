@@ -90,6 +90,7 @@ CudaBackend::~CudaBackend() {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
   }
+  for (cudaEvent_t e : expert_events_) cudaEventDestroy(e);
 }
 
 void CudaBackend::Check(cudaError_t err, const char* what) {
@@ -363,7 +364,10 @@ void CudaBackend::Moe(const TensorView& router, const RouterOptions& opts, int64
 void CudaBackend::RunExpertsOnGpu(int64_t layer, const float* x, float* out) {
   cuda::ExpertPointers* table = weights_.ExpertTable(layer);
   if (offload_->home(layer) != ExpertHome::kGpuCache) {
-    ffn_.Run(routing_, table, x, out, stream_);
+    TimeExperts(layer, true);
+    ffn_.RunExperts(routing_, table, x, stream_);
+    TimeExperts(layer, false);
+    ffn_.RoutedSum(routing_, nullptr, out, stream_);
     return;
   }
   if (!error_.empty()) return;  // the routing may be garbage: copy nothing
@@ -371,7 +375,9 @@ void CudaBackend::RunExpertsOnGpu(int64_t layer, const float* x, float* out) {
     error_ = s.message();
     return;
   }
+  TimeExperts(layer, true);
   ffn_.RunExperts(routing_, table, x, stream_);
+  TimeExperts(layer, false);
   // Hybrid: the CPU computes its share of the misses while the GPU runs the launches above.
   Expected<const float*> partial = offload_->ComputeCpuShare(layer, stream_);
   if (!partial.ok()) {
@@ -379,6 +385,21 @@ void CudaBackend::RunExpertsOnGpu(int64_t layer, const float* x, float* out) {
     return;
   }
   ffn_.RoutedSum(routing_, *partial, out, stream_);
+}
+
+void CudaBackend::SetPhaseTimes(PhaseTimes* times) {
+  times_ = times;
+  offload_->SetPhaseTimes(times);
+  if (times == nullptr || !expert_events_.empty()) return;
+  expert_events_.resize(2 * static_cast<size_t>(dims_.n_layers));
+  for (cudaEvent_t& e : expert_events_) Check(cudaEventCreate(&e), "creating the timing events");
+}
+
+void CudaBackend::TimeExperts(int64_t layer, bool start) {
+  if (times_ == nullptr || expert_events_.empty()) return;
+  Check(cudaEventRecord(expert_events_[static_cast<size_t>(2 * layer + (start ? 0 : 1))], stream_),
+        "timing the experts");
+  if (!start) timed_expert_layers_.push_back(layer);
 }
 
 int64_t CudaBackend::ScanNonFinite(const float* x, int64_t n, int64_t slot) {
@@ -400,7 +421,15 @@ Status CudaBackend::EndStep() {
         "reading the expert counts");
   Check(cudaStreamSynchronize(stream_), "the step on the GPU");
   if (error_.empty())
-    if (Status s = offload_->CollectCopyTimes(); !s.ok()) error_ = s.message();
+    if (Status s = offload_->FinishStep(); !s.ok()) error_ = s.message();
+  for (int64_t layer : timed_expert_layers_) {
+    float ms = 0.0f;
+    const auto l = static_cast<size_t>(2 * layer);
+    Check(cudaEventElapsedTime(&ms, expert_events_[l], expert_events_[l + 1]),
+          "reading the experts' time");
+    if (times_ != nullptr) (*times_)[Phase::kGpuExperts] += static_cast<double>(ms) * 1e-3;
+  }
+  timed_expert_layers_.clear();
   if (!error_.empty()) return Status::Error("GPU: " + error_);
   scans_.assign(static_cast<size_t>(n_scans_), -1);
   for (int64_t i = 0; i < n_scans_; ++i) {

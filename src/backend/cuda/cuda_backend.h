@@ -63,10 +63,8 @@ class CudaBackend final : public ComputeBackend {
   std::span<const int64_t> NonFiniteScans() override { return scans_; }
   Status EndStep() override;
   void Logits(const float* x, int64_t n_rows, const TensorView& lm_head, float* logits) override;
-  void SetPhaseTimes(PhaseTimes* times) override {
-    times_ = times;
-    offload_->SetPhaseTimes(times);
-  }
+  // With times, the expert kernels and copies are timed on the GPU too (CUDA events).
+  void SetPhaseTimes(PhaseTimes* times) override;
   PhaseTimes* phase_times() const override { return times_; }
   void SetExpertStats(ExpertStats* stats) override;
   std::vector<int64_t> LayersWithOwnExperts() const override { return vram_layers_; }
@@ -75,6 +73,8 @@ class CudaBackend final : public ComputeBackend {
   CudaBackend(const ExpertSource& experts, const ModelDims& dims);
   // The experts of `layer` on the GPU, through the cache when they live in a pinned bank.
   void RunExpertsOnGpu(int64_t layer, const float* x, float* out);
+  // With phase times: records the start or end of layer's expert kernels on the stream.
+  void TimeExperts(int64_t layer, bool start);
   // Buffers for steps of up to n_tokens tokens (kept; regrown, after a sync, only for a larger
   // step than any before).
   Status Reserve(int64_t n_tokens);
@@ -93,6 +93,8 @@ class CudaBackend final : public ComputeBackend {
   int64_t capacity_tokens_ = 0;
   bool ffn_built_ = false;  // ffn_ is sized for the experts (known after Hold)
   PhaseTimes* times_ = nullptr;
+  std::vector<cudaEvent_t> expert_events_;    // [n_layers][start, end], made with phase times
+  std::vector<int64_t> timed_expert_layers_;  // this step's, read at EndStep
   ExpertStats* stats_ = nullptr;
   std::vector<int64_t> moe_call_layer_;  // the layer of each Moe call this step
   int64_t step_tokens_ = 0;

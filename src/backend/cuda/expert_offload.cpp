@@ -39,6 +39,9 @@ constexpr double kStreamTokensPerBankGb = 2000.0;
 // bytes, which the split's rates assume; larger steps copy every miss (their experts have many
 // tokens each: the GPU computes them far faster).
 constexpr double kSplitMaxAssignmentsPerExpert = 4.0;
+// The stream's wait for the CPU share's worker gives up after this long (the share of one layer
+// takes milliseconds): a stuck CPU side becomes the step's error instead of a hang.
+constexpr uint32_t kCpuShareTimeoutMs = 30000;
 
 bool GpuReadsExperts(DType t) {
   return t == DType::kBF16 || t == DType::kQ8_0 || t == DType::kQ4_0;
@@ -63,6 +66,14 @@ ExpertOffload::ExpertOffload(const ExpertSource& experts, const ModelDims& dims)
     : experts_(experts), dims_(dims) {}
 
 ExpertOffload::~ExpertOffload() {
+  if (cpu_worker_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(cpu_mu_);
+      cpu_stop_ = true;
+    }
+    cpu_cv_.notify_one();
+    cpu_worker_.join();
+  }
   if (copy_stream_ != nullptr) {
     cudaStreamSynchronize(copy_stream_);
     cudaStreamDestroy(copy_stream_);
@@ -138,6 +149,16 @@ Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOpti
   o->timed_experts_.assign(static_cast<size_t>(dims.n_layers), 0);
   if (cpu_layers || o->split_)
     o->cpu_ = std::make_unique<CpuBackend>(options.n_threads, experts, dims.d_model);
+  if (o->split_ && Tuning().cpu_share_async.value_or(1) != 0) {
+    Expected<cuda::HostFlag> flag = cuda::HostFlag::Create();
+    if (flag.ok()) {
+      o->cpu_done_ = std::make_unique<cuda::HostFlag>(std::move(*flag));
+      ExpertOffload* raw = o.get();
+      o->cpu_worker_ = std::thread([raw] { raw->CpuWorkerLoop(); });
+    } else {
+      LogInfo("gpu: " + flag.message() + "; the CPU's share of misses runs on the host thread");
+    }
+  }
   return o;
 }
 
@@ -225,7 +246,7 @@ int64_t ExpertOffload::NextCachedLayer(int64_t layer) const {
 }
 
 Status ExpertOffload::TimeCopies(int64_t layer, bool start, int64_t n_experts) {
-  if (stats_ == nullptr && !split_) return OkStatus();
+  if (stats_ == nullptr && !split_ && times_ == nullptr) return OkStatus();
   const auto l = static_cast<size_t>(layer);
   MT_CUDA_RETURN_IF_ERROR(cudaEventRecord(start ? copy_start_[l] : copy_end_[l], copy_stream_),
                           "timing the copies");
@@ -330,9 +351,17 @@ Status ExpertOffload::ReadRouting(int64_t layer, const cuda::DeviceRouting& r, c
                                     cudaMemcpyDeviceToHost, compute),
                     "copying", layer, "'s hidden states to the host"));
   }
-  ScopedPhase wait(times_, Phase::kGpuWait);
-  MT_RETURN_IF_ERROR(
-      LayerStatus(cudaStreamSynchronize(compute), "the GPU before", layer, "'s experts"));
+  {
+    ScopedPhase wait(times_, Phase::kGpuWait);
+    MT_RETURN_IF_ERROR(
+        LayerStatus(cudaStreamSynchronize(compute), "the GPU before", layer, "'s experts"));
+  }
+  if (cpu_done_ != nullptr && (cpu_done_->TimedOut() || cpu_busy_.load()))
+    return Status::Error(
+        "hybrid: the CPU executor's share of a layer's experts did not finish "
+        "within " +
+        std::to_string(kCpuShareTimeoutMs / 1000) + " s");
+  if (split_model_ != nullptr) TakeCpuTimes();
   const int32_t* ids = routing_host_.data() + 1;
   const int32_t n_active = routing_host_.data()[0];
   if (n_active < 0 || n_active > E)
@@ -479,18 +508,60 @@ Expected<const float*> ExpertOffload::ComputeCpuShare(int64_t layer, cudaStream_
     MT_ASSIGN_OR_RETURN(partial_dev_,
                         cuda::DeviceBuffer<float>::Create(n, "the CPU experts' output on the GPU"));
   }
-  {
-    ScopedPhase phase(times_, Phase::kCpuExperts);
-    const auto t0 = std::chrono::steady_clock::now();
-    cpu_->executor().Run(layer, cpu_routing_, x_host_.data(), out_host_.data());
-    const std::chrono::duration<double, std::nano> ns = std::chrono::steady_clock::now() - t0;
-    split_model_->ObserveCpu(static_cast<int64_t>(cpu_routing_.experts.size()), ns.count());
+  if (cpu_done_ != nullptr) {
+    // The stream waits for the worker's flag, then copies its output; the host goes on.
+    const uint32_t value = cpu_done_->Next();
+    cpu_done_->QueueWait(value, kCpuShareTimeoutMs, compute);
+    MT_RETURN_IF_ERROR(LayerStatus(cudaGetLastError(), "waiting for", layer, "'s CPU experts"));
+    cpu_busy_.store(true);
+    {
+      std::lock_guard<std::mutex> lock(cpu_mu_);
+      cpu_job_layer_ = layer;
+      cpu_job_value_ = value;
+    }
+    cpu_cv_.notify_one();
+  } else {
+    RunCpuShare(layer);
+    TakeCpuTimes();
   }
   MT_RETURN_IF_ERROR(
       LayerStatus(cudaMemcpyAsync(partial_dev_.data(), out_host_.data(), n * sizeof(float),
                                   cudaMemcpyHostToDevice, compute),
                   "copying", layer, "'s CPU experts' output to the GPU"));
   return static_cast<const float*>(partial_dev_.data());
+}
+
+void ExpertOffload::RunCpuShare(int64_t layer) {
+  // (The worker's time is added to the phase times by the host, in TakeCpuTimes.)
+  const auto t0 = std::chrono::steady_clock::now();
+  cpu_->executor().Run(layer, cpu_routing_, x_host_.data(), out_host_.data());
+  const std::chrono::duration<double, std::nano> ns = std::chrono::steady_clock::now() - t0;
+  cpu_ns_.fetch_add(static_cast<int64_t>(ns.count()));
+  cpu_experts_.fetch_add(static_cast<int64_t>(cpu_routing_.experts.size()));
+}
+
+void ExpertOffload::TakeCpuTimes() {
+  const int64_t experts = cpu_experts_.exchange(0);
+  const auto ns = static_cast<double>(cpu_ns_.exchange(0));
+  if (experts == 0) return;
+  split_model_->ObserveCpu(experts, ns);
+  if (times_ != nullptr)
+    (*times_)[cpu_done_ != nullptr ? Phase::kCpuShare : Phase::kCpuExperts] += ns * 1e-9;
+}
+
+void ExpertOffload::CpuWorkerLoop() {
+  std::unique_lock<std::mutex> lock(cpu_mu_);
+  for (;;) {
+    cpu_cv_.wait(lock, [&] { return cpu_stop_ || cpu_job_layer_ >= 0; });
+    if (cpu_stop_) return;
+    const int64_t layer = std::exchange(cpu_job_layer_, -1);
+    const uint32_t value = cpu_job_value_;
+    lock.unlock();
+    RunCpuShare(layer);
+    cpu_busy_.store(false);
+    cpu_done_->Publish(value);
+    lock.lock();
+  }
 }
 
 Status ExpertOffload::RunOnCpu(const TensorView& router, const RouterOptions& opts, int64_t layer,
@@ -516,7 +587,13 @@ Status ExpertOffload::RunOnCpu(const TensorView& router, const RouterOptions& op
   return OkStatus();
 }
 
-Status ExpertOffload::CollectCopyTimes() {
+Status ExpertOffload::FinishStep() {
+  if (cpu_done_ != nullptr && (cpu_done_->TimedOut() || cpu_busy_.load()))
+    return Status::Error(
+        "hybrid: the CPU executor's share of a layer's experts did not finish "
+        "within " +
+        std::to_string(kCpuShareTimeoutMs / 1000) + " s");
+  if (split_model_ != nullptr) TakeCpuTimes();
   for (int64_t layer : timed_layers_) {
     const auto l = static_cast<size_t>(layer);
     float ms = 0.0f;
@@ -528,6 +605,7 @@ Status ExpertOffload::CollectCopyTimes() {
     if (stats_ != nullptr) stats_->Add(d);
     if (split_model_ != nullptr)
       split_model_->ObserveCopies(timed_experts_[l], static_cast<double>(d.h2d_ns));
+    if (times_ != nullptr) (*times_)[Phase::kCopies] += static_cast<double>(ms) * 1e-3;
   }
   timed_layers_.clear();
   return OkStatus();

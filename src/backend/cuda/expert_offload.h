@@ -15,7 +15,10 @@
 //   (experts/miss_split.h) — a share fetched as above, the rest computed by the CPU executor in
 //   place, from the layer's input and routing read back with the active ids. The GPU computes
 //   the hits and fetched experts (the CPU's point at a zeroed slot, so their outputs are zero)
-//   while the CPU computes its share; their partial sums meet in the routed sum.
+//   while the CPU computes its share; their partial sums meet in the routed sum. Where the GPU
+//   can map host memory, the share runs on a worker thread and the stream waits for it on a
+//   HostFlag (kernels/cuda/host_flag.h), so the host goes on queuing the step meanwhile; else
+//   the host thread computes it before queuing the rest.
 // - kCpuExecutor layers (banks locked or pageable): the layer's input goes to the host, the CPU
 //   backend's MoE (router, experts, routed sum) runs on it, the result comes back; the GPU waits
 //   for that layer only.
@@ -26,8 +29,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/backend.h"
@@ -39,6 +46,7 @@
 #include "experts/routing.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/expert_ffn.h"
+#include "kernels/cuda/host_flag.h"
 #include "kernels/cuda/routing.h"
 #include "ops/expert_source.h"
 
@@ -80,8 +88,9 @@ class ExpertOffload {
   Status Fetch(int64_t layer, const cuda::DeviceRouting& r, const float* x,
                cuda::ExpertPointers* device_table, cudaStream_t compute);
   // After Fetch and the GPU's expert launches for the same layer: in a hybrid step with misses
-  // left to the CPU, computes them now (the GPU works meanwhile) and queues their weighted sum
-  // [n_tokens, d_model] to the device on `compute`; returns it, or null when the CPU had none.
+  // left to the CPU, has them computed (the GPU works meanwhile) and queues their weighted sum
+  // [n_tokens, d_model] to the device on `compute` (after a wait for the worker, or computed
+  // here first); returns it, or null when the CPU had none.
   Expected<const float*> ComputeCpuShare(int64_t layer, cudaStream_t compute);
   // Experts of `layer` the CPU computed in this step's hybrid split (0 otherwise).
   int64_t StepCpuExperts(int64_t layer) const {
@@ -98,9 +107,11 @@ class ExpertOffload {
 
   void SetExpertStats(ExpertStats* stats);
   void SetPhaseTimes(PhaseTimes* times) { times_ = times; }
-  // With stats: adds each layer's copy-engine time of this step's misses (events recorded by
-  // Fetch) to them. Call once the step's copies are done (after a sync of the compute stream).
-  Status CollectCopyTimes();
+  // After the step's synchronization: adds each layer's copy-engine time of this step's copies
+  // (events recorded by Fetch when stats, the split or phase times need them) to the stats, the
+  // split's rates and the phase times, and the CPU share's times; fails if the CPU share's
+  // watchdog fired.
+  Status FinishStep();
   // The CPU layers' active experts since the last call.
   int64_t TakeActiveExperts();
 
@@ -179,6 +190,23 @@ class ExpertOffload {
   std::vector<int64_t> timed_experts_;     // per layer id: experts in its timed copies
   cuda::DeviceBuffer<uint8_t> zero_slot_;  // one expert of zeros: the CPU's experts' table
   cuda::DeviceBuffer<float> partial_dev_;  // the CPU's weighted sum on the device
+
+  // The CPU share's worker (hybrid, where the GPU maps host memory): one job at a time, the
+  // layer whose cpu_routing_ it computes into out_host_, then it publishes the job's value.
+  void CpuWorkerLoop();
+  // Runs the CPU executor on layer's cpu_routing_ (x_host_ -> out_host_); records its time.
+  void RunCpuShare(int64_t layer);
+  // Folds the CPU times the worker recorded into the split's rates and the phase times.
+  void TakeCpuTimes();
+  std::unique_ptr<cuda::HostFlag> cpu_done_;
+  std::thread cpu_worker_;
+  std::mutex cpu_mu_;
+  std::condition_variable cpu_cv_;
+  int64_t cpu_job_layer_ = -1;  // guarded by cpu_mu_
+  uint32_t cpu_job_value_ = 0;
+  bool cpu_stop_ = false;
+  std::atomic<bool> cpu_busy_{false};                // from the job's hand-off to its publication
+  std::atomic<int64_t> cpu_ns_{0}, cpu_experts_{0};  // recorded by RunCpuShare, taken by the host
 };
 
 }  // namespace moetier
