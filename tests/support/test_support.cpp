@@ -16,6 +16,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "engine/generate.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/bf16c.h"
 #include "model/model_source.h"
@@ -38,6 +39,28 @@ std::vector<int32_t> IntsOf(const TensorView& t) {
   for (int64_t i = 0; i < t.NumElements(); ++i)
     out.push_back(static_cast<int32_t>(t.as<int64_t>()[i]));
   return out;
+}
+
+void ExpectGreedyLikeReference(CausalLM& model, const SafetensorsFile& reference) {
+  for (int p = 0; p < 3; ++p) {
+    const std::string key = "prompt" + std::to_string(p);
+    const TensorView* tokens = reference.Find(key + ".tokens");
+    const TensorView* want_view = reference.Find(key + ".greedy");
+    const TensorView* margin_view = reference.Find(key + ".greedy_margin");
+    ASSERT_TRUE(tokens != nullptr && want_view != nullptr && margin_view != nullptr) << key;
+    const std::vector<int32_t> want = IntsOf(*want_view);
+    const std::vector<float> margin = ToF32(*margin_view);
+    GenerateOptions g;
+    g.max_new_tokens = static_cast<int64_t>(want.size());
+    auto engine = MakeEngine(model, 64);
+    auto got = Generate(*engine, IntsOf(*tokens), g);
+    ASSERT_TRUE(got.ok()) << got.message();
+    ASSERT_EQ(got->ids.size(), want.size());
+    size_t compared = 0;
+    for (size_t i = 0; i < want.size() && margin[i] >= 1e-3f; ++i, ++compared)
+      ASSERT_EQ(got->ids[i], want[i]) << key << " step " << i;
+    EXPECT_GT(compared, 0u) << key;
+  }
 }
 
 LoadOptions WithThreads(int n) {

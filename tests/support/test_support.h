@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "engine/engine.h"
+#include "io/safetensors.h"
 #include "model/causal_lm.h"
 
 namespace moetier::testing {
@@ -28,6 +29,10 @@ std::unique_ptr<Engine> MakeEngine(CausalLM& model, int64_t kv_positions,
                                    const text::Tokenizer* tokenizer = nullptr, int parallel = 1);
 // An int64 tensor's values as int32 (the fixtures' token ids).
 std::vector<int32_t> IntsOf(const TensorView& t);
+// Greedy continuations of a fixture's prompt0..2 by `model` equal the reference's
+// (reference.safetensors: promptN.tokens, .greedy, .greedy_margin) until its margin falls under
+// 1e-3 (a near tie the tolerances allow to go either way); at least one step compared each.
+void ExpectGreedyLikeReference(CausalLM& model, const SafetensorsFile& reference);
 // tests/fixtures/hf/<rel>, e.g. "qwen3_moe" or "realvocab/qwen3_moe_tiny".
 std::filesystem::path HfFixture(const std::string& rel);
 

@@ -356,12 +356,7 @@ Status ExpertOffload::ReadRouting(int64_t layer, const cuda::DeviceRouting& r, c
     MT_RETURN_IF_ERROR(
         LayerStatus(cudaStreamSynchronize(compute), "the GPU before", layer, "'s experts"));
   }
-  if (cpu_done_ != nullptr && (cpu_done_->TimedOut() || cpu_busy_.load()))
-    return Status::Error(
-        "hybrid: the CPU executor's share of a layer's experts did not finish "
-        "within " +
-        std::to_string(kCpuShareTimeoutMs / 1000) + " s");
-  if (split_model_ != nullptr) TakeCpuTimes();
+  MT_RETURN_IF_ERROR(SettleCpuShare());
   const int32_t* ids = routing_host_.data() + 1;
   const int32_t n_active = routing_host_.data()[0];
   if (n_active < 0 || n_active > E)
@@ -540,6 +535,16 @@ void ExpertOffload::RunCpuShare(int64_t layer) {
   cpu_experts_.fetch_add(static_cast<int64_t>(cpu_routing_.experts.size()));
 }
 
+Status ExpertOffload::SettleCpuShare() {
+  if (cpu_done_ != nullptr && (cpu_done_->TimedOut() || cpu_busy_.load()))
+    return Status::Error(
+        "hybrid: the CPU executor's share of a layer's experts did not finish "
+        "within " +
+        std::to_string(kCpuShareTimeoutMs / 1000) + " s");
+  if (split_model_ != nullptr) TakeCpuTimes();
+  return OkStatus();
+}
+
 void ExpertOffload::TakeCpuTimes() {
   const int64_t experts = cpu_experts_.exchange(0);
   const auto ns = static_cast<double>(cpu_ns_.exchange(0));
@@ -588,12 +593,7 @@ Status ExpertOffload::RunOnCpu(const TensorView& router, const RouterOptions& op
 }
 
 Status ExpertOffload::FinishStep() {
-  if (cpu_done_ != nullptr && (cpu_done_->TimedOut() || cpu_busy_.load()))
-    return Status::Error(
-        "hybrid: the CPU executor's share of a layer's experts did not finish "
-        "within " +
-        std::to_string(kCpuShareTimeoutMs / 1000) + " s");
-  if (split_model_ != nullptr) TakeCpuTimes();
+  MT_RETURN_IF_ERROR(SettleCpuShare());
   for (int64_t layer : timed_layers_) {
     const auto l = static_cast<size_t>(layer);
     float ms = 0.0f;

@@ -198,6 +198,9 @@ class ExpertOffload {
   void RunCpuShare(int64_t layer);
   // Folds the CPU times the worker recorded into the split's rates and the phase times.
   void TakeCpuTimes();
+  // After a synchronization of the compute stream: fails if the CPU share's watchdog fired (its
+  // worker has not finished); else takes its times.
+  Status SettleCpuShare();
   std::unique_ptr<cuda::HostFlag> cpu_done_;
   std::thread cpu_worker_;
   std::mutex cpu_mu_;
