@@ -33,7 +33,8 @@ const std::array<TuningKnobSpec, 13> kTuningKnobSpecs = {{
     {"MOETIER_FETCH_PERCENT", &TuningKnobs::fetch_percent, 0, 100,
      "hybrid: percent of a step's cache misses the copy engine fetches (the rest: the CPU)"},
     {"MOETIER_CPU_SHARE_ASYNC", &TuningKnobs::cpu_share_async, 0, 1,
-     "hybrid: 1 runs the CPU's share on a worker the GPU waits for; 0 on the host thread"},
+     "hybrid: 1 runs the CPU's share on a worker the GPU waits for; 0 (default) on the host "
+     "thread"},
 }};
 
 const std::array<std::string_view, 6> kOtherEnvironmentVariables = {

@@ -42,6 +42,12 @@ constexpr double kSplitMaxAssignmentsPerExpert = 4.0;
 // The stream's wait for the CPU share's worker gives up after this long (the share of one layer
 // takes milliseconds): a stuck CPU side becomes the step's error instead of a hang.
 constexpr uint32_t kCpuShareTimeoutMs = 30000;
+// Whether the CPU's share runs on the worker by default. Measured on the H200 (16 cores, one
+// sequence): slower than on the host thread — bf16 272 vs 356 tokens/s, q4_0 the split's q*
+// went to 0.98 — as the worker's job finishes late (it is the pool's caller and shares a core
+// with the host thread, which spins in cudaStreamSynchronize), so the split's CPU rate drops
+// and the copy engine takes nearly every miss. MOETIER_CPU_SHARE_ASYNC=1 turns it on.
+constexpr bool kCpuShareOnWorker = false;
 
 bool GpuReadsExperts(DType t) {
   return t == DType::kBF16 || t == DType::kQ8_0 || t == DType::kQ4_0;
@@ -149,7 +155,7 @@ Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOpti
   o->timed_experts_.assign(static_cast<size_t>(dims.n_layers), 0);
   if (cpu_layers || o->split_)
     o->cpu_ = std::make_unique<CpuBackend>(options.n_threads, experts, dims.d_model);
-  if (o->split_ && Tuning().cpu_share_async.value_or(1) != 0) {
+  if (o->split_ && Tuning().cpu_share_async.value_or(kCpuShareOnWorker ? 1 : 0) != 0) {
     Expected<cuda::HostFlag> flag = cuda::HostFlag::Create();
     if (flag.ok()) {
       o->cpu_done_ = std::make_unique<cuda::HostFlag>(std::move(*flag));

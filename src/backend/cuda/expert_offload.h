@@ -15,10 +15,11 @@
 //   (experts/miss_split.h) — a share fetched as above, the rest computed by the CPU executor in
 //   place, from the layer's input and routing read back with the active ids. The GPU computes
 //   the hits and fetched experts (the CPU's point at a zeroed slot, so their outputs are zero)
-//   while the CPU computes its share; their partial sums meet in the routed sum. Where the GPU
-//   can map host memory, the share runs on a worker thread and the stream waits for it on a
-//   HostFlag (kernels/cuda/host_flag.h), so the host goes on queuing the step meanwhile; else
-//   the host thread computes it before queuing the rest.
+//   while the CPU computes its share; their partial sums meet in the routed sum. The host thread
+//   computes the share before queuing the rest of the step; with MOETIER_CPU_SHARE_ASYNC=1 (and
+//   a GPU that maps host memory) a worker thread does, the stream waiting for it on a HostFlag
+//   (kernels/cuda/host_flag.h) while the host goes on queuing (measured slower: the .cpp says
+//   why).
 // - kCpuExecutor layers (banks locked or pageable): the layer's input goes to the host, the CPU
 //   backend's MoE (router, experts, routed sum) runs on it, the result comes back; the GPU waits
 //   for that layer only.
