@@ -94,6 +94,15 @@ class HfReference : public ::testing::TestWithParam<std::tuple<std::string, Plac
     model_ = std::move(model).value();
   }
   Backend backend() const { return std::get<1>(GetParam()).backend; }
+  // Collects expert stats and runs the reference's prompt `key` one token a step.
+  void DecodeOneTokenAStep(const std::string& key) {
+    model_->CollectExpertStats();
+    const auto tokens = ref_->Ints(key + ".tokens");
+    KvCache cache = *model_->NewCache(64);
+    std::vector<float> logits;
+    for (int32_t token : tokens)
+      ASSERT_TRUE(model_->Forward(std::span(&token, 1), cache, LogitsFor::kLastToken, logits).ok());
+  }
   // Experts on the GPU's kernels (all or some): gpu, offload, hybrid.
   bool experts_on_gpu() const { return backend() != Backend::kCpu; }
   std::filesystem::path dir_;
@@ -206,12 +215,7 @@ TEST_P(HfReference, ThreadCountDoesNotChangeLogits) {
 // long step would stream whole banks instead (gpu_placement_test.cpp).
 TEST_P(HfReference, OffloadCopiesMissesAndRunsOneLayerOnTheCpu) {
   if (backend() != Backend::kOffload) GTEST_SKIP() << "offload only";
-  model_->CollectExpertStats();
-  const auto tokens = ref_->Ints("prompt1.tokens");
-  KvCache cache = *model_->NewCache(64);
-  std::vector<float> logits;
-  for (int32_t token : tokens)
-    ASSERT_TRUE(model_->Forward(std::span(&token, 1), cache, LogitsFor::kLastToken, logits).ok());
+  ASSERT_NO_FATAL_FAILURE(DecodeOneTokenAStep("prompt1"));
   const uint64_t slot =
       testing::OneLayerOfExperts(dir_) / static_cast<uint64_t>(model_->config().n_experts);
   int cpu_layers = 0, cached_layers = 0;
@@ -239,12 +243,7 @@ TEST_P(HfReference, OffloadCopiesMissesAndRunsOneLayerOnTheCpu) {
 // fetched on the GPU.
 TEST_P(HfReference, HybridSplitsEachStepsMissesBetweenCopiesAndTheCpu) {
   if (backend() != Backend::kHybrid) GTEST_SKIP() << "hybrid only";
-  model_->CollectExpertStats();
-  const auto tokens = ref_->Ints("prompt1.tokens");
-  KvCache cache = *model_->NewCache(64);
-  std::vector<float> logits;
-  for (int32_t token : tokens)
-    ASSERT_TRUE(model_->Forward(std::span(&token, 1), cache, LogitsFor::kLastToken, logits).ok());
+  ASSERT_NO_FATAL_FAILURE(DecodeOneTokenAStep("prompt1"));
   int cpu_layers = 0, split_layers = 0;
   for (const LayerExpertStats& l : model_->expert_stats()->Snapshot()) {
     if (l.split_calls == 0) {
