@@ -363,28 +363,28 @@ void CudaBackend::Moe(const TensorView& router, const RouterOptions& opts, int64
 
 void CudaBackend::RunExpertsOnGpu(int64_t layer, const float* x, float* out) {
   cuda::ExpertPointers* table = weights_.ExpertTable(layer);
-  if (offload_->home(layer) != ExpertHome::kGpuCache) {
-    TimeExperts(layer, true);
-    ffn_.RunExperts(routing_, table, x, stream_);
-    TimeExperts(layer, false);
-    ffn_.RoutedSum(routing_, nullptr, out, stream_);
-    return;
-  }
-  if (!error_.empty()) return;  // the routing may be garbage: copy nothing
-  if (Status s = offload_->Fetch(layer, routing_, x, table, stream_); !s.ok()) {
-    error_ = s.message();
-    return;
+  const bool cached = offload_->home(layer) == ExpertHome::kGpuCache;
+  if (cached) {
+    if (!error_.empty()) return;  // the routing may be garbage: copy nothing
+    if (Status s = offload_->Fetch(layer, routing_, x, table, stream_); !s.ok()) {
+      error_ = s.message();
+      return;
+    }
   }
   TimeExperts(layer, true);
   ffn_.RunExperts(routing_, table, x, stream_);
   TimeExperts(layer, false);
-  // Hybrid: the CPU computes its share of the misses while the GPU runs the launches above.
-  Expected<const float*> partial = offload_->ComputeCpuShare(layer, stream_);
-  if (!partial.ok()) {
-    error_ = partial.message();
-    return;
+  const float* partial = nullptr;
+  if (cached) {
+    // Hybrid: the CPU computes its share of the misses while the GPU runs the launches above.
+    Expected<const float*> cpu = offload_->ComputeCpuShare(layer, stream_);
+    if (!cpu.ok()) {
+      error_ = cpu.message();
+      return;
+    }
+    partial = *cpu;
   }
-  ffn_.RoutedSum(routing_, *partial, out, stream_);
+  ffn_.RoutedSum(routing_, partial, out, stream_);
 }
 
 void CudaBackend::SetPhaseTimes(PhaseTimes* times) {
