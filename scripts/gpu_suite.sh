@@ -12,7 +12,8 @@
 #                                    # offload's peer) on the same weights, from llama-bin.tar.xz
 #                                    # when carried, else built here from source (minutes)
 #   TESTS=0 skips the tests; DTYPES="q4_0" limits the synthetic dtypes; BACKENDS="gpu offload"
-#   limits the backends benched (BACKENDS=none: none; also offload-decode: offload's decode at 1,
+#   limits the backends benched (gpu: also without CUDA graphs, and at 4 and 16 sequences;
+#   BACKENDS=none: none; also offload-decode: offload's decode at 1,
 #   4 and 16 sequences, and hybrid: the same, with half the banks pinned, and --profile, both
 #   after llama.cpp's build as they use the CPU); CROSS=1 adds offload prefill at 32-256
 #   tokens (CROSS_SIZES="512 1024": those) streamed and not (the crossover); LOAD=1 times a load with every bank pinned against a raw read;
@@ -139,8 +140,15 @@ if [ "${SYNTH:-0}" = 1 ]; then
   for dt in $DTYPES; do
     for be in ${BACKENDS:-gpu offload cpu cpu-only}; do
       case $be in
-        gpu)  # everything in VRAM: decode, and prefill of 512 tokens
-          bench gpu "$dt" --moe-backend gpu --prompt-tokens 512 --gen-tokens 128 ;;
+        gpu)  # everything in VRAM: decode, and prefill of 512 tokens; decode steps launched
+              # one kernel at a time (no CUDA graphs); 4 and 16 sequences
+          bench gpu "$dt" --moe-backend gpu --prompt-tokens 512 --gen-tokens 128
+          MOETIER_CUDA_GRAPHS=0 bench gpu-eager "$dt" --moe-backend gpu --prompt-tokens 512 \
+            --gen-tokens 128
+          for n in 4 16; do
+            bench "gpu-par$n" "$dt" --moe-backend gpu --parallel "$n" --prompt-tokens 128 \
+              --gen-tokens 32
+          done ;;
         offload)  # every expert pinned, the cache at its minimum: prefill 4096, decode, 16 sequences
           bench offload-p4096 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \
             --prompt-tokens 4096 --max-batch-tokens 4096 --gen-tokens 16 --repeats 2

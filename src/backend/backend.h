@@ -99,6 +99,8 @@ struct ComputeOptions {
   bool split_misses = false;
   // ... the copy engine's share of them forced (0 to 1); negative: measured.
   double fetch_share = -1;
+  // kGpu with every expert in VRAM: decode steps recorded as CUDA graphs and replayed.
+  bool cuda_graphs = true;
 };
 
 // What a backend sizes its buffers and tables for.
@@ -134,8 +136,9 @@ class ComputeBackend {
   // Memory for a KV pool of n_bytes: host memory on the CPU, device memory on a GPU.
   virtual Expected<std::unique_ptr<KvMemory>> AllocateKv(uint64_t n_bytes) = 0;
   // The step's tokens, positions, sequences, block tables and logit rows, before its first
-  // operation (a GPU backend copies them to the device once).
-  virtual void BeginStep(const Batch& batch) = 0;
+  // operation (a GPU backend copies them to the device once), and the KV pool its Attend calls
+  // will name.
+  virtual void BeginStep(const Batch& batch, const KvPool& kv) = 0;
 
   // A buffer for `slot` of at least n_tokens x width floats (contents unspecified; kept and
   // reused, so steady-state steps allocate nothing).
@@ -191,6 +194,11 @@ class ComputeBackend {
   // Per-layer expert counters (--moe-collect-stats), or null; added to by Moe (a GPU: at
   // EndStep).
   virtual void SetExpertStats(ExpertStats* stats) = 0;
+  // Whether the steps from now on pass router_logits to Moe (a test's sink): a backend that
+  // replays recorded steps records none while they do.
+  virtual void ExpectRouterLogits(bool) {}
+  // Steps replayed from a recording (CUDA graphs) rather than launched call by call.
+  virtual int64_t ReplayedSteps() const { return 0; }
 };
 
 }  // namespace moetier

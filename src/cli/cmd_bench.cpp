@@ -255,6 +255,8 @@ int Run(const Opts& o) {
   j["peak_rss_bytes"] = peak_rss;
   j["weight_bytes"] = lm.WeightBytes();
   j["kv_pool_bytes"] = kv_pool_bytes;
+  // Steps of every run (and the bandwidth-free warm-up) replayed from CUDA graphs (gpu decode).
+  j["graph_replayed_steps"] = lm.ReplayedSteps();
   if (o.profile) {
     // Milliseconds by phase, per decoded token and per prompt; "other" is the forward's time
     // outside the host's phases (norms, residual adds, embedding; on a GPU the launches), "step"

@@ -7,7 +7,7 @@
 
 namespace moetier {
 
-const std::array<TuningKnobSpec, 13> kTuningKnobSpecs = {{
+const std::array<TuningKnobSpec, 14> kTuningKnobSpecs = {{
     {"MOETIER_AMX_MIN_TOKENS", &TuningKnobs::amx_min_tokens, 1, 1 << 20,
      "smallest batch of tokens whose q8_0/bf16 matmuls use AMX tiles"},
     {"MOETIER_BF16C_EXPAND_MIN_TOKENS", &TuningKnobs::bf16c_expand_min_tokens, 1, 1 << 20,
@@ -35,6 +35,8 @@ const std::array<TuningKnobSpec, 13> kTuningKnobSpecs = {{
     {"MOETIER_CPU_SHARE_ASYNC", &TuningKnobs::cpu_share_async, 0, 1,
      "hybrid: 1 runs the CPU's share on a worker the GPU waits for; 0 (default) on the host "
      "thread"},
+    {"MOETIER_CUDA_GRAPHS", &TuningKnobs::cuda_graphs, 0, 1,
+     "gpu: 1 (default) replays decode steps from recorded CUDA graphs; 0 launches each kernel"},
 }};
 
 const std::array<std::string_view, 6> kOtherEnvironmentVariables = {

@@ -68,6 +68,9 @@ class CausalLM {
   // expert_stats(), which is null until then.
   virtual void CollectExpertStats() = 0;
   virtual const ExpertStats* expert_stats() const = 0;
+  // Forward steps the GPU replayed from a recorded CUDA graph (decode steps with every expert in
+  // VRAM); 0 on the CPU.
+  virtual int64_t ReplayedSteps() const = 0;
 
   // Where the expert banks were planned to live and where they settled (set by the loader).
   const ResidencyReport& residency() const { return residency_; }
@@ -120,6 +123,9 @@ struct LoadOptions {
   int n_threads = 0;  // 0: one per physical core; at most ThreadPool::MaxThreads()
   // The most tokens one Forward step will hold (a GPU sizes its buffers for it; 0: a default).
   int64_t max_step_tokens = 0;
+  // --moe-backend gpu: decode steps recorded as CUDA graphs and replayed (false, or
+  // MOETIER_CUDA_GRAPHS=0: every kernel launched from the host).
+  bool cuda_graphs = true;
   ResidencyOptions residency;
   // Called with the parsed config once the model directory has been opened and planned, before
   // a weight byte is read: where a front end checks what depends on the model (token ids

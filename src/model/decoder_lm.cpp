@@ -140,7 +140,7 @@ Status DecoderLM::Forward(const Batch& batch, KvPool& kv, std::vector<float>& lo
   ScopedPhase forward_phase(be.phase_times(), Phase::kForward);
   bytes_streamed_ += DenseBytesPerStep(T, n_out);
 
-  be.BeginStep(batch);
+  be.BeginStep(batch, kv);
   float* h = be.Activations(Act::kResidual, T, H);
   float* xn = be.Activations(Act::kNormed, std::max(T, n_out), H);
   float* delta = be.Activations(Act::kDelta, T, H);

@@ -50,13 +50,17 @@ class DecoderLM final : public CausalLM {
   uint64_t DecodeBytesPerToken() const override;
   uint64_t DecodeWeightsPerToken() const override;
   DType expert_dtype() const override;
-  void SetRouterLogitsSink(std::vector<std::vector<float>>* sink) override { router_sink_ = sink; }
+  void SetRouterLogitsSink(std::vector<std::vector<float>>* sink) override {
+    router_sink_ = sink;
+    backend_->ExpectRouterLogits(sink != nullptr);
+  }
   void SetPhaseTimes(PhaseTimes* times) override { backend_->SetPhaseTimes(times); }
   void CollectExpertStats() override;
   const ExpertStats* expert_stats() const override { return stats_.get(); }
   uint64_t WeightBytesStreamed() const override { return bytes_streamed_; }
   uint64_t WeightBytes() const override;
   uint64_t KvMemoryFree() const override { return backend_->KvMemoryFree(); }
+  int64_t ReplayedSteps() const override { return backend_->ReplayedSteps(); }
   Expected<std::unique_ptr<KvMemory>> AllocateKv(uint64_t n_bytes) const override {
     return backend_->AllocateKv(n_bytes);
   }

@@ -133,6 +133,7 @@ ComputeOptions ComputeFor(const ResidencyPlan& plan, const std::vector<LayerResi
   c.expert_cache_bytes = options.residency.expert_cache_bytes;
   if (!RunsOnGpu(plan, options.residency)) return c;
   c.device = ComputeDevice::kGpu;
+  c.cuda_graphs = options.cuda_graphs && Tuning().cuda_graphs.value_or(1) != 0;
   if (plan.backend == Backend::kGpu) return c;  // every expert in VRAM
   c.split_misses = plan.backend == Backend::kHybrid;
   const ResidencyOptions& r = options.residency;

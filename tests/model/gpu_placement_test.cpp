@@ -4,8 +4,8 @@
 // streamed whole through the prefill buffers. The same kernels over the same routing: the same
 // bits. Hybrid computes some misses on the CPU instead: the same bits when it fetches them all,
 // within the GPU tolerance of offload otherwise. And greedy continuations do not depend on the
-// split between CPU layers and GPU layers, the pin budget or the hybrid split. Skipped without
-// a GPU.
+// split between CPU layers and GPU layers, the pin budget or the hybrid split. Decode steps
+// replayed from CUDA graphs give the bits of launching each kernel. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -108,6 +108,73 @@ TEST_P(GpuPlacement, HybridMatchesOffload) {
       EXPECT_GT(hybrid.totals.cpu_experts, 0);
     }
   }
+}
+
+struct Decoded {
+  std::vector<float> logits;  // each decode step's, in sequence order
+  int64_t replayed = 0;       // steps replayed from a CUDA graph
+};
+
+// Three sequences with every expert in VRAM: their prompts (20, 7 and 250 tokens) in a step
+// each, then 12 steps in which each decodes one token. The longest crosses the attention plan's
+// context bucket at position 256: the steps take two shapes.
+Decoded DecodeTogether(const std::filesystem::path& dir, bool cuda_graphs) {
+  LoadOptions o;
+  o.residency.backend = Backend::kGpu;
+  o.cuda_graphs = cuda_graphs;
+  auto m = LoadCausalLM(dir, o);
+  EXPECT_TRUE(m.ok()) << m.message();
+  Decoded r;
+  if (!m.ok()) return r;
+  CausalLM& lm = **m;
+  const int64_t B = 16;
+  const int64_t n_steps = 12;
+  auto pool = lm.NewKvPool(64, B, DType::kF32);
+  EXPECT_TRUE(pool.ok()) << pool.message();
+  if (!pool.ok()) return r;
+  const std::vector<int32_t> lengths = {20, 7, 250};
+  std::vector<std::vector<int32_t>> tables(lengths.size());
+  for (size_t s = 0, next = 0; s < lengths.size(); ++s)
+    for (int64_t b = 0; b * B < lengths[s] + n_steps; ++b)
+      tables[s].push_back(static_cast<int32_t>(next++));
+  const std::vector<std::span<const int32_t>> spans(tables.begin(), tables.end());
+  std::vector<float> logits;
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    std::vector<int32_t> tokens, positions, seq_of;
+    for (int32_t p = 0; p < lengths[s]; ++p) {
+      tokens.push_back((p * 37 + 11 * static_cast<int32_t>(s) + 5) % 200);
+      positions.push_back(p);
+      seq_of.push_back(static_cast<int32_t>(s));
+    }
+    const std::vector<int32_t> last = {lengths[s] - 1};
+    EXPECT_TRUE(lm.Forward(Batch{tokens, positions, seq_of, spans, last}, *pool, logits).ok());
+  }
+  const std::vector<int32_t> seq_of = {0, 1, 2};
+  for (int32_t step = 0; step < n_steps; ++step) {
+    std::vector<int32_t> tokens, positions;
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      tokens.push_back((step * 53 + 7 * static_cast<int32_t>(s) + 3) % 200);
+      positions.push_back(lengths[s] + step);
+    }
+    EXPECT_TRUE(lm.Forward(Batch{tokens, positions, seq_of, spans, seq_of}, *pool, logits).ok());
+    r.logits.insert(r.logits.end(), logits.begin(), logits.end());
+  }
+  r.replayed = lm.ReplayedSteps();
+  return r;
+}
+
+// Decode steps replayed from recorded CUDA graphs compute what launching each kernel computes:
+// the same bits. Per shape, the first step runs eagerly, the second is recorded, the rest are
+// replayed: 4 of the 6 steps of each of the two shapes.
+TEST_P(GpuPlacement, RecordedDecodeStepsGiveTheSameBits) {
+  MT_REQUIRE_GPU();
+  const auto dir = testing::HfFixture(GetParam());
+  const Decoded launched = DecodeTogether(dir, false);
+  const Decoded recorded = DecodeTogether(dir, true);
+  ASSERT_FALSE(launched.logits.empty());
+  EXPECT_EQ(recorded.logits, launched.logits);
+  EXPECT_EQ(launched.replayed, 0);
+  EXPECT_EQ(recorded.replayed, 8);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuPlacement, ::testing::Values("qwen3_moe", "mixtral"));

@@ -30,7 +30,7 @@ class CpuBackend final : public ComputeBackend {
   Expected<std::unique_ptr<KvMemory>> AllocateKv(uint64_t n_bytes) override {
     return AllocateHostKv(n_bytes);
   }
-  void BeginStep(const Batch&) override { non_finite_.clear(); }
+  void BeginStep(const Batch&, const KvPool&) override { non_finite_.clear(); }
   float* Activations(Act slot, int64_t n_tokens, int64_t width) override;
   void Embed(const TensorView& table, std::span<const int32_t> tokens, float* h) override;
   void RmsNorm(const float* x, int64_t n_rows, std::span<const int32_t> rows,

@@ -44,6 +44,22 @@ int64_t RoundUpPow2(int64_t n) {
   return p;
 }
 
+// Decode steps of up to this many sequences are recorded as CUDA graphs (the attention's and
+// the dense matmuls' decode kernels serve them; larger steps are long enough that launches do not
+// dominate).
+constexpr int64_t kMaxGraphTokens = 64;
+// The smallest context the attention plan is made for. Steps plan for their longest context
+// rounded up to a power of two (at least this): the decode steps of a sequence share one plan,
+// and one recorded graph, for hundreds of positions, and a sequence's attention sums do not
+// depend on another sequence's length within a bucket. The kernels read each token's own
+// position; splits past it do nothing.
+constexpr int64_t kMinContextBucket = 256;
+
+int32_t PlannedMaxPosition(int32_t max_position) {
+  const int64_t context = std::max(RoundUpPow2(int64_t{max_position} + 1), kMinContextBucket);
+  return static_cast<int32_t>(context - 1);
+}
+
 }  // namespace
 
 Status CudaBackend::CheckDims(const ModelDims& dims) {
@@ -69,6 +85,7 @@ Expected<std::unique_ptr<ComputeBackend>> CudaBackend::Create(const ComputeOptio
   std::unique_ptr<CudaBackend> b(new CudaBackend(experts, dims));
   MT_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&b->stream_), "creating a CUDA stream");
   MT_ASSIGN_OR_RETURN(b->offload_, ExpertOffload::Create(options, experts, dims));
+  b->graphs_wanted_ = options.cuda_graphs;
   MT_ASSIGN_OR_RETURN(b->scans_dev_, cuda::DeviceBuffer<unsigned long long>::Create(
                                          kNonFiniteSlots, "the non-finite scans"));
   MT_RETURN_IF_ERROR(b->scans_host_.Reserve(kNonFiniteSlots, "the non-finite scans"));
@@ -86,6 +103,7 @@ CudaBackend::CudaBackend(const ExpertSource& experts, const ModelDims& dims)
     : experts_(experts), dims_(dims) {}
 
 CudaBackend::~CudaBackend() {
+  if (graph_mode_ == cuda::StepGraphs::Mode::kCapture) (void)graphs_.FinishCapture(stream_, true);
   if (stream_ != nullptr) {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
@@ -110,6 +128,7 @@ Status CudaBackend::Hold(std::span<const TensorView* const> matrices,
   }
   MT_RETURN_IF_ERROR(
       weights_.AddExperts(experts_, vram_layers_, shape_layer, dims_.n_layers, dims_.n_experts));
+  graphs_enabled_ = graphs_wanted_ && vram_layers_.size() == dims_.moe_layers.size();
   LogInfo("gpu: " + std::to_string(weights_.bytes() >> 20) + " MiB of weights in VRAM");
   return Reserve(capacity_tokens_);  // the expert kernels' scratch, now that the shape is known
 }
@@ -122,6 +141,7 @@ void CudaBackend::SetExpertStats(ExpertStats* stats) {
 Status CudaBackend::Reserve(int64_t n_tokens) {
   const bool experts_known = weights_.expert_shape().d_model > 0;
   if (n_tokens <= capacity_tokens_ && (!experts_known || ffn_built_)) return OkStatus();
+  BuffersMoving();
   MT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "waiting for the GPU");
   const int64_t T = std::max(RoundUpPow2(n_tokens), capacity_tokens_);
   const int64_t H = dims_.d_model;
@@ -174,17 +194,22 @@ Expected<std::unique_ptr<KvMemory>> CudaBackend::AllocateKv(uint64_t n_bytes) {
   return std::unique_ptr<KvMemory>(new DeviceKvMemory(std::move(b), stream_));
 }
 
-void CudaBackend::BeginStep(const Batch& batch) {
+void CudaBackend::BeginStep(const Batch& batch, const KvPool& kv) {
+  if (graph_mode_ == cuda::StepGraphs::Mode::kCapture)  // a step that never reached EndStep
+    (void)graphs_.FinishCapture(stream_, true);
+  graph_mode_ = cuda::StepGraphs::Mode::kEager;
   error_.clear();
   const int64_t T = batch.n_tokens();
   if (Status s = Reserve(T); !s.ok()) error_ = s.message();
   int64_t max_blocks = 1;
   for (const auto& table : batch.block_tables)
     max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(table.size()));
+  max_blocks = RoundUpPow2(max_blocks);  // the tables' stride, bucketed like the context
   const size_t n_out = batch.logit_rows.size();
   const size_t n_seqs = batch.block_tables.size();
   const size_t n = 3 * static_cast<size_t>(T) + n_out + n_seqs * static_cast<size_t>(max_blocks);
   if (step_host_.size() < n) {
+    BuffersMoving();
     Check(cudaStreamSynchronize(stream_), "waiting for the GPU");
     if (Status s = step_host_.Reserve(2 * n, "the step's indices"); !s.ok()) error_ = s.message();
     auto dev = cuda::DeviceBuffer<int32_t>::Create(2 * n, "the step's indices");
@@ -218,18 +243,52 @@ void CudaBackend::BeginStep(const Batch& batch) {
   batch_dev_.seq_of = d + 2 * T;
   batch_dev_.block_tables = d + 3 * T + n_out;
   batch_dev_.max_blocks = max_blocks;
-  batch_dev_.max_position = max_position;
+  batch_dev_.max_position = PlannedMaxPosition(max_position);
   Check(cudaMemsetAsync(scans_dev_.data(), 0x7f, scans_dev_.bytes(), stream_),
         "clearing the non-finite scans");
   n_scans_ = 0;
   moe_calls_ = 0;
   if (Status s = offload_->BeginStep(T, stream_); !s.ok()) error_ = s.message();
+  ChooseGraphMode(batch, kv);
+}
+
+void CudaBackend::ChooseGraphMode(const Batch& batch, const KvPool& kv) {
+  const int64_t T = batch.n_tokens();
+  const bool decode = T <= kMaxGraphTokens &&
+                      T == static_cast<int64_t>(batch.block_tables.size()) &&
+                      T == static_cast<int64_t>(batch.logit_rows.size());
+  if (!graphs_enabled_ || !decode || kv.on_host() || times_ != nullptr || router_logits_expected_ ||
+      !error_.empty())
+    return;
+  const cuda::StepGraphs::Key key{T, batch_dev_.max_blocks, batch_dev_.max_position, kv.base(),
+                                  kv.n_blocks()};
+  Expected<cuda::StepGraphs::Mode> mode = graphs_.Begin(key, stream_);
+  if (mode.ok())
+    graph_mode_ = *mode;
+  else
+    error_ = mode.message();
+}
+
+void CudaBackend::BuffersMoving() {
+  if (graph_mode_ != cuda::StepGraphs::Mode::kEager && error_.empty())
+    error_ =
+        "a device buffer grew inside a recorded decode step (MOETIER_CUDA_GRAPHS=0 turns "
+        "the recording off)";
+  graphs_.Invalidate();
+}
+
+void CudaBackend::FinishCapture() {
+  const bool failed = !error_.empty();
+  if (Status s = graphs_.FinishCapture(stream_, failed); !s.ok() && error_.empty())
+    error_ = s.message() + " (MOETIER_CUDA_GRAPHS=0 turns the recording off)";
+  graph_mode_ = cuda::StepGraphs::Mode::kEager;
 }
 
 float* CudaBackend::Activations(Act slot, int64_t n_tokens, int64_t width) {
   cuda::DeviceBuffer<float>& b = acts_[static_cast<size_t>(slot)];
   const auto n = static_cast<size_t>(std::max(n_tokens, capacity_tokens_) * width);
   if (b.size() < n) {
+    BuffersMoving();
     Check(cudaStreamSynchronize(stream_), "waiting for the GPU");
     auto made = cuda::DeviceBuffer<float>::Create(n, "activations");
     if (made.ok())
@@ -241,12 +300,14 @@ float* CudaBackend::Activations(Act slot, int64_t n_tokens, int64_t width) {
 }
 
 void CudaBackend::Embed(const TensorView& table, std::span<const int32_t> tokens, float* h) {
+  if (Replaying()) return;
   cuda::LaunchEmbed(weights_.Matrix(table), tokens_dev_, static_cast<int64_t>(tokens.size()), h,
                     stream_);
 }
 
 void CudaBackend::RmsNorm(const float* x, int64_t n_rows, std::span<const int32_t> rows,
                           const std::vector<float>& weight, float eps, int64_t d, float* y) {
+  if (Replaying()) return;
   const int32_t* rows_dev = nullptr;
   if (!rows.empty()) {
     // The decoder picks rows only for the logits: the step's logit rows, already on the device.
@@ -261,25 +322,30 @@ void CudaBackend::RmsNorm(const float* x, int64_t n_rows, std::span<const int32_
 }
 
 void CudaBackend::Add(const float* x, int64_t n, float* y) {
+  if (Replaying()) return;
   cuda::LaunchAdd(x, n, y, stream_);
 }
 
 void CudaBackend::MatMul(const float* x, int64_t n_tokens, std::span<const MatMulOut> targets) {
+  if (Replaying()) return;
   for (const MatMulOut& t : targets) dense_.Run(weights_.Matrix(*t.w), x, n_tokens, t.y, stream_);
 }
 
 void CudaBackend::SiluMul(float* gate, const float* up, int64_t n) {
+  if (Replaying()) return;
   cuda::LaunchSiluMul(gate, up, n, stream_);
 }
 
 void CudaBackend::Attend(const AttentionWeights& w, const AttentionShape& shape, const Rope& rope,
                          int64_t layer, const Batch&, KvPool& kv, float* q, float* k, float* v,
                          float* out) {
+  if (Replaying()) return;
   if (kv.on_host()) {  // a pool not made by this model (CausalLM::NewKvPool / NewCache)
     if (error_.empty()) error_ = "the KV pool is in host memory; the GPU needs one from NewKvPool";
     return;
   }
   if (inv_freq_.size() == 0) {
+    BuffersMoving();
     std::vector<float> f(rope.inv_freq().begin(), rope.inv_freq().end());
     auto made = cuda::DeviceBuffer<float>::Create(f.size(), "the RoPE frequencies");
     if (!made.ok()) {
@@ -316,6 +382,7 @@ void CudaBackend::Attend(const AttentionWeights& w, const AttentionShape& shape,
   const size_t scratch =
       cuda::PagedAttentionScratchBytes(dims, capacity_tokens_, kv.n_blocks() * kv.block_size());
   if (attn_scratch_.size() < scratch) {
+    BuffersMoving();
     Check(cudaStreamSynchronize(stream_), "waiting for the GPU");
     auto made = cuda::DeviceBuffer<uint8_t>::Create(scratch, "attention scratch");
     if (made.ok())
@@ -338,6 +405,13 @@ void CudaBackend::Moe(const TensorView& router, const RouterOptions& opts, int64
       error_ = s.message();
     return;
   }
+  int64_t call = -1;  // this step's count of MoE calls, which EndStep reads the counts of
+  if (moe_calls_ < static_cast<int64_t>(active_host_.size())) {
+    call = moe_calls_++;
+    moe_call_layer_.resize(static_cast<size_t>(moe_calls_));
+    moe_call_layer_[static_cast<size_t>(call)] = layer;
+  }
+  if (Replaying()) return;
   dense_.Run(weights_.Matrix(router), x, n_tokens, router_logits_.data(), stream_);
   if (router_logits != nullptr) {
     Check(cudaMemcpyAsync(router_logits, router_logits_.data(),
@@ -351,14 +425,10 @@ void CudaBackend::Moe(const TensorView& router, const RouterOptions& opts, int64
   routing_.n_tokens = n_tokens;
   cuda::LaunchGroupByExpert(topk_ids_.data(), topk_weights_.data(), routing_, stream_);
   RunExpertsOnGpu(layer, x, out);
-  if (moe_calls_ < static_cast<int64_t>(active_host_.size())) {
-    Check(cudaMemcpyAsync(active_dev_.data() + moe_calls_, routing_.n_active, sizeof(int32_t),
+  if (call >= 0)
+    Check(cudaMemcpyAsync(active_dev_.data() + call, routing_.n_active, sizeof(int32_t),
                           cudaMemcpyDeviceToDevice, stream_),
           "recording the active experts");
-    moe_call_layer_.resize(static_cast<size_t>(moe_calls_) + 1);
-    moe_call_layer_[static_cast<size_t>(moe_calls_)] = layer;
-    ++moe_calls_;
-  }
 }
 
 void CudaBackend::RunExpertsOnGpu(int64_t layer, const float* x, float* out) {
@@ -404,13 +474,18 @@ void CudaBackend::TimeExperts(int64_t layer, bool start) {
 
 int64_t CudaBackend::ScanNonFinite(const float* x, int64_t n, int64_t slot) {
   if (slot >= 0 && slot < kNonFiniteSlots) {
-    cuda::LaunchFirstNonFinite(x, n, scans_dev_.data() + slot, stream_);
+    if (!Replaying()) cuda::LaunchFirstNonFinite(x, n, scans_dev_.data() + slot, stream_);
     n_scans_ = std::max(n_scans_, slot + 1);
   }
   return -1;
 }
 
 Status CudaBackend::EndStep() {
+  if (graph_mode_ == cuda::StepGraphs::Mode::kCapture) {  // no Logits: nothing to replay
+    if (error_.empty()) error_ = "a recorded decode step had no logits";
+    FinishCapture();
+  }
+  graph_mode_ = cuda::StepGraphs::Mode::kEager;
   Check(cudaMemcpyAsync(scans_host_.data(), scans_dev_.data(),
                         static_cast<size_t>(n_scans_) * sizeof(unsigned long long),
                         cudaMemcpyDeviceToHost, stream_),
@@ -459,6 +534,7 @@ int64_t CudaBackend::TakeActiveExperts() {
 void CudaBackend::Logits(const float* x, int64_t n_rows, const TensorView& lm_head, float* logits) {
   const auto n = static_cast<size_t>(n_rows * dims_.vocab);
   if (logits_dev_.size() < n) {
+    BuffersMoving();
     auto made = cuda::DeviceBuffer<float>::Create(n, "the logits");
     if (!made.ok()) {
       if (error_.empty()) error_ = made.status().message();
@@ -470,7 +546,8 @@ void CudaBackend::Logits(const float* x, int64_t n_rows, const TensorView& lm_he
     if (error_.empty()) error_ = s.message();
     return;
   }
-  dense_.Run(weights_.Matrix(lm_head), x, n_rows, logits_dev_.data(), stream_);
+  if (!Replaying()) dense_.Run(weights_.Matrix(lm_head), x, n_rows, logits_dev_.data(), stream_);
+  if (graph_mode_ == cuda::StepGraphs::Mode::kCapture) FinishCapture();
   Check(cudaMemcpyAsync(logits_host_.data(), logits_dev_.data(), n * sizeof(float),
                         cudaMemcpyDeviceToHost, stream_),
         "copying the logits");

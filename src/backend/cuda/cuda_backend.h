@@ -8,7 +8,9 @@
 // With every expert in VRAM nothing reaches the host inside a step but the router logits when a
 // test asks for them: the routing stays on the device (router.h), the non-finite scans and the
 // active-expert counts are read after the logits, so a step is a fixed sequence of launches on
-// one stream. Offloaded layers add one synchronization each (expert_offload.h).
+// one stream, and decode steps are recorded once per shape as CUDA graphs and replayed
+// (step_graphs.h). Offloaded layers add one synchronization each (expert_offload.h) and run
+// eagerly.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -21,6 +23,7 @@
 #include "backend/cuda/device_weights.h"
 #include "backend/cuda/expert_offload.h"
 #include "backend/cuda/pinned_buffer.h"
+#include "backend/cuda/step_graphs.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/dense.h"
 #include "kernels/cuda/device_buffer.h"
@@ -45,7 +48,7 @@ class CudaBackend final : public ComputeBackend {
               std::span<const std::vector<float>* const> vectors) override;
   uint64_t KvMemoryFree() const override;
   Expected<std::unique_ptr<KvMemory>> AllocateKv(uint64_t n_bytes) override;
-  void BeginStep(const Batch& batch) override;
+  void BeginStep(const Batch& batch, const KvPool& kv) override;
   float* Activations(Act slot, int64_t n_tokens, int64_t width) override;
   void Embed(const TensorView& table, std::span<const int32_t> tokens, float* h) override;
   void RmsNorm(const float* x, int64_t n_rows, std::span<const int32_t> rows,
@@ -68,6 +71,8 @@ class CudaBackend final : public ComputeBackend {
   PhaseTimes* phase_times() const override { return times_; }
   void SetExpertStats(ExpertStats* stats) override;
   std::vector<int64_t> LayersWithOwnExperts() const override { return vram_layers_; }
+  void ExpectRouterLogits(bool on) override { router_logits_expected_ = on; }
+  int64_t ReplayedSteps() const override { return graphs_.replayed_steps(); }
 
  private:
   CudaBackend(const ExpertSource& experts, const ModelDims& dims);
@@ -81,6 +86,15 @@ class CudaBackend final : public ComputeBackend {
   // A CUDA error inside a step: the backend's calls return nothing, so the first one is kept
   // and EndStep reports it as the step's failure.
   void Check(cudaError_t err, const char* what);
+  // Whether the step just begun is replayed, recorded or launched call by call (after its
+  // indices were queued): only decode steps with every expert in VRAM are recorded.
+  void ChooseGraphMode(const Batch& batch, const KvPool& kv);
+  // The step's graph is running: the calls keep their host bookkeeping and launch nothing.
+  bool Replaying() const { return graph_mode_ == cuda::StepGraphs::Mode::kReplay; }
+  // A device buffer the recorded graphs name is about to be reallocated: they are dropped.
+  void BuffersMoving();
+  // Ends the recording of the step (launching its graph, unless the step failed).
+  void FinishCapture();
 
   const ExpertSource& experts_;
   ModelDims dims_;
@@ -99,6 +113,12 @@ class CudaBackend final : public ComputeBackend {
   std::vector<int64_t> moe_call_layer_;  // the layer of each Moe call this step
   int64_t step_tokens_ = 0;
   std::string error_;  // the first CUDA error of the current step
+
+  bool graphs_wanted_ = false;   // ComputeOptions::cuda_graphs
+  bool graphs_enabled_ = false;  // ... and every expert in VRAM (known at Hold)
+  bool router_logits_expected_ = false;
+  cuda::StepGraphs graphs_;
+  cuda::StepGraphs::Mode graph_mode_ = cuda::StepGraphs::Mode::kEager;
 
   std::array<cuda::DeviceBuffer<float>, static_cast<size_t>(Act::kCount)> acts_;
   cuda::DeviceBuffer<float> inv_freq_;        // [head_dim / 2] RoPE
