@@ -17,6 +17,8 @@
 #   4 and 16 sequences, and hybrid: the same, with half the banks pinned, and --profile, both
 #   after llama.cpp's build as they use the CPU); CROSS=1 adds offload prefill at 32-256
 #   tokens (CROSS_SIZES="512 1024": those) streamed and not (the crossover); LOAD=1 times a load with every bank pinned against a raw read;
+#   PROFILE="bf16 q4_0" times every kernel of a gpu decode run per dtype (bench/gpu/kernel_profile.cpp;
+#   the top rows in the summary);
 #   LLAMA_P4096=0 skips llama.cpp's 4096-token prefill runs; DEADLINE=S (default 540) skips what would start after S seconds.
 set -u
 cd "$(dirname "$0")/.."
@@ -161,6 +163,14 @@ if [ "${SYNTH:-0}" = 1 ]; then
             --parallel 16 --prompt-tokens 128 --gen-tokens 32 ;;
         cpu | cpu-only | offload-decode | hybrid) ;;  # after llama.cpp's build (below)
       esac
+    done
+  done
+  for dt in ${PROFILE:-}; do  # where a decode step's device time goes, by kernel
+    for n in 1 16; do
+      CUDA_INJECTION64_PATH=$B/libs/libmoetier_kernel_profile.so \
+        MOETIER_KPROF_OUT=$LOGS/kprof-$dt-$n.txt bench "kprof-$n" "$dt" --moe-backend gpu \
+        --parallel "$n" --prompt-tokens 32 --gen-tokens 256
+      head -28 "$LOGS/kprof-$dt-$n.txt" >> "$S"
     done
   done
   if [ "${LOAD:-0}" = 1 ]; then  # load with every bank pinned, against reading the files raw

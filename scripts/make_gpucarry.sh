@@ -21,6 +21,9 @@ rm -rf .gpucarry && mkdir -p .gpucarry
 B=$(mktemp -d) && trap 'rm -rf "$B"' EXIT
 mkdir -p "$B/libs" "$B/tests"
 cp "$BUILD/bin/moetier" "$B/" && strip "$B/moetier"
+# The device-time profiler (bench/gpu/kernel_profile.cpp), when built.
+P=$BUILD/bench/gpu/libmoetier_kernel_profile.so
+[ -f "$P" ] && cp "$P" "$B/libs/"
 for t in "$BUILD"/tests/*/*_tests "$BUILD"/tests/kernels/cuda/*_tests; do
   [ -x "$t" ] && cp "$t" "$B/tests/" && strip "$B/tests/$(basename "$t")"
 done

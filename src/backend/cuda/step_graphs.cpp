@@ -11,9 +11,10 @@ StepGraphs::~StepGraphs() {
 }
 
 void StepGraphs::Invalidate() {
+  // The shapes seen keep their counts: the buffers only grow, so a shape that ran once fits
+  // them and its next step can be recorded.
   for (auto& [key, entry] : entries_)
-    if (entry.exec != nullptr) cudaGraphExecDestroy(entry.exec);
-  entries_.clear();
+    if (entry.exec != nullptr) cudaGraphExecDestroy(std::exchange(entry.exec, nullptr));
   capturing_ = nullptr;
 }
 

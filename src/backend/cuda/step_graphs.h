@@ -9,7 +9,7 @@
 // Per shape (Key): the first step runs eagerly (it sizes every buffer and sets every kernel
 // attribute), the second is captured while it is recorded and launched at its end, later ones
 // are replayed. The graphs refer to the backend's buffers by address: when one moves, the
-// backend calls Invalidate and they are all recorded again.
+// backend calls Invalidate and each shape is recorded again at its next step.
 #pragma once
 
 #include <cuda_runtime_api.h>
