@@ -151,6 +151,13 @@ class ComputeBackend {
                        const std::vector<float>& weight, float eps, int64_t d, float* y) = 0;
   // y += x, n floats.
   virtual void Add(const float* x, int64_t n, float* y) = 0;
+  // The residual add and the norm after it: h += x, then y = RmsNorm(h) · weight, n_rows rows of
+  // d (a GPU fuses them; the same bits as Add then RmsNorm).
+  virtual void AddRmsNorm(const float* x, int64_t n_rows, float* h,
+                          const std::vector<float>& weight, float eps, int64_t d, float* y) {
+    Add(x, n_rows * d, h);
+    RmsNorm(h, n_rows, {}, weight, eps, d, y);
+  }
   // Every target's product with the same activations x [n_tokens, k] (one pass to prepare x).
   virtual void MatMul(const float* x, int64_t n_tokens, std::span<const MatMulOut> targets) = 0;
   // gate = silu(gate) ⊙ up, n floats.

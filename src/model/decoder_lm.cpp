@@ -149,13 +149,12 @@ Status DecoderLM::Forward(const Batch& batch, KvPool& kv, std::vector<float>& lo
 
   const float eps = static_cast<float>(config_.rms_norm_eps);
   if (router_sink_ != nullptr) router_sink_->assign(static_cast<size_t>(config_.n_layers), {});
+  // Each residual add is fused with the norm that reads its sum (the next sublayer's input).
+  if (config_.n_layers > 0) be.RmsNorm(h, T, {}, w_.layers[0].attn_norm, eps, H, xn);
   for (int64_t l = 0; l < config_.n_layers; ++l) {
     const DecoderLayerWeights& lw = w_.layers[static_cast<size_t>(l)];
-    be.RmsNorm(h, T, {}, lw.attn_norm, eps, H, xn);
     SelfAttention(be, lw.attn, attn_shape_, rope_, l, batch, kv, xn, delta);
-    be.Add(delta, T * H, h);
-
-    be.RmsNorm(h, T, {}, lw.mlp_norm, eps, H, xn);
+    be.AddRmsNorm(delta, T, h, lw.mlp_norm, eps, H, xn);
     if (lw.is_moe) {
       float* sink = nullptr;
       if (router_sink_ != nullptr) {
@@ -167,7 +166,10 @@ Status DecoderLM::Forward(const Batch& batch, KvPool& kv, std::vector<float>& lo
     } else {
       SwiGlu(be, lw.dense, xn, T, delta);
     }
-    be.Add(delta, T * H, h);
+    if (l + 1 < config_.n_layers)
+      be.AddRmsNorm(delta, T, h, w_.layers[static_cast<size_t>(l + 1)].attn_norm, eps, H, xn);
+    else
+      be.Add(delta, T * H, h);
     MT_RETURN_IF_ERROR(ScanFinite(h, batch, l + 1));
   }
 

@@ -326,9 +326,25 @@ void CudaBackend::Add(const float* x, int64_t n, float* y) {
   cuda::LaunchAdd(x, n, y, stream_);
 }
 
+void CudaBackend::AddRmsNorm(const float* x, int64_t n_rows, float* h,
+                             const std::vector<float>& weight, float eps, int64_t d, float* y) {
+  if (Replaying()) return;
+  cuda::LaunchAddRmsNorm(x, n_rows, h, weights_.Vector(weight), eps, d, y, stream_);
+}
+
 void CudaBackend::MatMul(const float* x, int64_t n_tokens, std::span<const MatMulOut> targets) {
   if (Replaying()) return;
-  for (const MatMulOut& t : targets) dense_.Run(weights_.Matrix(*t.w), x, n_tokens, t.y, stream_);
+  std::array<cuda::DeviceMatrix, 4> matrices;
+  std::array<cuda::DenseMatMul::Product, 4> products;
+  if (targets.size() > products.size()) {
+    for (const MatMulOut& t : targets) dense_.Run(weights_.Matrix(*t.w), x, n_tokens, t.y, stream_);
+    return;
+  }
+  for (size_t i = 0; i < targets.size(); ++i) {
+    matrices[i] = weights_.Matrix(*targets[i].w);
+    products[i] = {&matrices[i], targets[i].y};
+  }
+  dense_.RunAll(std::span(products.data(), targets.size()), x, n_tokens, stream_);
 }
 
 void CudaBackend::SiluMul(float* gate, const float* up, int64_t n) {

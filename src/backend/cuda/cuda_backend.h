@@ -54,6 +54,8 @@ class CudaBackend final : public ComputeBackend {
   void RmsNorm(const float* x, int64_t n_rows, std::span<const int32_t> rows,
                const std::vector<float>& weight, float eps, int64_t d, float* y) override;
   void Add(const float* x, int64_t n, float* y) override;
+  void AddRmsNorm(const float* x, int64_t n_rows, float* h, const std::vector<float>& weight,
+                  float eps, int64_t d, float* y) override;
   void MatMul(const float* x, int64_t n_tokens, std::span<const MatMulOut> targets) override;
   void SiluMul(float* gate, const float* up, int64_t n) override;
   void Attend(const AttentionWeights& w, const AttentionShape& shape, const Rope& rope,

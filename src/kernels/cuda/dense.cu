@@ -523,6 +523,10 @@ struct DenseMatMul::State {
   Status Allocate();
   void Decode(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y,
               cudaStream_t stream);
+  // Quantized weights' decode: x's nt <= kMaxDecodeTokens rows of `cols` into xq/dx, then w's
+  // product with them.
+  void QuantizeX(const float* x, int64_t nt, int64_t cols, cudaStream_t stream);
+  void QuantizedProduct(const DeviceMatrix& w, int64_t nt, float* y, cudaStream_t stream);
   void Prefill(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y,
                cudaStream_t stream);
   void Gemm(cudaDataType type, const void* w, int64_t n_rows, int64_t cols, const void* x,
@@ -593,22 +597,44 @@ void DenseMatMul::State::Decode(const DeviceMatrix& w, const float* x, int64_t n
       return;  // not a dense weight dtype (the loader rejects it before)
   }
   // Quantized weights: quantize x into scratch, in passes of at most kMaxDecodeTokens tokens.
-  const int64_t n_blocks = w.cols / 32;
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxDecodeTokens) {
     const int64_t nt = n_tokens - t0 < kMaxDecodeTokens ? n_tokens - t0 : kMaxDecodeTokens;
-    const int64_t total = nt * n_blocks;
-    if (total > 0) {
-      constexpr int kWarpsPerBlock = kElementThreads / kWarp;
-      QuantizeActivationsKernel<<<static_cast<unsigned>(CeilDiv(total, kWarpsPerBlock)),
-                                  kElementThreads, 0, stream>>>(x + t0 * w.cols, total, xq, dx);
-    }
-    float* yt = y + t0 * w.rows;
-    if (w.dtype == DType::kQ8_0) {
-      ByTokens<QuantDecode, DType::kQ8_0>(nt, w, xq, dx, nt, yt, stream);
-    } else {
-      ByTokens<QuantDecode, DType::kQ4_0>(nt, w, xq, dx, nt, yt, stream);
-    }
+    QuantizeX(x + t0 * w.cols, nt, w.cols, stream);
+    QuantizedProduct(w, nt, y + t0 * w.rows, stream);
   }
+}
+
+void DenseMatMul::State::QuantizeX(const float* x, int64_t nt, int64_t cols, cudaStream_t stream) {
+  const int64_t total = nt * (cols / 32);
+  if (total <= 0) return;
+  constexpr int kWarpsPerBlock = kElementThreads / kWarp;
+  QuantizeActivationsKernel<<<static_cast<unsigned>(CeilDiv(total, kWarpsPerBlock)),
+                              kElementThreads, 0, stream>>>(x, total, xq, dx);
+}
+
+void DenseMatMul::State::QuantizedProduct(const DeviceMatrix& w, int64_t nt, float* y,
+                                          cudaStream_t stream) {
+  if (w.dtype == DType::kQ8_0) {
+    ByTokens<QuantDecode, DType::kQ8_0>(nt, w, xq, dx, nt, y, stream);
+  } else {
+    ByTokens<QuantDecode, DType::kQ4_0>(nt, w, xq, dx, nt, y, stream);
+  }
+}
+
+void DenseMatMul::RunAll(std::span<const Product> products, const float* x, int64_t n_tokens,
+                         cudaStream_t stream) {
+  if (products.empty() || n_tokens <= 0) return;
+  const DeviceMatrix& first = *products.front().w;
+  bool shared_quantization = n_tokens <= kMaxDecodeTokens && IsBlockQuantized(first.dtype);
+  for (const Product& p : products)
+    shared_quantization = shared_quantization && p.w->dtype == first.dtype &&
+                          p.w->cols == first.cols && p.w->rows > 0;
+  if (!shared_quantization) {
+    for (const Product& p : products) Run(*p.w, x, n_tokens, p.y, stream);
+    return;
+  }
+  s_->QuantizeX(x, n_tokens, first.cols, stream);
+  for (const Product& p : products) s_->QuantizedProduct(*p.w, n_tokens, p.y, stream);
 }
 
 // y[:, 0:n_rows] (row stride ldy) = x[n_tokens, cols] · w[n_rows, cols]ᵀ, fp32 output. cuBLAS

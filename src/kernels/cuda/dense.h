@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "core/status.h"
 #include "kernels/cuda/device_matrix.h"
@@ -31,6 +32,14 @@ class DenseMatMul {
 
   // y [n_tokens, w.rows] (row stride w.rows) = x [n_tokens, w.cols] · wᵀ; n_tokens <= max_tokens.
   void Run(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y, cudaStream_t stream);
+  // Run for each product, of the same x (the q, k and v projections): decode quantizes x once
+  // for all of them when they share a quantized dtype and their width. The same bits as Run.
+  struct Product {
+    const DeviceMatrix* w = nullptr;
+    float* y = nullptr;
+  };
+  void RunAll(std::span<const Product> products, const float* x, int64_t n_tokens,
+              cudaStream_t stream);
 
  private:
   struct State;

@@ -74,24 +74,57 @@ __device__ double BlockSum(double v, double* warp_sums /* [32] shared */) {
   return total;
 }
 
-// One block per output row. The sum of squares is kept in double, as kernels::RmsNormRow does
-// (a few thousand squares lose bits in float32); fp64 is cheap on the GPUs we target next to
-// the row's memory traffic. Only the summation order differs from the CPU, so the scale agrees
-// to about 1 ulp of float32.
-__global__ void RmsNormKernel(const float* x, const int32_t* rows, const float* weight, float eps,
-                              int64_t d, float* y) {
+// Rows of up to kThreads * kNormRegs elements (d_model 4096) are held in registers by the
+// normalization kernels: every load of a row is issued before the first is used.
+constexpr int kNormRegs = 16;
+
+// One block per output row: y = x[r] * scale * weight, x[r] first gaining `add`'s row r when
+// `add` is not null (written back to x: the residual add fused with the norm that follows it).
+// The sum of squares is kept in double, as kernels::RmsNormRow does (a few thousand squares lose
+// bits in float32); fp64 is cheap on the GPUs we target next to the row's memory traffic. Only
+// the summation order differs from the CPU, so the scale agrees to about 1 ulp of float32. Each
+// thread sums its elements in column order whether the row is held in registers or not: the
+// same bits either way.
+__global__ void RmsNormKernel(float* x, const float* add, const int32_t* rows, const float* weight,
+                              float eps, int64_t d, float* y) {
   __shared__ double warp_sums[kWarp];
   const int64_t i = blockIdx.x;
   const int64_t r = rows != nullptr ? rows[i] : i;
-  const float* xr = x + r * d;
+  float* xr = x + r * d;
+  const float* ar = add != nullptr ? add + r * d : nullptr;
+  float* yr = y + i * d;
   double ss = 0.0;
+  if (d <= static_cast<int64_t>(blockDim.x) * kNormRegs) {
+    float v[kNormRegs];
+#pragma unroll
+    for (int j = 0; j < kNormRegs; ++j) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+      v[j] = c < d ? xr[c] : 0.0f;
+      if (ar != nullptr && c < d) v[j] += ar[c];
+    }
+#pragma unroll
+    for (int j = 0; j < kNormRegs; ++j) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+      if (c >= d) continue;
+      if (ar != nullptr) xr[c] = v[j];
+      ss += static_cast<double>(v[j]) * static_cast<double>(v[j]);
+    }
+    ss = BlockSum(ss, warp_sums);
+    const float scale = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + eps));
+#pragma unroll
+    for (int j = 0; j < kNormRegs; ++j) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+      if (c < d) yr[c] = v[j] * scale * weight[c];
+    }
+    return;
+  }
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-    const double v = xr[c];
-    ss += v * v;
+    float v = xr[c];
+    if (ar != nullptr) xr[c] = v = v + ar[c];
+    ss += static_cast<double>(v) * static_cast<double>(v);
   }
   ss = BlockSum(ss, warp_sums);
   const float scale = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + eps));
-  float* yr = y + i * d;
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) yr[c] = xr[c] * scale * weight[c];
 }
 
@@ -163,7 +196,16 @@ void LaunchEmbed(const DeviceMatrix& table, const int32_t* tokens, int64_t n_tok
 void LaunchRmsNorm(const float* x, const int32_t* rows, int64_t n_rows, const float* weight,
                    float eps, int64_t d, float* y, cudaStream_t stream) {
   if (n_rows <= 0 || d <= 0) return;
-  RmsNormKernel<<<static_cast<unsigned>(n_rows), kThreads, 0, stream>>>(x, rows, weight, eps, d, y);
+  // Read only: add is null.
+  RmsNormKernel<<<static_cast<unsigned>(n_rows), kThreads, 0, stream>>>(
+      const_cast<float*>(x), nullptr, rows, weight, eps, d, y);
+}
+
+void LaunchAddRmsNorm(const float* x, int64_t n_rows, float* h, const float* weight, float eps,
+                      int64_t d, float* y, cudaStream_t stream) {
+  if (n_rows <= 0 || d <= 0) return;
+  RmsNormKernel<<<static_cast<unsigned>(n_rows), kThreads, 0, stream>>>(h, x, nullptr, weight, eps,
+                                                                        d, y);
 }
 
 void LaunchAdd(const float* x, int64_t n, float* y, cudaStream_t stream) {

@@ -21,6 +21,11 @@ void LaunchEmbed(const DeviceMatrix& table, const int32_t* tokens, int64_t n_tok
 void LaunchRmsNorm(const float* x, const int32_t* rows, int64_t n_rows, const float* weight,
                    float eps, int64_t d, float* y, cudaStream_t stream);
 
+// h[i, :] += x[i, :], then y[i, :] = RmsNorm(h[i, :]) as LaunchRmsNorm, i < n_rows: the residual
+// add and the norm after it in one pass (the same bits as the two).
+void LaunchAddRmsNorm(const float* x, int64_t n_rows, float* h, const float* weight, float eps,
+                      int64_t d, float* y, cudaStream_t stream);
+
 // y[i] += x[i], i < n.
 void LaunchAdd(const float* x, int64_t n, float* y, cudaStream_t stream);
 

@@ -215,6 +215,45 @@ TEST_P(DenseMatMulTest, DecodeIsGraphCapturable) {
   }
 }
 
+// Products of one x (the q, k and v projections) together: the bits of each alone, whether x is
+// quantized once for all (decode, quantized weights) or each runs on its own (prefill, floats).
+TEST_P(DenseMatMulTest, RunAllGivesEachRunsBits) {
+  MT_REQUIRE_GPU();
+  std::mt19937 rng(testing::TestSeed());
+  const DType dtype = GetParam();
+  const int64_t cols = 512;
+  const std::vector<int64_t> rows = {256, 64, 96};
+  for (int64_t n_tokens : {int64_t{1}, int64_t{5}, int64_t{70}}) {
+    std::vector<HostMatrix> host;
+    std::vector<DeviceBuffer<uint8_t>> d_w;
+    std::vector<DeviceMatrix> mats;
+    for (int64_t r : rows) {
+      host.push_back(MakeMatrix(dtype, r, cols, rng));
+      d_w.push_back(Upload(host.back().bytes));
+      mats.push_back(DeviceMatrix{dtype, r, cols, d_w.back().data()});
+    }
+    const std::vector<float> x = RandomFloats(static_cast<size_t>(n_tokens * cols), rng);
+    const DeviceBuffer<float> d_x = Upload(x);
+    auto mm = DenseMatMul::Create(n_tokens, cols, 256);
+    ASSERT_TRUE(mm.ok()) << mm.status().message();
+    std::vector<DeviceBuffer<float>> alone, together;
+    std::vector<DenseMatMul::Product> products;
+    for (size_t m = 0; m < rows.size(); ++m) {
+      const auto n_y = static_cast<size_t>(n_tokens * rows[m]);
+      alone.push_back(DeviceBuffer<float>::Create(n_y, "y").value());
+      together.push_back(DeviceBuffer<float>::Create(n_y, "y").value());
+      mm->Run(mats[m], d_x.data(), n_tokens, alone.back().data(), nullptr);
+      products.push_back({&mats[m], together.back().data()});
+    }
+    mm->RunAll(products, d_x.data(), n_tokens, nullptr);
+    for (size_t m = 0; m < rows.size(); ++m) {
+      const auto n_y = static_cast<size_t>(n_tokens * rows[m]);
+      EXPECT_EQ(Download(together[m], n_y), Download(alone[m], n_y))
+          << DTypeName(dtype) << " tokens " << n_tokens << " matrix " << m;
+    }
+  }
+}
+
 TEST_P(DenseMatMulTest, NoTokensLaunchNothing) {
   MT_REQUIRE_GPU();
   auto mm = DenseMatMul::Create(4, 64, 8);

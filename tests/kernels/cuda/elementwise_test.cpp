@@ -135,6 +135,35 @@ TEST(CudaRmsNormTest, MatchesRmsNormRow) {
   }
 }
 
+// The fused residual add and norm: the bits of the add and then the norm, in registers (d up to
+// 4096) and past them.
+TEST(CudaAddRmsNormTest, EqualsTheAddThenTheNorm) {
+  MT_REQUIRE_GPU();
+  std::mt19937 rng(testing::TestSeed());
+  const float eps = 1e-6f;
+  for (auto [d, n_rows] : {std::pair{7, 3}, {2048, 1}, {2048, 5}, {4099, 4}}) {
+    const auto n = static_cast<size_t>(n_rows * d);
+    const std::vector<float> x = RandomFloats(n, 1.0f, rng);
+    const std::vector<float> h = RandomFloats(n, 3.0f, rng);
+    const std::vector<float> weight = RandomFloats(static_cast<size_t>(d), 1.0f, rng);
+    const DeviceBuffer<float> d_x = Upload(x);
+    const DeviceBuffer<float> d_w = Upload(weight);
+    DeviceBuffer<float> h_fused = Upload(h);
+    DeviceBuffer<float> h_apart = Upload(h);
+    DeviceBuffer<float> y_fused = DeviceBuffer<float>::Create(n, "y").value();
+    DeviceBuffer<float> y_apart = DeviceBuffer<float>::Create(n, "y").value();
+    LaunchAddRmsNorm(d_x.data(), n_rows, h_fused.data(), d_w.data(), eps, d, y_fused.data(),
+                     nullptr);
+    LaunchAdd(d_x.data(), static_cast<int64_t>(n), h_apart.data(), nullptr);
+    LaunchRmsNorm(h_apart.data(), nullptr, n_rows, d_w.data(), eps, d, y_apart.data(), nullptr);
+    EXPECT_EQ(Download(h_fused, n), Download(h_apart, n)) << "d " << d;
+    EXPECT_EQ(Download(y_fused, n), Download(y_apart, n)) << "d " << d;
+    std::vector<float> sum = h;
+    kernels::Axpy(1.0f, x.data(), static_cast<int64_t>(n), sum.data());
+    EXPECT_EQ(Download(h_fused, n), sum) << "d " << d;
+  }
+}
+
 TEST(CudaAddTest, MatchesAxpyOfOneExactly) {
   MT_REQUIRE_GPU();
   std::mt19937 rng(testing::TestSeed());
