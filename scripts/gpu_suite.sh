@@ -49,6 +49,8 @@ export LD_LIBRARY_PATH=$B/libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBR
 # The tests find their fixtures where this repository was built (/work/main); point that here.
 if [ ! -e /work/main/tests/fixtures ]; then mkdir -p /work && ln -sfn "$PWD" /work/main; fi
 export MOETIER_CLI=$B/moetier
+# Hybrid runs keep their measured split here (the tests' and then the benchmarks').
+export MOETIER_CACHE_DIR=$W/cache
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$S" 2>&1
 FAILED=0
 if [ "${SYNTH:-0}" = 1 ] && [ "${LLAMA:-0}" = 1 ]; then
@@ -239,14 +241,14 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
           HYBRID=(--moe-backend hybrid --moe-collect-stats --moe-cache-gb "${CACHE_MIN[$dt]}")
           bench hybrid-min "$dt" "${HYBRID[@]}" --moe-cpu-layers 0 --prompt-tokens 32 \
             --gen-tokens 64 --profile
-          MOETIER_CPU_SHARE_ASYNC=0 bench hybrid-min-sync "$dt" "${HYBRID[@]}" --moe-cpu-layers 0 \
-            --prompt-tokens 32 --gen-tokens 64 --profile
+          grep -h "hybrid:" "$LOGS/bench-$dt-hybrid-min.log" >> "$S"  # where the split started
           for n in 4 16; do
             bench "hybrid-par$n" "$dt" "${HYBRID[@]}" --moe-cpu-layers 0 --parallel "$n" \
               --prompt-tokens 128 --gen-tokens 32 --profile
           done
           bench hybrid-halfpin "$dt" "${HYBRID[@]}" --pin-budget-gb "${CACHE_50[$dt]}" \
-            --prompt-tokens 32 --gen-tokens 64 ;;
+            --prompt-tokens 32 --gen-tokens 64
+          grep -h "hybrid:" "$LOGS/bench-$dt-hybrid-halfpin.log" >> "$S" ;;
       esac
     done
   done

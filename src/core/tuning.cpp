@@ -39,9 +39,9 @@ const std::array<TuningKnobSpec, 14> kTuningKnobSpecs = {{
      "gpu: 1 (default) replays decode steps from recorded CUDA graphs; 0 launches each kernel"},
 }};
 
-const std::array<std::string_view, 6> kOtherEnvironmentVariables = {
-    "MOETIER_CPU_ISA",         "MOETIER_PIN_BUDGET_GB", "MOETIER_LOCK_BUDGET_GB",
-    "MOETIER_INJECT_FAILURES", "MOETIER_DEBUG",         "MOETIER_TEST_SEED"};
+const std::array<std::string_view, 7> kOtherEnvironmentVariables = {
+    "MOETIER_CPU_ISA", "MOETIER_PIN_BUDGET_GB", "MOETIER_LOCK_BUDGET_GB", "MOETIER_INJECT_FAILURES",
+    "MOETIER_DEBUG",   "MOETIER_TEST_SEED",     "MOETIER_CACHE_DIR"};
 
 namespace {
 

@@ -51,7 +51,7 @@ extern const std::array<TuningKnobSpec, 14> kTuningKnobSpecs;
 // MOETIER_* variables parsed elsewhere (with their own validation, reported by
 // CheckEnvironment): the kernel level, budgets, failure injection and seeds for tests, debug
 // logging.
-extern const std::array<std::string_view, 6> kOtherEnvironmentVariables;
+extern const std::array<std::string_view, 7> kOtherEnvironmentVariables;
 
 using EnvLookup = FunctionRef<const char*(const char*)>;
 

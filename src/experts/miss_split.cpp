@@ -14,16 +14,32 @@ constexpr double kInitialGbPerS = 25.0;
 // process taking the memory bandwidth) without a single slow step swinging the split.
 constexpr double kObservationWeight = 0.2;
 
+// Observations of each side before the averages are kept for later runs: enough for the
+// starting guess to have washed out (0.8^16 < 3 % of it left).
+constexpr int64_t kObservationsToKeep = 16;
+
 double Average(double old, double observed) {
   return old + kObservationWeight * (observed - old);
 }
 
 }  // namespace
 
-MissSplit::MissSplit(uint64_t expert_bytes, double fixed_fetch_share)
+MissSplit::MissSplit(uint64_t expert_bytes, double fixed_fetch_share,
+                     std::optional<SplitRates> start)
     : fixed_share_(fixed_fetch_share),
       copy_ns_(static_cast<double>(expert_bytes) / kInitialGbPerS),
-      cpu_ns_(static_cast<double>(expert_bytes) / kInitialGbPerS) {}
+      cpu_ns_(static_cast<double>(expert_bytes) / kInitialGbPerS) {
+  if (start && start->copy_ns_per_expert > 0 && start->cpu_ns_per_expert > 0) {
+    copy_ns_ = start->copy_ns_per_expert;
+    cpu_ns_ = start->cpu_ns_per_expert;
+  }
+}
+
+std::optional<SplitRates> MissSplit::MeasuredRates() const {
+  if (fixed_share_ >= 0 || std::min(copy_observations_, cpu_observations_) < kObservationsToKeep)
+    return std::nullopt;
+  return SplitRates{copy_ns_, cpu_ns_, std::min(copy_observations_, cpu_observations_)};
+}
 
 double MissSplit::q_star() const {
   if (fixed_share_ >= 0) return std::min(1.0, fixed_share_);
@@ -46,11 +62,15 @@ int64_t MissSplit::FetchCount(int64_t n_misses) const {
 }
 
 void MissSplit::ObserveCopies(int64_t experts, double ns) {
-  if (experts > 0 && ns > 0) copy_ns_ = Average(copy_ns_, ns / static_cast<double>(experts));
+  if (experts <= 0 || ns <= 0) return;
+  copy_ns_ = Average(copy_ns_, ns / static_cast<double>(experts));
+  ++copy_observations_;
 }
 
 void MissSplit::ObserveCpu(int64_t experts, double ns) {
-  if (experts > 0 && ns > 0) cpu_ns_ = Average(cpu_ns_, ns / static_cast<double>(experts));
+  if (experts <= 0 || ns <= 0) return;
+  cpu_ns_ = Average(cpu_ns_, ns / static_cast<double>(experts));
+  ++cpu_observations_;
 }
 
 void ChooseFetched(std::span<MissCandidate> misses, int64_t n_fetch,

@@ -11,16 +11,21 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
+
+#include "experts/split_profile.h"
 
 namespace moetier {
 
 class MissSplit {
  public:
   // expert_bytes: one expert's bytes. fixed_fetch_share in [0, 1] forces q* (tests, benches);
-  // negative: measured.
-  MissSplit(uint64_t expert_bytes, double fixed_fetch_share);
+  // negative: measured, starting from `start` (an earlier run's, split_profile.h) when given,
+  // else from an even split.
+  MissSplit(uint64_t expert_bytes, double fixed_fetch_share,
+            std::optional<SplitRates> start = std::nullopt);
 
   // The share of the misses the copy engine takes now.
   double q_star() const;
@@ -34,10 +39,14 @@ class MissSplit {
   void ObserveCpu(int64_t experts, double ns);
   double copy_ns_per_expert() const { return copy_ns_; }
   double cpu_ns_per_expert() const { return cpu_ns_; }
+  // The averages, worth keeping for a later run once both sides were observed often enough
+  // (nullopt before, and when q* is forced).
+  std::optional<SplitRates> MeasuredRates() const;
 
  private:
   double fixed_share_;
   double copy_ns_, cpu_ns_;  // exponential averages, per expert
+  int64_t copy_observations_ = 0, cpu_observations_ = 0;
 };
 
 // One miss of a step: the expert and how many of the step's tokens chose it.

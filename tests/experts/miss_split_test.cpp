@@ -1,10 +1,14 @@
 // The hybrid split's arithmetic: q* from the observed rates, the count that balances both sides,
-// a forced share, and which misses are fetched.
+// a forced share, and which misses are fetched; the rates kept between runs (split_profile.h).
 #include "experts/miss_split.h"
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <vector>
+
+#include "experts/split_profile.h"
+#include "support/test_support.h"
 
 namespace moetier {
 namespace {
@@ -82,6 +86,70 @@ TEST(ChooseFetched, TakesTheExpertsWithMostTokensLowerIdsFirst) {
   EXPECT_TRUE(fetched.empty());
   ChooseFetched(misses, 99, fetched);
   EXPECT_EQ(fetched.size(), misses.size());
+}
+
+// A later run starts where an earlier one's averages ended, once both sides were observed often
+// enough for the even guess to have washed out; a forced share keeps nothing.
+TEST(MissSplit, StartsFromKeptRatesAndKeepsItsOwn) {
+  MissSplit first(kExpertBytes, -1);
+  EXPECT_FALSE(first.MeasuredRates());
+  Observe(first, kExpertBytes / 55.0, kExpertBytes / 90.0, 15);
+  EXPECT_FALSE(first.MeasuredRates()) << "15 observations of each side";
+  Observe(first, kExpertBytes / 55.0, kExpertBytes / 90.0, 1);
+  const std::optional<SplitRates> kept = first.MeasuredRates();
+  ASSERT_TRUE(kept);
+  EXPECT_EQ(kept->split_steps, 16);
+  EXPECT_DOUBLE_EQ(kept->copy_ns_per_expert, first.copy_ns_per_expert());
+
+  MissSplit second(kExpertBytes, -1, kept);
+  EXPECT_DOUBLE_EQ(second.q_star(), first.q_star());
+  EXPECT_NE(second.q_star(), 0.5);
+  MissSplit forced(kExpertBytes, 0.25, kept);
+  EXPECT_DOUBLE_EQ(forced.q_star(), 0.25);
+  Observe(forced, 1.0, 2.0, 20);
+  EXPECT_FALSE(forced.MeasuredRates());
+}
+
+TEST(SplitProfile, KeepsEachKeysRatesInOneFile) {
+  testing::TempDir dir;
+  const auto file = dir.path() / "sub" / "hybrid-split.json";
+  const std::string h200 = SplitProfileKey("NVIDIA H200", "Q4_0", 1769472, 16);
+  const std::string other = SplitProfileKey("NVIDIA H200", "BF16", 9437184, 16);
+  auto none = LoadSplitRates(file, h200);
+  ASSERT_TRUE(none.ok()) << none.message();
+  EXPECT_FALSE(*none) << "no file yet";
+  ASSERT_TRUE(SaveSplitRates(file, h200, SplitRates{38000, 19500, 240}).ok());
+  ASSERT_TRUE(SaveSplitRates(file, other, SplitRates{170000, 105000, 64}).ok());
+  auto got = LoadSplitRates(file, h200);
+  ASSERT_TRUE(got.ok() && *got) << got.message();
+  EXPECT_DOUBLE_EQ((*got)->copy_ns_per_expert, 38000);
+  EXPECT_DOUBLE_EQ((*got)->cpu_ns_per_expert, 19500);
+  EXPECT_EQ((*got)->split_steps, 240);
+  got = LoadSplitRates(file, other);
+  ASSERT_TRUE(got.ok() && *got);
+  EXPECT_DOUBLE_EQ((*got)->cpu_ns_per_expert, 105000);
+  got = LoadSplitRates(file, SplitProfileKey("NVIDIA H100", "Q4_0", 1769472, 16));
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(*got) << "another GPU's key";
+}
+
+TEST(SplitProfile, ABrokenFileIsReportedThenReplaced) {
+  testing::TempDir dir;
+  const auto file = dir.path() / "hybrid-split.json";
+  const std::string key = SplitProfileKey("GPU", "BF16", 100, 2);
+  for (const char* text :
+       {"{\"GPU", "[1, 2]",
+        "{\"GPU | BF16 | 100 B/expert | 2 threads\": {\"copy_ns_per_expert\": -3, "
+        "\"cpu_ns_per_expert\": 1}}"}) {
+    std::ofstream(file) << text;
+    auto r = LoadSplitRates(file, key);
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.message().find(file.string()), std::string::npos) << r.message();
+  }
+  ASSERT_TRUE(SaveSplitRates(file, key, SplitRates{1, 2, 3}).ok());
+  auto r = LoadSplitRates(file, key);
+  ASSERT_TRUE(r.ok() && *r) << r.message();
+  EXPECT_DOUBLE_EQ((*r)->cpu_ns_per_expert, 2);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/log.h"
+#include "core/thread_pool.h"
 #include "core/tuning.h"
 #include "kernels/cuda/cuda_check.h"
 
@@ -72,6 +73,7 @@ ExpertOffload::ExpertOffload(const ExpertSource& experts, const ModelDims& dims)
     : experts_(experts), dims_(dims) {}
 
 ExpertOffload::~ExpertOffload() {
+  SaveSplitRates();
   if (cpu_worker_.joinable()) {
     {
       std::lock_guard<std::mutex> lock(cpu_mu_);
@@ -149,7 +151,7 @@ Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOpti
   }
   o->split_ = options.split_misses && o->has_cached_layers();
   if (o->split_) {
-    o->split_model_ = std::make_unique<MissSplit>(o->expert_bytes_, options.fetch_share);
+    o->MakeSplitModel(options, experts.Expert(dims.moe_layers.front(), 0).gate.dtype);
     o->step_cpu_experts_.assign(static_cast<size_t>(dims.n_layers), 0);
   }
   o->timed_experts_.assign(static_cast<size_t>(dims.n_layers), 0);
@@ -166,6 +168,39 @@ Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOpti
     }
   }
   return o;
+}
+
+void ExpertOffload::MakeSplitModel(const ComputeOptions& options, DType dtype) {
+  std::optional<SplitRates> start;
+  if (options.fetch_share < 0) {
+    cudaDeviceProp prop{};
+    const std::string gpu =
+        cudaGetDeviceProperties(&prop, 0) == cudaSuccess ? prop.name : "unknown GPU";
+    const int threads = options.n_threads > 0 ? options.n_threads : ThreadPool::DefaultThreads();
+    split_key_ = SplitProfileKey(gpu, std::string(DTypeName(dtype)), expert_bytes_, threads);
+    split_profile_ = SplitProfilePath();
+  }
+  if (!split_profile_.empty()) {
+    Expected<std::optional<SplitRates>> kept = LoadSplitRates(split_profile_, split_key_);
+    if (!kept.ok()) {
+      LogWarn("hybrid: " + kept.message() + "; the split starts even");
+    } else if (*kept) {
+      start = **kept;
+      const double q =
+          start->cpu_ns_per_expert / (start->copy_ns_per_expert + start->cpu_ns_per_expert);
+      LogInfo("hybrid: the split starts at q* " + std::to_string(q).substr(0, 4) +
+              ", as measured by an earlier run (" + split_profile_.string() + ")");
+    }
+  }
+  split_model_ = std::make_unique<MissSplit>(expert_bytes_, options.fetch_share, start);
+}
+
+void ExpertOffload::SaveSplitRates() const {
+  if (split_model_ == nullptr || split_profile_.empty()) return;
+  const std::optional<SplitRates> rates = split_model_->MeasuredRates();
+  if (!rates) return;
+  if (Status s = moetier::SaveSplitRates(split_profile_, split_key_, *rates); !s.ok())
+    LogWarn("hybrid: the measured split was not kept: " + s.message());
 }
 
 Status ExpertOffload::AllocateCache() {

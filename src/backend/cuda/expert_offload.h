@@ -32,6 +32,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -119,6 +120,12 @@ class ExpertOffload {
  private:
   ExpertOffload(const ExpertSource& experts, const ModelDims& dims);
 
+  // The hybrid split, starting from the rates an earlier run on this GPU measured for experts
+  // of this format and size with this many threads (split_profile.h), when q* is not forced.
+  void MakeSplitModel(const ComputeOptions& options, DType dtype);
+  // Keeps the split's measured rates for the next run (at destruction).
+  void SaveSplitRates() const;
+
   Status FetchStreamed(int64_t layer, cuda::ExpertPointers* device_table, cudaStream_t compute);
   Status FetchSplit(int64_t layer, const cuda::DeviceRouting& r, const float* x,
                     cuda::ExpertPointers* device_table, cudaStream_t compute);
@@ -181,6 +188,9 @@ class ExpertOffload {
   // Hybrid: the split's model, whether this step splits, and the current layer's split.
   bool split_ = false;
   std::unique_ptr<MissSplit> split_model_;
+  // Where the split's measured rates are kept between runs (split_profile.h), and their key.
+  std::filesystem::path split_profile_;
+  std::string split_key_;
   bool split_step_ = false;
   cuda::PinnedBuffer<int32_t> routing_host_;  // n_active, experts, begin, token_of
   cuda::PinnedBuffer<float> weights_host_;    // weight_of
