@@ -46,7 +46,17 @@ double MissSplit::q_star() const {
   return cpu_ns_ / (copy_ns_ + cpu_ns_);  // copy rate / (copy rate + CPU rate)
 }
 
-int64_t MissSplit::FetchCount(int64_t n_misses) const {
+int64_t MissSplit::FetchCount(int64_t n_misses) {
+  int64_t n_fetch = BalancedFetchCount(n_misses);
+  if (fixed_share_ >= 0 || n_misses < 2) return n_fetch;
+  if (n_fetch == n_misses && ++cpu_idle_ >= kExploreAfter) n_fetch = n_misses - 1;
+  if (n_fetch == 0 && ++copy_idle_ >= kExploreAfter) n_fetch = 1;
+  if (n_fetch < n_misses) cpu_idle_ = 0;
+  if (n_fetch > 0) copy_idle_ = 0;
+  return n_fetch;
+}
+
+int64_t MissSplit::BalancedFetchCount(int64_t n_misses) const {
   if (n_misses <= 0) return 0;
   if (fixed_share_ >= 0)
     return std::clamp<int64_t>(std::llround(q_star() * static_cast<double>(n_misses)), 0, n_misses);

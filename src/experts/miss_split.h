@@ -30,8 +30,12 @@ class MissSplit {
   // The share of the misses the copy engine takes now.
   double q_star() const;
   // Of n_misses, how many to fetch: the count whose predicted copy and CPU times are closest to
-  // balanced (the smaller of the two maxima), or round(q* x n_misses) when q* is fixed.
-  int64_t FetchCount(int64_t n_misses) const;
+  // balanced (the smaller of the two maxima), or round(q* x n_misses) when q* is fixed. A side
+  // that this rule has left idle for kExploreAfter calls with 2+ misses gets one of them, so its
+  // rate stays measured: a rate observed once at its worst (one expert and its fixed costs)
+  // would otherwise keep it idle for good, and be kept for the next run.
+  int64_t FetchCount(int64_t n_misses);
+  static constexpr int64_t kExploreAfter = 32;
 
   // A layer's observed side: `experts` experts in `ns` nanoseconds (copy engine: first copy's
   // start to last copy's end; CPU: the executor's wall time).
@@ -44,8 +48,11 @@ class MissSplit {
   std::optional<SplitRates> MeasuredRates() const;
 
  private:
+  int64_t BalancedFetchCount(int64_t n_misses) const;
+
   double fixed_share_;
-  double copy_ns_, cpu_ns_;  // exponential averages, per expert
+  double copy_ns_, cpu_ns_;               // exponential averages, per expert
+  int64_t copy_idle_ = 0, cpu_idle_ = 0;  // FetchCount calls that left each side nothing
   int64_t copy_observations_ = 0, cpu_observations_ = 0;
 };
 

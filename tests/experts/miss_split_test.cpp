@@ -66,6 +66,25 @@ TEST(MissSplit, FetchCountBalancesThePredictedTimes) {
   }
 }
 
+// A side the balance leaves idle still gets one miss every kExploreAfter steps (of 2+ misses),
+// so a rate measured at its worst can recover.
+TEST(MissSplit, AnIdleSideIsTriedAgain) {
+  for (bool cpu_slow : {true, false}) {
+    MissSplit s(kExpertBytes, -1);
+    if (cpu_slow)
+      Observe(s, 1.0, 50.0);
+    else
+      Observe(s, 50.0, 1.0);
+    const int64_t all_to_fast = cpu_slow ? 3 : 0;
+    for (int64_t i = 1; i < MissSplit::kExploreAfter; ++i) {
+      ASSERT_EQ(s.FetchCount(3), all_to_fast) << i;
+      ASSERT_EQ(s.FetchCount(1), cpu_slow ? 1 : 0) << "one miss is never split";
+    }
+    EXPECT_EQ(s.FetchCount(3), cpu_slow ? 2 : 1) << "the idle side's turn";
+    EXPECT_EQ(s.FetchCount(3), all_to_fast) << "then the balance again";
+  }
+}
+
 TEST(MissSplit, AForcedShareIgnoresTheRates) {
   for (double share : {0.0, 0.25, 1.0}) {
     MissSplit s(kExpertBytes, share);

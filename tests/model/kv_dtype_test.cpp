@@ -5,7 +5,9 @@
 // logit to kTolerances' rel x (1 + max |logit|) and check that greedy choices agree wherever
 // f32's top two logits are further apart than that, up to the first position where the
 // perturbation flips a router's choice of experts (a near-tie between two experts: from there
-// on the two runs compute different functions, and no rounding bound applies).
+// on the two runs compute different functions, and no rounding bound applies). That can be the
+// first position (its attention reads its own value row as stored), so the check is only that
+// one of the two dtypes compared some positions.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -82,6 +84,7 @@ TEST_P(KvDType, LogitsStayWithinTheStoredRounding) {
   };
   const Run f32 = run_with(DType::kF32);
   const std::vector<float>& exact = f32.logits;
+  size_t compared = 0;  // positions compared over both dtypes
   for (const Tolerance& tol : kTolerances) {
     const Run run = run_with(tol.dtype);
     const std::vector<float>& got = run.logits;
@@ -116,8 +119,9 @@ TEST_P(KvDType, LogitsStayWithinTheStoredRounding) {
         "%zu of %zu positions (the routing first differs after them)\n",
         GetParam(), std::string(DTypeName(tol.dtype)).c_str(), worst, tol.rel, same_routing,
         tokens.size());
-    EXPECT_GT(same_routing, 0u) << "the first position's routing cannot depend on the KV cache";
+    compared += same_routing;
   }
+  EXPECT_GT(compared, 0u) << "every dtype flipped the first position's routing: nothing compared";
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, KvDType,
