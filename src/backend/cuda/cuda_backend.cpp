@@ -260,8 +260,13 @@ void CudaBackend::ChooseGraphMode(const Batch& batch, const KvPool& kv) {
   if (!graphs_enabled_ || !decode || kv.on_host() || times_ != nullptr || router_logits_expected_ ||
       !error_.empty())
     return;
-  const cuda::StepGraphs::Key key{T, batch_dev_.max_blocks, batch_dev_.max_position, kv.base(),
-                                  kv.n_blocks()};
+  const cuda::StepGraphs::Key key{T,
+                                  batch_dev_.max_blocks,
+                                  batch_dev_.max_position,
+                                  kv.base(),
+                                  kv.n_blocks(),
+                                  kv.block_size(),
+                                  static_cast<int>(kv.dtype())};
   Expected<cuda::StepGraphs::Mode> mode = graphs_.Begin(key, stream_);
   if (mode.ok())
     graph_mode_ = *mode;

@@ -29,11 +29,14 @@ class StepGraphs {
     int64_t n_tokens = 0;
     int64_t max_blocks = 0;    // the block tables' row stride
     int32_t max_position = 0;  // the attention plan's bucket
-    const void* kv = nullptr;  // the KV pool's memory
+    const void* kv = nullptr;  // the KV pool: its memory and layout
     int64_t kv_blocks = 0;
+    int64_t kv_block_size = 0;
+    int kv_dtype = 0;
     bool operator<(const Key& o) const {
-      return std::tie(n_tokens, max_blocks, max_position, kv, kv_blocks) <
-             std::tie(o.n_tokens, o.max_blocks, o.max_position, o.kv, o.kv_blocks);
+      return std::tie(n_tokens, max_blocks, max_position, kv, kv_blocks, kv_block_size, kv_dtype) <
+             std::tie(o.n_tokens, o.max_blocks, o.max_position, o.kv, o.kv_blocks, o.kv_block_size,
+                      o.kv_dtype);
     }
   };
   enum class Mode {
