@@ -154,6 +154,8 @@ Expected<std::unique_ptr<CausalLM>> LoadModel(const ModelOptions& opts,
 Status FinishModel(const ModelOptions& opts, const CausalLM& model) {
   if (model.expert_stats() == nullptr) return OkStatus();
   LogInfo(ExpertStatsSummary(model.expert_stats()->Snapshot()));
+  if (const int64_t replayed = model.ReplayedSteps(); replayed > 0)
+    LogInfo("gpu: " + std::to_string(replayed) + " decode steps replayed from CUDA graphs");
   return WriteReport(opts, model);
 }
 
