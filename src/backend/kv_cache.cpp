@@ -33,6 +33,14 @@ class HostKvMemory final : public KvMemory {
   void Copy(uint64_t dst, uint64_t src, uint64_t n) override {
     std::memcpy(data_ + dst, data_ + src, n);
   }
+  bool ToHost(uint64_t src, uint64_t n, void* dst) override {
+    std::memcpy(dst, data_ + src, n);
+    return true;
+  }
+  bool FromHost(uint64_t dst, const void* src, uint64_t n) override {
+    std::memcpy(data_ + dst, src, n);
+    return true;
+  }
 
  private:
   uint8_t* data_;
@@ -103,9 +111,16 @@ void KvPool::WriteRows(int64_t block, int64_t layer, int64_t slot, int64_t n, co
 }
 
 void KvPool::CopyBlock(int64_t src, int64_t dst) {
-  const uint64_t block_bytes = plane_bytes_ * static_cast<uint64_t>(2 * shape_.n_layers);
-  memory_->Copy(static_cast<uint64_t>(dst) * block_bytes, static_cast<uint64_t>(src) * block_bytes,
-                block_bytes);
+  memory_->Copy(static_cast<uint64_t>(dst) * block_bytes(),
+                static_cast<uint64_t>(src) * block_bytes(), block_bytes());
+}
+
+bool KvPool::SaveBlock(int64_t block, uint8_t* dst) const {
+  return memory_->ToHost(static_cast<uint64_t>(block) * block_bytes(), block_bytes(), dst);
+}
+
+bool KvPool::LoadBlock(int64_t block, const uint8_t* src) {
+  return memory_->FromHost(static_cast<uint64_t>(block) * block_bytes(), src, block_bytes());
 }
 
 Expected<KvCache> KvCache::Create(const KvShape& shape, int64_t max_positions, DType dtype,

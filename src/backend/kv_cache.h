@@ -44,6 +44,10 @@ class KvMemory {
   // Copies n bytes from offset src to offset dst (ranges do not overlap), ordered after every
   // write to the pool queued before it.
   virtual void Copy(uint64_t dst, uint64_t src, uint64_t n) = 0;
+  // Copies n bytes at offset src out to host memory, or host memory in at offset dst: after
+  // every write queued before, and complete when the call returns. False when a device failed.
+  virtual bool ToHost(uint64_t src, uint64_t n, void* dst) = 0;
+  virtual bool FromHost(uint64_t dst, const void* src, uint64_t n) = 0;
 };
 
 // Host memory: an anonymous mapping of n_bytes, reserved (not committed) until written.
@@ -89,6 +93,11 @@ class KvPool {
                  const float* v);
   // Copies every layer's rows of `src` to `dst` (copy-on-write of a shared block).
   void CopyBlock(int64_t src, int64_t dst);
+  // A block's rows of every layer (block_bytes() of them) out to host memory, or in from it
+  // (the engine's host KV tier). False when a device failed.
+  uint64_t block_bytes() const { return plane_bytes_ * static_cast<uint64_t>(2 * shape_.n_layers); }
+  bool SaveBlock(int64_t block, uint8_t* dst) const;
+  bool LoadBlock(int64_t block, const uint8_t* src);
 
  private:
   uint8_t* Rows(int64_t block, int64_t layer, int kv) const;

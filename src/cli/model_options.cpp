@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <fstream>
+#include <string>
 
 #include "cli/flags.h"
 #include "core/log.h"
@@ -90,6 +92,12 @@ void AddKvOptions(CLI::App& cmd, ModelOptions& opts) {
                 "halve the memory (outputs then differ from f32 in the last bits). Default: f32 "
                 "on the CPU, bf16 with --moe-backend gpu")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  g->add_option("--kv-host-gb", opts.kv_host_gb,
+                "Host RAM in GB for prefix-cache blocks the KV cache evicts: a later prompt "
+                "starting with their tokens gets them copied back instead of recomputed (most "
+                "useful with the cache in VRAM). Counted against the RAM left after the model "
+                "loads; default 0: none")
+      ->check(FiniteNumber(0, 1e6));
 }
 
 void AddModelOptions(CLI::App& cmd, ModelOptions& opts) {
@@ -159,6 +167,34 @@ Status FinishModel(const ModelOptions& opts, const CausalLM& model) {
   return WriteReport(opts, model);
 }
 
+namespace {
+
+std::string Gb(double gb) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f", gb);
+  return text;
+}
+
+// --kv-host-gb: within the RAM available now, the model's banks already resident.
+Status SetHostKvTier(const ModelOptions& opts, EngineOptions& e, const CausalLM& model) {
+  if (opts.kv_host_gb <= 0) return OkStatus();
+  e.kv_host_bytes = static_cast<uint64_t>(opts.kv_host_gb * 1e9);
+  const uint64_t available = ReadHostMemoryInfo().available_bytes;
+  if (available > 0 && e.kv_host_bytes > available)
+    return Status::Error("--kv-host-gb " + Gb(opts.kv_host_gb) + ": only " +
+                         Gb(static_cast<double>(available) / 1e9) +
+                         " GB of RAM is available with the model loaded; lower it");
+  const uint64_t block =
+      KvPool::BlockBytes(model.kv_shape(), KvPool::kDefaultBlockSize, e.kv_dtype);
+  LogInfo("kv host tier: " + Gb(opts.kv_host_gb) + " GB: room for " +
+          std::to_string(e.kv_host_bytes / block) + " blocks (" +
+          std::to_string(KvPool::kDefaultBlockSize) +
+          " positions each) that the KV cache evicts, for later prefix matches");
+  return OkStatus();
+}
+
+}  // namespace
+
 Expected<EngineOptions> MakeEngineOptions(const ModelOptions& opts, const CausalLM& model,
                                           int parallel, int64_t max_batch_tokens) {
   EngineOptions e;
@@ -192,6 +228,7 @@ Expected<EngineOptions> MakeEngineOptions(const ModelOptions& opts, const Causal
               : "auto: the model's window";
     if (parallel > 1 && e.kv_positions == wanted) how += " x " + std::to_string(parallel);
   }
+  MT_RETURN_IF_ERROR(SetHostKvTier(opts, e, model));
   const double gb = static_cast<double>(per_position) * static_cast<double>(e.kv_positions) / 1e9;
   char line[256];
   std::snprintf(

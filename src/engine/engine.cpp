@@ -72,6 +72,14 @@ Engine::Engine(CausalLM& model, const text::Tokenizer* tokenizer, const EngineOp
                             : model_max > 0                    ? model_max
                                                                : pool_positions;
   max_sequence_positions_ = std::min(max_sequence_positions_, pool_positions);
+  const auto host_slots = static_cast<int64_t>(options.kv_host_bytes / pool_.block_bytes());
+  if (options.prefix_cache && host_slots > 0) {
+    host_tier_ = std::make_unique<HostKvTier>(host_slots, pool_.block_size(), pool_.block_bytes());
+    blocks_.SetEvictionSink([this](int32_t block, uint64_t parent, uint64_t hash,
+                                   std::span<const int32_t> block_tokens) {
+      host_tier_->Keep(pool_, block, parent, hash, block_tokens);
+    });
+  }
   PublishStats();
 }
 
@@ -109,6 +117,10 @@ void Engine::PublishStats() {
   stats_.kv_blocks_total = blocks_.n_blocks();
   stats_.kv_blocks_used = blocks_.n_blocks() - blocks_.n_available();
   stats_.kv_blocks_touched = blocks_.n_touched();
+  if (host_tier_ != nullptr) {
+    stats_.kv_host_blocks_held = host_tier_->n_held();
+    stats_.kv_host_blocks_total = host_tier_->n_slots();
+  }
   std::lock_guard<std::mutex> l(stats_mu_);
   published_stats_ = stats_;
 }
@@ -331,13 +343,42 @@ void Engine::Admit(std::unique_ptr<Sequence> seq) {
   // The prefix cache: whole blocks, and at least the last token left to run for its logits.
   if (options_.prefix_cache) {
     const int64_t max_blocks = (n - 1 + B - 1) / B;
-    const int64_t matched = blocks_.Match(s.tokens, max_blocks, s.blocks, s.hashes);
+    int64_t matched = blocks_.Match(s.tokens, max_blocks, s.blocks, s.hashes);
+    if (host_tier_ != nullptr) matched += RestoreFromHost(s, matched, max_blocks);
     s.n_computed = std::min(matched * B, n - 1);
   }
   if (s.cached_tokens < 0) {
     s.cached_tokens = std::min(s.n_computed, s.n_prompt);
     stats_.prefix_hit_tokens += s.cached_tokens;
   }
+}
+
+int64_t Engine::RestoreFromHost(Sequence& s, int64_t matched, int64_t max_blocks) {
+  const int64_t B = pool_.block_size();
+  const int64_t whole = std::min<int64_t>(max_blocks, static_cast<int64_t>(s.tokens.size()) / B);
+  uint64_t parent = matched > 0 ? s.hashes[static_cast<size_t>(matched - 1)] : 0;
+  int64_t k = matched;
+  for (; k < whole; ++k) {
+    const auto block_tokens = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(k * B),
+                                                                         static_cast<size_t>(B));
+    // The slot is reserved first: the pool block's allocation may evict into the tier.
+    const int32_t slot = host_tier_->Take(parent, block_tokens);
+    if (slot < 0) break;
+    const int32_t b = blocks_.Allocate();
+    const bool copied = b >= 0 && host_tier_->CopyInto(slot, pool_, b);
+    host_tier_->Release(slot);
+    if (!copied) {
+      if (b >= 0) blocks_.Unref(b);
+      break;
+    }
+    const uint64_t hash = KvBlocks::ChainHash(parent, block_tokens);
+    blocks_.Register(b, parent, hash, block_tokens);
+    s.blocks.push_back(b);
+    s.hashes.push_back(hash);
+    parent = hash;
+  }
+  stats_.kv_host_restored_tokens += (k - matched) * B;
+  return k - matched;
 }
 
 // Adds positions [n_computed, n_computed + n) of `s` to the batch, with blocks for them

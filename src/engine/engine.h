@@ -34,6 +34,7 @@
 
 #include "backend/kv_cache.h"
 #include "core/status.h"
+#include "engine/host_kv_tier.h"
 #include "engine/kv_blocks.h"
 #include "engine/sampler.h"
 #include "engine/stop_reason.h"
@@ -95,6 +96,8 @@ struct EngineOptions {
   // One sequence's most positions (0: the model's max_position_embeddings, capped by the pool).
   int64_t max_sequence_positions = 0;
   bool prefix_cache = true;
+  // --kv-host-gb: host RAM for prefix-cache blocks the pool evicts (host_kv_tier.h); 0: none.
+  uint64_t kv_host_bytes = 0;
 };
 
 struct EngineStats {
@@ -104,6 +107,11 @@ struct EngineStats {
   int64_t kv_blocks_used = 0;  // held by sequences (blocks the prefix cache keeps idle are free)
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_touched = 0;  // ever used: on the CPU, the pool's RAM grows until all are
+  // The host KV tier: blocks it holds and can hold, and the prompt tokens it gave back instead
+  // of their recomputation (counted in prefix_hit_tokens too).
+  int64_t kv_host_blocks_held = 0;
+  int64_t kv_host_blocks_total = 0;
+  int64_t kv_host_restored_tokens = 0;
 };
 
 class Engine {
@@ -143,6 +151,9 @@ class Engine {
   Status Step();
   void Admit(std::unique_ptr<Sequence> seq);
   bool Schedule();
+  // Continues a prefix match of `s` past its first `matched` blocks from the host KV tier,
+  // copying each block found there into a fresh pool block; returns how many it added.
+  int64_t RestoreFromHost(Sequence& s, int64_t matched, int64_t max_blocks);
   bool TakeTokens(Sequence& s, int64_t n, bool& preempted_self);
   bool EnsureBlocks(Sequence& s, int64_t n_positions);
   bool MakeWritable(Sequence& s, int64_t position);
@@ -163,6 +174,7 @@ class Engine {
   int64_t max_sequence_positions_ = 0;
   KvPool pool_;
   KvBlocks blocks_;
+  std::unique_ptr<HostKvTier> host_tier_;  // with --kv-host-gb
 
   // Submitted, not yet taken by the driving thread.
   mutable std::mutex inbox_mu_;

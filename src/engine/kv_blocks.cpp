@@ -36,6 +36,11 @@ int32_t KvBlocks::Allocate() {
   } else if (idle_head_ >= 0) {
     b = idle_head_;
     RemoveIdle(b);
+    if (evicted_) {
+      const Block& blk = blocks_[static_cast<size_t>(b)];
+      evicted_(b, blk.parent, blk.hash,
+               std::span<const int32_t>(TokensOf(b), static_cast<size_t>(block_size_)));
+    }
     Unregister(b);
   } else {
     return -1;
@@ -143,6 +148,14 @@ void KvBlocks::Register(int32_t block, uint64_t parent, uint64_t hash,
   b.hash = hash;
   b.parent = parent;
   ++n_registered_;
+}
+
+int32_t KvBlocks::Take(uint64_t parent, std::span<const int32_t> block_tokens) {
+  const int64_t slot = Find(ChainHash(parent, block_tokens), parent, block_tokens);
+  if (slot < 0) return -1;
+  const int32_t b = table_[static_cast<size_t>(slot)];
+  Ref(b);
+  return b;
 }
 
 int64_t KvBlocks::Match(std::span<const int32_t> tokens, int64_t max_blocks,

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -53,6 +54,15 @@ class KvBlocks {
   // their chain hashes to `hashes`. Returns how many matched.
   int64_t Match(std::span<const int32_t> tokens, int64_t max_blocks, std::vector<int32_t>& blocks,
                 std::vector<uint64_t>& hashes);
+  // The cached block holding `block_tokens` after a block whose hash is `parent`, with a
+  // reference taken for the caller; -1 when none.
+  int32_t Take(uint64_t parent, std::span<const int32_t> block_tokens);
+  // Called by Allocate with each cached block it is about to reuse, its K/V still intact (the
+  // host KV tier keeps a copy).
+  using EvictionSink = std::function<void(int32_t block, uint64_t parent, uint64_t hash,
+                                          std::span<const int32_t> block_tokens)>;
+  void SetEvictionSink(EvictionSink sink) { evicted_ = std::move(sink); }
+
   // Registers a full, computed block under `hash` (ChainHash of its tokens after `parent`).
   // When another block already holds that hash, nothing changes (the caller keeps its copy,
   // unregistered). `tokens` are compared on every match, so a hash collision costs a miss,
@@ -89,6 +99,7 @@ class KvBlocks {
   int64_t n_registered_ = 0;
   std::vector<int32_t> table_;  // open addressing: hash slots -> block, kEmpty or kTombstone
   int64_t n_tombstones_ = 0;
+  EvictionSink evicted_;
 };
 
 }  // namespace moetier

@@ -506,6 +506,9 @@ ServiceMetrics ChatService::Metrics() const {
   m.kv_blocks_used = stats.kv_blocks_used;
   m.kv_blocks_total = stats.kv_blocks_total;
   m.kv_blocks_touched = stats.kv_blocks_touched;
+  m.kv_host_blocks_held = stats.kv_host_blocks_held;
+  m.kv_host_blocks_total = stats.kv_host_blocks_total;
+  m.kv_host_restored_tokens = stats.kv_host_restored_tokens;
   return m;
 }
 

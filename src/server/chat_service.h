@@ -53,6 +53,9 @@ struct ServiceMetrics {
   int64_t kv_blocks_used = 0;  // gauges
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_touched = 0;
+  int64_t kv_host_blocks_held = 0;  // the host KV tier (--kv-host-gb)
+  int64_t kv_host_blocks_total = 0;
+  int64_t kv_host_restored_tokens = 0;  // a counter
 };
 
 class ChatService {

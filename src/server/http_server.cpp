@@ -391,6 +391,14 @@ std::string MetricsText(const ServiceMetrics& m, const CausalLM& model) {
   put("moetier_kv_blocks_touched", "gauge",
       "KV cache blocks ever used (a host pool's resident memory grows until all have been).",
       m.kv_blocks_touched);
+  put("moetier_kv_host_blocks", "gauge",
+      "KV cache blocks held by the host tier (--kv-host-gb) for a later prefix match.",
+      m.kv_host_blocks_held);
+  put("moetier_kv_host_blocks_total", "gauge", "The host KV tier's capacity in blocks.",
+      m.kv_host_blocks_total);
+  put("moetier_kv_host_restored_tokens_total", "counter",
+      "Prompt tokens whose K/V the host tier gave back instead of their recomputation.",
+      m.kv_host_restored_tokens);
   put("moetier_kv_cache_usage_ratio", "gauge", "Share of the KV cache in use (0 to 1).",
       m.kv_blocks_total > 0
           ? static_cast<double>(m.kv_blocks_used) / static_cast<double>(m.kv_blocks_total)

@@ -140,6 +140,8 @@ TEST(CliErrors, OutputPathsAreCheckedBeforeTheWeightsLoad) {
                      "kv dtype");
   ExpectOneLineError(RunCli("generate " + Model() + " --tokens 1 --ctx-size 8 --kv-cache-gb 1"),
                      "--kv-cache-gb", "both KV sizes");
+  ExpectOneLineError(RunCli("generate " + Model() + " --tokens 1 --kv-host-gb 100000"),
+                     "--kv-host-gb 100000.00: only", "a host KV tier past the RAM");
 }
 
 // Templates and conversations that nest absurdly deep: one error line, from `template` and

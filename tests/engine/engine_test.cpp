@@ -179,6 +179,84 @@ TEST_P(EngineBatching, PrefixCacheReusesBlocksWithoutChangingOutputs) {
   EXPECT_GE(again[0].usage.cached_tokens, 3 * B);
 }
 
+// The host KV tier: a prefix whose blocks the pool evicted comes back from host RAM (copied into
+// the pool, not recomputed) and gives exactly the tokens it gives alone; without the tier the
+// same prefix is computed again.
+TEST_P(EngineBatching, HostTierGivesBackEvictedPrefixes) {
+  const int64_t B = KvPool::kDefaultBlockSize;
+  const int64_t V = model_->config().vocab_size;
+  std::vector<int32_t> system(3 * B + 5);
+  for (size_t i = 0; i < system.size(); ++i) system[i] = static_cast<int32_t>((i * 7 + 3) % V);
+  RequestOptions first, second, filler;
+  first.prompt = system;
+  first.prompt.insert(first.prompt.end(), {5, 6, 7});
+  first.max_new_tokens = 6;
+  second.prompt = system;
+  second.prompt.insert(second.prompt.end(), {9, 1});
+  second.max_new_tokens = 6;
+  for (int64_t i = 0; i < 5 * B; ++i)
+    filler.prompt.push_back(static_cast<int32_t>((i * 11 + 1) % V));
+  filler.max_new_tokens = 2;  // with its prompt, every block of a 6-block pool
+  const auto alone = Alone({second});
+  for (const uint64_t host_blocks : {0, 16}) {
+    SCOPED_TRACE("host tier of " + std::to_string(host_blocks) + " blocks");
+    EngineOptions o;
+    o.kv_positions = 6 * B;
+    o.max_running = 1;
+    o.kv_host_bytes = host_blocks * KvPool::BlockBytes(model_->kv_shape(), B, o.kv_dtype);
+    auto engine = Engine::Create(*model_, nullptr, o);
+    ASSERT_TRUE(engine.ok()) << engine.message();
+    RunAll(**engine, {first});
+    RunAll(**engine, {filler});  // evicts the system prompt's blocks from the pool
+    const auto b = RunAll(**engine, {second});
+    ASSERT_TRUE(b[0].status.ok()) << b[0].status.message();
+    EXPECT_EQ(b[0].tokens, alone[0].tokens);
+    const EngineStats stats = (*engine)->stats();
+    if (host_blocks == 0) {
+      EXPECT_EQ(b[0].usage.cached_tokens, 0) << "the pool kept the prefix: nothing was tested";
+      EXPECT_EQ(stats.kv_host_blocks_total, 0);
+    } else {
+      EXPECT_EQ(b[0].usage.cached_tokens, 3 * B);
+      EXPECT_EQ(stats.kv_host_restored_tokens, 3 * B);
+      EXPECT_EQ(stats.kv_host_blocks_total, 16);
+      EXPECT_GT(stats.kv_host_blocks_held, 0);
+    }
+  }
+}
+
+// The tier's slots: the least recently kept or restored block leaves first when it is full.
+TEST(HostKvTier, KeepsTheMostRecentlyUsedBlocks) {
+  const KvShape shape{1, 1, 4};
+  const int64_t B = 2;
+  auto pool = KvPool::Create(shape, 4, B);
+  ASSERT_TRUE(pool.ok()) << pool.message();
+  HostKvTier tier(2, B, pool->block_bytes());
+  auto fill = [&](int32_t block, float value) {
+    const std::vector<float> rows(static_cast<size_t>(B * shape.row()), value);
+    pool->WriteRows(block, 0, 0, B, rows.data(), rows.data());
+  };
+  const std::vector<std::vector<int32_t>> tokens = {{1, 2}, {3, 4}, {5, 6}};
+  for (int32_t i = 0; i < 3; ++i) fill(i, static_cast<float>(i + 1));
+  tier.Keep(*pool, 0, 0, KvBlocks::ChainHash(0, tokens[0]), tokens[0]);
+  tier.Keep(*pool, 1, 0, KvBlocks::ChainHash(0, tokens[1]), tokens[1]);
+  const int32_t slot = tier.Take(0, tokens[0]);  // used again: block 1's copy is now the oldest
+  ASSERT_GE(slot, 0);
+  ASSERT_TRUE(tier.CopyInto(slot, *pool, 3));
+  tier.Release(slot);
+  EXPECT_EQ(reinterpret_cast<const float*>(pool->keys(3, 0))[0], 1.0f);
+  EXPECT_EQ(reinterpret_cast<const float*>(pool->values(3, 0))[B * shape.row() - 1], 1.0f);
+  tier.Keep(*pool, 2, 0, KvBlocks::ChainHash(0, tokens[2]), tokens[2]);
+  EXPECT_EQ(tier.n_held(), 2);
+  EXPECT_EQ(tier.Take(0, tokens[1]), -1) << "the least recently used left";
+  const int32_t kept = tier.Take(0, tokens[2]);
+  ASSERT_GE(kept, 0);
+  ASSERT_TRUE(tier.CopyInto(kept, *pool, 3));
+  tier.Release(kept);
+  EXPECT_EQ(reinterpret_cast<const float*>(pool->keys(3, 0))[0], 3.0f);
+  const std::vector<int32_t> other = {tokens[0][0], 9};
+  EXPECT_EQ(tier.Take(0, other), -1) << "other tokens under the same parent";
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineBatching,
                          ::testing::Values("qwen3_moe", "mixtral", "realvocab/qwen3_moe_tiny",
                                            "realvocab/mixtral_tiny"),

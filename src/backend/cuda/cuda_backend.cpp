@@ -32,6 +32,17 @@ class DeviceKvMemory final : public KvMemory {
   void Copy(uint64_t dst, uint64_t src, uint64_t n) override {
     cudaMemcpyAsync(b_.data() + dst, b_.data() + src, n, cudaMemcpyDeviceToDevice, stream_);
   }
+  // Host memory the engine owns (pageable): a synchronous copy on the stream's order.
+  bool ToHost(uint64_t src, uint64_t n, void* dst) override {
+    return cudaMemcpyAsync(dst, b_.data() + src, n, cudaMemcpyDeviceToHost, stream_) ==
+               cudaSuccess &&
+           cudaStreamSynchronize(stream_) == cudaSuccess;
+  }
+  bool FromHost(uint64_t dst, const void* src, uint64_t n) override {
+    return cudaMemcpyAsync(b_.data() + dst, src, n, cudaMemcpyHostToDevice, stream_) ==
+               cudaSuccess &&
+           cudaStreamSynchronize(stream_) == cudaSuccess;
+  }
 
  private:
   cuda::DeviceBuffer<uint8_t> b_;
