@@ -3,7 +3,8 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { execFileSync } from 'node:child_process';
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
 import { startServer, fixtureDir } from './harness.mjs';
 
 const kKey = 'sk-moetier-test';
@@ -130,14 +131,17 @@ test('aborting a stream cancels it and the server goes on', async () => {
 });
 
 // The server renders, tokenizes and samples as the CLI does: greedy answers through the API equal
-// `moetier generate --chat` for the same message.
+// `moetier generate --chat` for the same message. The CLI runs without blocking the event loop:
+// a loop blocked past the server's keep-alive (5 s) would send the next request on a connection
+// the server has closed.
 test('greedy answer equals moetier generate --chat', async () => {
   const kTokens = 12;
   const prompt = messages[0].content;
-  const cli = execFileSync(process.env.MOETIER_CLI, [
+  const { stdout } = await promisify(execFile)(process.env.MOETIER_CLI, [
     'generate', '--model', fixtureDir, '--prompt', prompt, '--chat', '-n', String(kTokens),
     '--threads', '1',
-  ], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).replace(/\n$/, '');
+  ], { encoding: 'utf8' });
+  const cli = stdout.replace(/\n$/, '');
   const r = await client.chat.completions.create({
     model: kModelName, messages, max_tokens: kTokens, temperature: 0,
   });
