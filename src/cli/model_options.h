@@ -23,7 +23,7 @@ struct ModelOptions {
   // window times the sequences and half the free RAM allow) or --kv-cache-gb, in --kv-dtype.
   int64_t ctx_size = 0;
   std::optional<double> kv_cache_gb;
-  std::string kv_dtype;  // empty: f32 on the CPU, bf16 on the GPU
+  std::string kv_dtype;   // empty: f32 on the CPU, bf16 on the GPU
   double kv_host_gb = 0;  // --kv-host-gb: the host KV tier (0: none)
   // Residency flags, as typed; parsed when the model loads.
   std::string backend = "auto";
