@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "core/log.h"
 #include "engine/stop_strings.h"
 
 namespace moetier {
@@ -73,8 +74,12 @@ Engine::Engine(CausalLM& model, const text::Tokenizer* tokenizer, const EngineOp
                                                                : pool_positions;
   max_sequence_positions_ = std::min(max_sequence_positions_, pool_positions);
   const auto host_slots = static_cast<int64_t>(options.kv_host_bytes / pool_.block_bytes());
-  if (options.prefix_cache && host_slots > 0) {
-    host_tier_ = std::make_unique<HostKvTier>(host_slots, pool_.block_size(), pool_.block_bytes());
+  if (options.prefix_cache && host_slots > 0)
+    host_tier_ = HostKvTier::Create(host_slots, pool_.block_size(), pool_.block_bytes());
+  if (options.prefix_cache && host_slots > 0 && host_tier_ == nullptr)
+    LogWarn("kv host tier: " + std::to_string(options.kv_host_bytes >> 20) +
+            " MiB could not be reserved; running without it (lower --kv-host-gb)");
+  if (host_tier_ != nullptr) {
     blocks_.SetEvictionSink([this](int32_t block, uint64_t parent, uint64_t hash,
                                    std::span<const int32_t> block_tokens) {
       host_tier_->Keep(pool_, block, parent, hash, block_tokens);

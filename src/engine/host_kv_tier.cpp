@@ -1,11 +1,22 @@
 #include "engine/host_kv_tier.h"
 
+#include <new>
+#include <utility>
+
 namespace moetier {
 
-HostKvTier::HostKvTier(int64_t n_slots, int64_t block_size, uint64_t block_bytes)
-    : slots_(n_slots, block_size),
-      block_bytes_(block_bytes),
-      data_(new uint8_t[static_cast<uint64_t>(n_slots) * block_bytes]) {}
+std::unique_ptr<HostKvTier> HostKvTier::Create(int64_t n_slots, int64_t block_size,
+                                               uint64_t block_bytes) {
+  std::unique_ptr<uint8_t[]> data(new (std::nothrow)
+                                      uint8_t[static_cast<uint64_t>(n_slots) * block_bytes]);
+  if (data == nullptr) return nullptr;
+  return std::unique_ptr<HostKvTier>(
+      new HostKvTier(n_slots, block_size, block_bytes, std::move(data)));
+}
+
+HostKvTier::HostKvTier(int64_t n_slots, int64_t block_size, uint64_t block_bytes,
+                       std::unique_ptr<uint8_t[]> data)
+    : slots_(n_slots, block_size), block_bytes_(block_bytes), data_(std::move(data)) {}
 
 void HostKvTier::Keep(const KvPool& pool, int32_t block, uint64_t parent, uint64_t hash,
                       std::span<const int32_t> block_tokens) {

@@ -19,8 +19,10 @@ namespace moetier {
 
 class HostKvTier {
  public:
-  // n_slots blocks of block_bytes (KvPool::block_bytes) for blocks of block_size positions.
-  HostKvTier(int64_t n_slots, int64_t block_size, uint64_t block_bytes);
+  // n_slots blocks of block_bytes (KvPool::block_bytes) for blocks of block_size positions;
+  // null when the host cannot give that much address space.
+  static std::unique_ptr<HostKvTier> Create(int64_t n_slots, int64_t block_size,
+                                            uint64_t block_bytes);
 
   // Keeps a copy of pool block `block`, registered under (parent, hash, block_tokens), in place
   // of the least recently used slot when full. Nothing when it is held already.
@@ -39,6 +41,8 @@ class HostKvTier {
   uint64_t block_bytes() const { return block_bytes_; }
 
  private:
+  HostKvTier(int64_t n_slots, int64_t block_size, uint64_t block_bytes,
+             std::unique_ptr<uint8_t[]> data);
   uint8_t* Slot(int32_t slot) const {
     return data_.get() + static_cast<uint64_t>(slot) * block_bytes_;
   }

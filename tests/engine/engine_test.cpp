@@ -230,7 +230,9 @@ TEST(HostKvTier, KeepsTheMostRecentlyUsedBlocks) {
   const int64_t B = 2;
   auto pool = KvPool::Create(shape, 4, B);
   ASSERT_TRUE(pool.ok()) << pool.message();
-  HostKvTier tier(2, B, pool->block_bytes());
+  auto made = HostKvTier::Create(2, B, pool->block_bytes());
+  ASSERT_NE(made, nullptr);
+  HostKvTier& tier = *made;
   auto fill = [&](int32_t block, float value) {
     const std::vector<float> rows(static_cast<size_t>(B * shape.row()), value);
     pool->WriteRows(block, 0, 0, B, rows.data(), rows.data());
