@@ -6,8 +6,9 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <system_error>
+
+#include "io/mapped_file.h"
 
 namespace moetier {
 
@@ -19,11 +20,7 @@ constexpr const char* kFileName = "hybrid-split.json";
 Expected<std::string> ReadText(const std::filesystem::path& file) {
   std::error_code ec;
   if (!std::filesystem::exists(file, ec)) return std::string();
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return Status::Error(file.string() + ": cannot be read");
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  return ReadTextFile(file);
 }
 
 // The text as a JSON object (empty text: an empty object).

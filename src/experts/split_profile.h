@@ -1,7 +1,7 @@
 // What the hybrid split measured on this machine, kept between runs: per GPU, expert format and
 // CPU thread count, the copy engine's and the CPU executor's time per expert as observed while
 // both ran (MissSplit's averages when a run ended). A later run starts its split there instead
-// of at an even guess, and refines it online as before.
+// of at an even guess, and refines it online from the steps it observes.
 //
 // One JSON file holds every key's rates: {"<key>": {"copy_ns_per_expert": x,
 // "cpu_ns_per_expert": y, "split_steps": n}}. Its place: $MOETIER_CACHE_DIR, else

@@ -437,7 +437,7 @@ void CudaBackend::Moe(const TensorView& router, const RouterOptions& opts, int64
       error_ = s.message();
     return;
   }
-  int64_t call = -1;  // this step's count of MoE calls, which EndStep reads the counts of
+  int64_t call = -1;  // this call's slot in the step's active-expert counts (read at EndStep)
   if (moe_calls_ < static_cast<int64_t>(active_host_.size())) {
     call = moe_calls_++;
     moe_call_layer_.resize(static_cast<size_t>(moe_calls_));
