@@ -19,6 +19,12 @@
 #   tokens (CROSS_SIZES="512 1024": those) streamed and not (the crossover); LOAD=1 times a load with every bank pinned against a raw read;
 #   PROFILE="bf16 q4_0" times every kernel of a gpu decode run per dtype (bench/gpu/kernel_profile.cpp;
 #   the top rows in the summary);
+#   RECALL=1 measures the prefetch predictor's recall on the synthetic bf16 model
+#   (bench/engine/prefetch_recall); STAGING=1 runs bench/gpu/staging_bench; STAGED=1 times
+#   prefill of 4,096 tokens with every expert locked (--moe-backend cpu) on the CPU executor,
+#   staged to the GPU, and as measured (bf16 with --weight-packing none: bf16c is CPU-only);
+#   KVTIER=1 times a 4,000-token prefix's second request after a filler evicted it from VRAM,
+#   with and without the host KV tier (bench/engine/prefix_ttft.sh), gpu and hybrid;
 #   LLAMA_P4096=0 skips llama.cpp's 4096-token prefill runs; DEADLINE=S (default 540) skips what would start after S seconds.
 set -u
 cd "$(dirname "$0")/.."
@@ -73,7 +79,8 @@ if [ "${SYNTH:-0}" = 1 ] && [ "${LLAMA:-0}" = 1 ]; then
   fi
 fi
 GPU_TESTS=${GPU_TESTS:-cuda_attention_tests cuda_dense_tests cuda_expert_ffn_tests cuda_elementwise_tests
-  cuda_router_tests model_tests engine_tests experts_tests decode_alloc_tests cli_tests}
+  cuda_router_tests cuda_staging_ring_tests model_tests engine_tests experts_tests backend_tests
+  decode_alloc_tests cli_tests}
 [ "${TESTS:-1}" = 1 ] && for name in $GPU_TESTS; do
   t=$B/tests/$name
   [ -x "$t" ] || continue
@@ -188,6 +195,39 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
       grep -E "experts|load|pinned" "$LOGS/load-$dt.log" | head -5 >> "$S"
     done
   fi
+  if [ "${RECALL:-0}" = 1 ]; then  # next-layer expert prediction, on the CPU
+    run_timed 200 "$B/prefetch_recall" --model "$W/bank-bf16" --prompt-tokens 128 --gen-tokens 32 \
+      --weight-packing none > "$LOGS/recall.json" 2> "$LOGS/recall.log"
+    say "prefetch recall: exit $?"; tail -25 "$LOGS/recall.log" >> "$S"
+  fi
+  if [ "${STAGING:-0}" = 1 ]; then
+    run_timed 120 "$B/staging_bench" > "$LOGS/staging.json" 2> "$LOGS/staging.log"
+    say "staging_bench: exit $?: $(cat "$LOGS/staging.json")"
+  fi
+  if [ "${STAGED:-0}" = 1 ]; then  # locked layers' prefill: CPU executor, staged, measured
+    for dt in $DTYPES; do
+      pack=(); [ "$dt" = bf16 ] && pack=(--weight-packing none)
+      STAGED_RUN=(--moe-backend cpu "${pack[@]}" --moe-collect-stats --prompt-tokens 4096
+        --max-batch-tokens 4096 --gen-tokens 4 --repeats 3)
+      MOETIER_STAGE_LOCKED=0 bench staged-cpu "$dt" "${STAGED_RUN[@]}"
+      MOETIER_STAGE_LOCKED=1 bench staged-ring "$dt" "${STAGED_RUN[@]}"
+      bench staged-auto "$dt" "${STAGED_RUN[@]}"
+    done
+  fi
+  if [ "${KVTIER:-0}" = 1 ]; then  # TTFT of an evicted prefix: from the host tier, or recomputed
+    for dt in $DTYPES; do
+      for be in gpu hybrid; do
+        flags=(--moe-backend "$be" --ctx-size 4608)
+        [ "$be" = hybrid ] && flags+=(--moe-cpu-layers 0 --moe-cache-gb "${CACHE_MIN[$dt]}")
+        for gb in 0 2; do
+          run_timed 150 bash bench/engine/prefix_ttft.sh --moetier "$B/moetier" \
+            --model "$W/bank-$dt" --prefix 4000 --filler 4200 -- "${flags[@]}" --kv-host-gb "$gb" \
+            > "$LOGS/ttft-$dt-$be-$gb.json" 2> "$LOGS/ttft-$dt-$be-$gb.log"
+          say "ttft $dt $be --kv-host-gb $gb: exit $?: $(tail -1 "$LOGS/ttft-$dt-$be-$gb.json")"
+        done
+      done
+    done
+  fi
   if [ "${CROSS:-0}" = 1 ]; then  # the prefill crossover: prompts streamed whole or through the cache
     for dt in $DTYPES; do
       sizes="32 64 128 256"; [ "$dt" = bf16 ] && sizes="32 128"
@@ -237,14 +277,19 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
             bench "offload-par$n" "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \
               --parallel "$n" --prompt-tokens 128 --gen-tokens 32
           done ;;
-        hybrid)  # the same with the misses split; then half the banks pinned (the rest locked)
+        hybrid)  # the same with the misses split (decode steps recorded as graph segments; then
+                 # launched call by call, and timed by --profile); then half the banks pinned
           HYBRID=(--moe-backend hybrid --moe-collect-stats --moe-cache-gb "${CACHE_MIN[$dt]}")
           bench hybrid-min "$dt" "${HYBRID[@]}" --moe-cpu-layers 0 --prompt-tokens 32 \
-            --gen-tokens 64 --profile
+            --gen-tokens 64
           grep -h "hybrid:" "$LOGS/bench-$dt-hybrid-min.log" >> "$S"  # where the split started
+          MOETIER_CUDA_GRAPHS=0 bench hybrid-min-eager "$dt" "${HYBRID[@]}" --moe-cpu-layers 0 \
+            --prompt-tokens 32 --gen-tokens 64
+          bench hybrid-min-profile "$dt" "${HYBRID[@]}" --moe-cpu-layers 0 --prompt-tokens 32 \
+            --gen-tokens 64 --profile
           for n in 4 16; do
             bench "hybrid-par$n" "$dt" "${HYBRID[@]}" --moe-cpu-layers 0 --parallel "$n" \
-              --prompt-tokens 128 --gen-tokens 32 --profile
+              --prompt-tokens 128 --gen-tokens 32
           done
           bench hybrid-halfpin "$dt" "${HYBRID[@]}" --pin-budget-gb "${CACHE_50[$dt]}" \
             --prompt-tokens 32 --gen-tokens 64

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Fills .gpucarry/ (ignored by git: "/.gpucarry/" in .git/info/exclude) with what
-# scripts/gpu_suite.sh runs on the GPU machine, which has no package registry: bin.tar.xz holds
-# the moetier binary and the test executables of a CUDA build (configure it with
-# -DMOETIER_CUDA=ON and, to build fast, -DCMAKE_CUDA_ARCHITECTURES=90 for the H200), stripped,
-# and the shared libraries they need beyond the C/C++ runtime (xz: a device call carries at most
-# 64 MiB with the working tree); from .devcarry/ (bench/peers/make_devcarry.sh), the synthetic
-# model's writer and llama.cpp's source; and, when LLAMA_BUILD names a CUDA build of llama.cpp
-# made here, its programs and libraries (llama-bin.tar.xz), so the GPU machine need not build it.
+# scripts/gpu_suite.sh runs on the GPU machine, which has no package registry: bin.tar.xz holds the
+# moetier binary, the test executables, bench/engine/prefetch_recall and bench/gpu/staging_bench
+# of a CUDA build (configure
+# it with -DMOETIER_CUDA=ON and, to build fast, -DCMAKE_CUDA_ARCHITECTURES=90 for the H200),
+# stripped, and the shared libraries they need beyond the C/C++ runtime (xz: a device call carries
+# at most 64 MiB with the working tree); from .devcarry/ (bench/peers/make_devcarry.sh), the
+# synthetic model's writer and llama.cpp's source; and, when LLAMA_BUILD names a CUDA build of
+# llama.cpp made here, its programs and libraries (llama-bin.tar.xz), so the GPU machine need not
+# build it.
 # Carry ".gpucarry" in the device call.
 #   scripts/make_gpucarry.sh [BUILD_DIR]   # default: build
 set -euo pipefail
@@ -27,13 +29,19 @@ P=$BUILD/bench/gpu/libmoetier_kernel_profile.so
 for t in "$BUILD"/tests/*/*_tests "$BUILD"/tests/kernels/cuda/*_tests; do
   [ -x "$t" ] && cp "$t" "$B/tests/" && strip "$B/tests/$(basename "$t")"
 done
-for f in "$B/moetier" "$B"/tests/*; do
+# Benchmark executables run there beside the CLI, when built.
+BENCHES=()
+for b in bench/engine/prefetch_recall bench/gpu/staging_bench; do
+  [ -x "$BUILD/$b" ] || continue
+  cp "$BUILD/$b" "$B/" && strip "$B/$(basename "$b")" && BENCHES+=("$(basename "$b")")
+done
+for f in "$B/moetier" "$B"/tests/* "${BENCHES[@]/#/$B/}"; do
   ldd "$f" | awk '$3 ~ /^\// {print $3}' |
     grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|ld-linux[^/]*|libpthread|libdl|librt)\.so' |
     grep -v '/usr/local/cuda' || true
 done | sort -u | while read -r lib; do cp -L "$lib" "$B/libs/"; done
 echo "make_gpucarry.sh: compressing (about a minute)" >&2
-tar -C "$B" -cf - moetier tests libs | xz -9 -T2 > .gpucarry/bin.tar.xz
+tar -C "$B" -cf - moetier tests libs "${BENCHES[@]}" | xz -9 -T2 > .gpucarry/bin.tar.xz
 if [ -n "${LLAMA_BUILD:-}" ]; then
   L=$(realpath "$LLAMA_BUILD")/bin
   [ -x "$L/llama-bench" ] || { echo "make_gpucarry.sh: no $L/llama-bench (LLAMA_BUILD)" >&2; exit 2; }

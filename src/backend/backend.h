@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -83,6 +84,12 @@ enum class ExpertHome {
   kCpuExecutor  // a locked or pageable bank: computed in place by the CPU executor (offload)
 };
 
+class ComputeBackend;
+// Takes the backend a model was given and returns the one the model will call: a decorator that
+// forwards every call to it and observes them (backend/prefetch_probe.h), or the backend itself.
+using BackendWrapper =
+    std::function<std::unique_ptr<ComputeBackend>(std::unique_ptr<ComputeBackend>)>;
+
 struct ComputeOptions {
   int n_threads = 0;  // CPU threads (0: one per physical core)
   ComputeDevice device = ComputeDevice::kCpu;
@@ -101,6 +108,11 @@ struct ComputeOptions {
   double fetch_share = -1;
   // kGpu with every expert in VRAM: decode steps recorded as CUDA graphs and replayed.
   bool cuda_graphs = true;
+  // kGpu with locked or pageable layers: their banks staged to the GPU for long prefill steps
+  // (1), never (0), or when measured cheaper than the CPU executor (-1; experts/locked_prefill.h).
+  int stage_locked = -1;
+  // When set, MakeBackend passes the backend it made through it (empty: the backend as made).
+  BackendWrapper wrap = {};
 };
 
 // What a backend sizes its buffers and tables for.

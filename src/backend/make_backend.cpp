@@ -7,9 +7,11 @@
 
 namespace moetier {
 
-Expected<std::unique_ptr<ComputeBackend>> MakeBackend(const ComputeOptions& options,
-                                                      const ExpertSource& experts,
-                                                      const ModelDims& dims) {
+namespace {
+
+Expected<std::unique_ptr<ComputeBackend>> MakeDeviceBackend(const ComputeOptions& options,
+                                                            const ExpertSource& experts,
+                                                            const ModelDims& dims) {
   switch (options.device) {
     case ComputeDevice::kCpu:
       return std::unique_ptr<ComputeBackend>(
@@ -24,6 +26,17 @@ Expected<std::unique_ptr<ComputeBackend>> MakeBackend(const ComputeOptions& opti
 #endif
   }
   return Status::Error("unknown compute device");
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<ComputeBackend>> MakeBackend(const ComputeOptions& options,
+                                                      const ExpertSource& experts,
+                                                      const ModelDims& dims) {
+  MT_ASSIGN_OR_RETURN(std::unique_ptr<ComputeBackend> backend,
+                      MakeDeviceBackend(options, experts, dims));
+  if (options.wrap) return options.wrap(std::move(backend));
+  return backend;
 }
 
 Status CheckGpuDims(const ModelDims& dims) {

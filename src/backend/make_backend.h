@@ -10,7 +10,7 @@
 
 namespace moetier {
 
-// `experts` must outlive the backend.
+// `experts` must outlive the backend. ComputeOptions::wrap, when set, wraps the result.
 Expected<std::unique_ptr<ComputeBackend>> MakeBackend(const ComputeOptions& options,
                                                       const ExpertSource& experts,
                                                       const ModelDims& dims);

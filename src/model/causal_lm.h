@@ -126,6 +126,13 @@ struct LoadOptions {
   // --moe-backend gpu: decode steps recorded as CUDA graphs and replayed (false, or
   // MOETIER_CUDA_GRAPHS=0: every kernel launched from the host).
   bool cuda_graphs = true;
+  // With a GPU, a long prefill step's locked layers: staged to the GPU (1), computed by the CPU
+  // executor (0), or the cheaper as measured (-1: MOETIER_STAGE_LOCKED, else measured).
+  int stage_locked = -1;
+  // When set, the compute backend is passed through it and the model calls what it returns
+  // (ComputeOptions::wrap): a decorator that observes the model's operations, e.g. the
+  // prefetch_recall benchmark's PrefetchProbe.
+  BackendWrapper wrap_backend = {};
   ResidencyOptions residency;
   // Called with the parsed config once the model directory has been opened and planned, before
   // a weight byte is read: where a front end checks what depends on the model (token ids

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "engine/generate.h"
+#include "support/gpu.h"
 #include "support/test_support.h"
 
 namespace moetier {
@@ -182,9 +183,11 @@ TEST_P(EngineBatching, PrefixCacheReusesBlocksWithoutChangingOutputs) {
 // The host KV tier: a prefix whose blocks the pool evicted comes back from host RAM (copied into
 // the pool, not recomputed) and gives exactly the tokens it gives alone; without the tier the
 // same prefix is computed again.
-TEST_P(EngineBatching, HostTierGivesBackEvictedPrefixes) {
+// A system prompt's blocks, evicted from a 6-block pool by a filler request, come back from the
+// host tier for the next request sharing it (and not without one): the same tokens as alone.
+void ExpectHostTierGivesBackEvictedPrefixes(CausalLM& model) {
   const int64_t B = KvPool::kDefaultBlockSize;
-  const int64_t V = model_->config().vocab_size;
+  const int64_t V = model.config().vocab_size;
   std::vector<int32_t> system(3 * B + 5);
   for (size_t i = 0; i < system.size(); ++i) system[i] = static_cast<int32_t>((i * 7 + 3) % V);
   RequestOptions first, second, filler;
@@ -197,14 +200,15 @@ TEST_P(EngineBatching, HostTierGivesBackEvictedPrefixes) {
   for (int64_t i = 0; i < 5 * B; ++i)
     filler.prompt.push_back(static_cast<int32_t>((i * 11 + 1) % V));
   filler.max_new_tokens = 2;  // with its prompt, every block of a 6-block pool
-  const auto alone = Alone({second});
+  const auto alone = RunAll(*testing::MakeEngine(model, 256), {second});
+  ASSERT_TRUE(alone[0].status.ok()) << alone[0].status.message();
   for (const uint64_t host_blocks : {0, 16}) {
     SCOPED_TRACE("host tier of " + std::to_string(host_blocks) + " blocks");
     EngineOptions o;
     o.kv_positions = 6 * B;
     o.max_running = 1;
-    o.kv_host_bytes = host_blocks * KvPool::BlockBytes(model_->kv_shape(), B, o.kv_dtype);
-    auto engine = Engine::Create(*model_, nullptr, o);
+    o.kv_host_bytes = host_blocks * KvPool::BlockBytes(model.kv_shape(), B, o.kv_dtype);
+    auto engine = Engine::Create(model, nullptr, o);
     ASSERT_TRUE(engine.ok()) << engine.message();
     RunAll(**engine, {first});
     RunAll(**engine, {filler});  // evicts the system prompt's blocks from the pool
@@ -222,6 +226,21 @@ TEST_P(EngineBatching, HostTierGivesBackEvictedPrefixes) {
       EXPECT_GT(stats.kv_host_blocks_held, 0);
     }
   }
+}
+
+TEST_P(EngineBatching, HostTierGivesBackEvictedPrefixes) {
+  ExpectHostTierGivesBackEvictedPrefixes(*model_);
+}
+
+// The same with the pool in VRAM (--moe-backend gpu): blocks copied from and to the device.
+TEST_P(EngineBatching, HostTierGivesBackEvictedPrefixesOnTheGpu) {
+  MT_REQUIRE_GPU();
+  LoadOptions o;
+  o.residency.backend = Backend::kGpu;
+  auto m = LoadCausalLM(testing::HfFixture(GetParam()), o);
+  ASSERT_TRUE(m.ok()) << m.message();
+  ASSERT_EQ((*m)->device(), ComputeDevice::kGpu);
+  ExpectHostTierGivesBackEvictedPrefixes(**m);
 }
 
 // The tier's slots: the least recently kept or restored block leaves first when it is full.

@@ -8,6 +8,7 @@
 // replayed from CUDA graphs give the bits of launching each kernel. Skipped without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -29,10 +30,12 @@ struct Outcome {
 // A 24-token prompt in one step (above the fixtures' streaming threshold: 2 x experts / top-k,
 // their banks being tiny), then 8 steps of one token each.
 Outcome PromptThenDecode(const std::filesystem::path& dir, Backend backend, uint64_t cache_bytes,
-                         double fetch_share = -1) {
+                         double fetch_share = -1, const std::string& cpu_layers = "0",
+                         int stage_locked = -1) {
   LoadOptions o;
   o.residency.backend = backend;
-  o.residency.cpu_layers = "0";
+  o.residency.cpu_layers = cpu_layers;
+  o.stage_locked = stage_locked;
   o.residency.expert_cache_bytes = cache_bytes;
   o.residency.fetch_share = fetch_share;
   auto m = LoadCausalLM(dir, o);
@@ -80,6 +83,32 @@ TEST_P(GpuPlacement, ExpertBytesFromVramCacheOrStreamGiveTheSameBits) {
   EXPECT_GT(smallest.totals.h2d_ns, 0) << "the copies were not timed";
 }
 
+// A locked layer's long prefill step staged to the GPU through the pinned ring runs the pinned
+// layers' streaming kernels on the same bytes: the prompt's logits are the bits of that layer
+// pinned. Computed by the CPU executor instead, they are not (and the staged run did not take
+// that way).
+TEST_P(GpuPlacement, StagedLockedLayerGivesThePinnedBits) {
+  MT_REQUIRE_GPU();
+  const auto dir = testing::HfFixture(GetParam());
+  const uint64_t one_layer = testing::OneLayerOfExperts(dir);
+  const Outcome pinned = PromptThenDecode(dir, Backend::kOffload, one_layer);
+  const Outcome staged = PromptThenDecode(dir, Backend::kOffload, one_layer, -1, "1", 1);
+  const Outcome on_cpu = PromptThenDecode(dir, Backend::kOffload, one_layer, -1, "1", 0);
+  auto s = OpenModelSource(dir);
+  ASSERT_TRUE(s.ok());
+  const auto prompt = static_cast<std::ptrdiff_t>(24 * s->config.vocab_size);
+  ASSERT_GE(static_cast<std::ptrdiff_t>(pinned.logits.size()), prompt);
+  ASSERT_EQ(staged.logits.size(), pinned.logits.size());
+  ASSERT_EQ(on_cpu.logits.size(), pinned.logits.size());
+  EXPECT_TRUE(
+      std::equal(staged.logits.begin(), staged.logits.begin() + prompt, pinned.logits.begin()));
+  EXPECT_FALSE(
+      std::equal(on_cpu.logits.begin(), on_cpu.logits.begin() + prompt, pinned.logits.begin()));
+  // The prompt step copied every layer's bank, the staged one's too.
+  const int64_t bank_misses = s->config.n_moe_layers() * s->config.n_experts;
+  EXPECT_GE(staged.totals.fetched_experts, bank_misses);
+}
+
 // Hybrid fetching every miss runs offload's kernels on offload's routing (the split's path,
 // with nothing for the CPU): the same bits. Fetching some or none, the CPU executor's products
 // replace the GPU's for the rest: within the GPU placements' tolerance of offload (fp32 both,
@@ -115,12 +144,23 @@ struct Decoded {
   int64_t replayed = 0;       // steps replayed from a CUDA graph
 };
 
-// Three sequences with every expert in VRAM: their prompts (20, 7 and 250 tokens) in a step
-// each, then 12 steps in which each decodes one token. The longest crosses the attention plan's
-// context bucket at position 256: the steps take two shapes.
-Decoded DecodeTogether(const std::filesystem::path& dir, bool cuda_graphs) {
+// Where the experts are: every one in VRAM, or offloaded (the smallest cache), hybrid (half the
+// misses fetched), or offloaded with one layer on the CPU executor.
+struct Placement {
+  Backend backend = Backend::kGpu;
+  std::string cpu_layers = "0";
+  double fetch_share = -1;
+};
+
+// Three sequences: their prompts (20, 7 and 250 tokens) in a step each, then 12 steps in which
+// each decodes one token. The longest crosses the attention plan's context bucket at position
+// 256: the steps take two shapes.
+Decoded DecodeTogether(const std::filesystem::path& dir, const Placement& p, bool cuda_graphs) {
   LoadOptions o;
-  o.residency.backend = Backend::kGpu;
+  o.residency.backend = p.backend;
+  o.residency.cpu_layers = p.cpu_layers;
+  o.residency.fetch_share = p.fetch_share;
+  if (p.backend != Backend::kGpu) o.residency.expert_cache_bytes = testing::OneLayerOfExperts(dir);
   o.cuda_graphs = cuda_graphs;
   auto m = LoadCausalLM(dir, o);
   EXPECT_TRUE(m.ok()) << m.message();
@@ -164,17 +204,26 @@ Decoded DecodeTogether(const std::filesystem::path& dir, bool cuda_graphs) {
 }
 
 // Decode steps replayed from recorded CUDA graphs compute what launching each kernel computes:
-// the same bits. Per shape, the first step runs eagerly, the second is recorded, the rest are
-// replayed: 4 of the 6 steps of each of the two shapes.
+// the same bits, with the experts in VRAM (the whole step one graph) or offloaded (a graph per
+// segment between the host's waits). Per shape, the first step runs eagerly, the second is
+// recorded, the rest are replayed: 4 of the 6 steps of each of the two shapes.
 TEST_P(GpuPlacement, RecordedDecodeStepsGiveTheSameBits) {
   MT_REQUIRE_GPU();
   const auto dir = testing::HfFixture(GetParam());
-  const Decoded launched = DecodeTogether(dir, false);
-  const Decoded recorded = DecodeTogether(dir, true);
-  ASSERT_FALSE(launched.logits.empty());
-  EXPECT_EQ(recorded.logits, launched.logits);
-  EXPECT_EQ(launched.replayed, 0);
-  EXPECT_EQ(recorded.replayed, 8);
+  const std::vector<std::pair<std::string, Placement>> placements = {
+      {"gpu", {Backend::kGpu, "0", -1}},
+      {"offload", {Backend::kOffload, "0", -1}},
+      {"hybrid", {Backend::kHybrid, "0", 0.5}},
+      {"offload, a layer on the CPU", {Backend::kOffload, "1", -1}}};
+  for (const auto& [name, placement] : placements) {
+    SCOPED_TRACE(name);
+    const Decoded launched = DecodeTogether(dir, placement, false);
+    const Decoded recorded = DecodeTogether(dir, placement, true);
+    ASSERT_FALSE(launched.logits.empty());
+    EXPECT_EQ(recorded.logits, launched.logits);
+    EXPECT_EQ(launched.replayed, 0);
+    EXPECT_EQ(recorded.replayed, 8);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuPlacement, ::testing::Values("qwen3_moe", "mixtral"));

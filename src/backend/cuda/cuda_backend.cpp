@@ -96,6 +96,7 @@ Expected<std::unique_ptr<ComputeBackend>> CudaBackend::Create(const ComputeOptio
   std::unique_ptr<CudaBackend> b(new CudaBackend(experts, dims));
   MT_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&b->stream_), "creating a CUDA stream");
   MT_ASSIGN_OR_RETURN(b->offload_, ExpertOffload::Create(options, experts, dims));
+  b->offload_->SetSegments(b.get());
   b->graphs_wanted_ = options.cuda_graphs;
   MT_ASSIGN_OR_RETURN(b->scans_dev_, cuda::DeviceBuffer<unsigned long long>::Create(
                                          kNonFiniteSlots, "the non-finite scans"));
@@ -135,11 +136,12 @@ Status CudaBackend::Hold(std::span<const TensorView* const> matrices,
   for (int64_t layer : dims_.moe_layers) {
     const ExpertHome home = offload_->home(layer);
     if (home == ExpertHome::kVram) vram_layers_.push_back(layer);
-    if (home != ExpertHome::kCpuExecutor && shape_layer < 0) shape_layer = layer;
+    if ((home != ExpertHome::kCpuExecutor || offload_->stageable(layer)) && shape_layer < 0)
+      shape_layer = layer;
   }
   MT_RETURN_IF_ERROR(
       weights_.AddExperts(experts_, vram_layers_, shape_layer, dims_.n_layers, dims_.n_experts));
-  graphs_enabled_ = graphs_wanted_ && vram_layers_.size() == dims_.moe_layers.size();
+  graphs_enabled_ = graphs_wanted_ && !offload_->cpu_share_on_worker();
   LogInfo("gpu: " + std::to_string(weights_.bytes() >> 20) + " MiB of weights in VRAM");
   return Reserve(capacity_tokens_);  // the expert kernels' scratch, now that the shape is known
 }
@@ -209,6 +211,7 @@ void CudaBackend::BeginStep(const Batch& batch, const KvPool& kv) {
   if (graph_mode_ == cuda::StepGraphs::Mode::kCapture)  // a step that never reached EndStep
     (void)graphs_.FinishCapture(stream_, true);
   graph_mode_ = cuda::StepGraphs::Mode::kEager;
+  step_recorded_ = false;
   error_.clear();
   const int64_t T = batch.n_tokens();
   if (Status s = Reserve(T); !s.ok()) error_ = s.message();
@@ -269,20 +272,41 @@ void CudaBackend::ChooseGraphMode(const Batch& batch, const KvPool& kv) {
                       T == static_cast<int64_t>(batch.block_tables.size()) &&
                       T == static_cast<int64_t>(batch.logit_rows.size());
   if (!graphs_enabled_ || !decode || kv.on_host() || times_ != nullptr || router_logits_expected_ ||
-      !error_.empty())
+      offload_->streaming() || !error_.empty())
     return;
-  const cuda::StepGraphs::Key key{T,
-                                  batch_dev_.max_blocks,
-                                  batch_dev_.max_position,
-                                  kv.base(),
-                                  kv.n_blocks(),
-                                  kv.block_size(),
-                                  static_cast<int>(kv.dtype())};
-  Expected<cuda::StepGraphs::Mode> mode = graphs_.Begin(key, stream_);
+  if (offload_->buffer_generation() != offload_generation_) {
+    graphs_.Invalidate();
+    offload_generation_ = offload_->buffer_generation();
+  }
+  segment_key_ = cuda::StepGraphs::Key{T,
+                                       batch_dev_.max_blocks,
+                                       batch_dev_.max_position,
+                                       kv.base(),
+                                       kv.n_blocks(),
+                                       kv.block_size(),
+                                       static_cast<int>(kv.dtype())};
+  step_recorded_ = true;
+  BeginSegment();
+}
+
+void CudaBackend::BeginSegment() {
+  Expected<cuda::StepGraphs::Mode> mode = graphs_.Begin(segment_key_, stream_);
   if (mode.ok())
     graph_mode_ = *mode;
   else
     error_ = mode.message();
+}
+
+void CudaBackend::Pause() {
+  if (graph_mode_ == cuda::StepGraphs::Mode::kCapture) FinishCapture();
+  graph_mode_ = cuda::StepGraphs::Mode::kEager;
+}
+
+void CudaBackend::Resume(int variant) {
+  if (!step_recorded_ || !error_.empty()) return;
+  ++segment_key_.segment;
+  segment_key_.variant = variant;
+  BeginSegment();
 }
 
 void CudaBackend::BuffersMoving() {
@@ -430,7 +454,7 @@ void CudaBackend::Attend(const AttentionWeights& w, const AttentionShape& shape,
 void CudaBackend::Moe(const TensorView& router, const RouterOptions& opts, int64_t layer,
                       const float* x, int64_t n_tokens, float* out, float* router_logits) {
   const int64_t E = opts.n_experts;
-  if (offload_->home(layer) == ExpertHome::kCpuExecutor) {
+  if (!offload_->GpuComputes(layer)) {
     if (Status s =
             offload_->RunOnCpu(router, opts, layer, x, n_tokens, out, router_logits, stream_);
         !s.ok() && error_.empty())
@@ -443,21 +467,26 @@ void CudaBackend::Moe(const TensorView& router, const RouterOptions& opts, int64
     moe_call_layer_.resize(static_cast<size_t>(moe_calls_));
     moe_call_layer_[static_cast<size_t>(call)] = layer;
   }
-  if (Replaying()) return;
-  dense_.Run(weights_.Matrix(router), x, n_tokens, router_logits_.data(), stream_);
-  if (router_logits != nullptr) {
-    Check(cudaMemcpyAsync(router_logits, router_logits_.data(),
-                          static_cast<size_t>(n_tokens * E) * sizeof(float), cudaMemcpyDeviceToHost,
-                          stream_),
-          "copying the router logits");
-    Check(cudaStreamSynchronize(stream_), "waiting for the router logits");
-  }
-  cuda::LaunchTopK(router_logits_.data(), n_tokens, E, opts.top_k, opts.normalize_top_k,
-                   topk_ids_.data(), topk_weights_.data(), stream_);
   routing_.n_tokens = n_tokens;
-  cuda::LaunchGroupByExpert(topk_ids_.data(), topk_weights_.data(), routing_, stream_);
+  // A cached layer's Fetch ends the segment (the routing goes to the host) whether or not it
+  // is replayed; a VRAM layer's launches all belong to the segment.
+  const bool cached = offload_->Fetches(layer);
+  if (Replaying() && !cached) return;
+  if (!Replaying()) {
+    dense_.Run(weights_.Matrix(router), x, n_tokens, router_logits_.data(), stream_);
+    if (router_logits != nullptr) {
+      Check(cudaMemcpyAsync(router_logits, router_logits_.data(),
+                            static_cast<size_t>(n_tokens * E) * sizeof(float),
+                            cudaMemcpyDeviceToHost, stream_),
+            "copying the router logits");
+      Check(cudaStreamSynchronize(stream_), "waiting for the router logits");
+    }
+    cuda::LaunchTopK(router_logits_.data(), n_tokens, E, opts.top_k, opts.normalize_top_k,
+                     topk_ids_.data(), topk_weights_.data(), stream_);
+    cuda::LaunchGroupByExpert(topk_ids_.data(), topk_weights_.data(), routing_, stream_);
+  }
   RunExpertsOnGpu(layer, x, out);
-  if (call >= 0)
+  if (call >= 0 && !Replaying())
     Check(cudaMemcpyAsync(active_dev_.data() + call, routing_.n_active, sizeof(int32_t),
                           cudaMemcpyDeviceToDevice, stream_),
           "recording the active experts");
@@ -465,7 +494,7 @@ void CudaBackend::Moe(const TensorView& router, const RouterOptions& opts, int64
 
 void CudaBackend::RunExpertsOnGpu(int64_t layer, const float* x, float* out) {
   cuda::ExpertPointers* table = weights_.ExpertTable(layer);
-  const bool cached = offload_->home(layer) == ExpertHome::kGpuCache;
+  const bool cached = offload_->Fetches(layer);
   if (cached) {
     if (!error_.empty()) return;  // the routing may be garbage: copy nothing
     if (Status s = offload_->Fetch(layer, routing_, x, table, stream_); !s.ok()) {
@@ -486,7 +515,7 @@ void CudaBackend::RunExpertsOnGpu(int64_t layer, const float* x, float* out) {
     }
     partial = *cpu;
   }
-  ffn_.RoutedSum(routing_, partial, out, stream_);
+  if (!Replaying()) ffn_.RoutedSum(routing_, partial, out, stream_);
 }
 
 void CudaBackend::SetPhaseTimes(PhaseTimes* times) {
@@ -518,6 +547,7 @@ Status CudaBackend::EndStep() {
     FinishCapture();
   }
   graph_mode_ = cuda::StepGraphs::Mode::kEager;
+  step_recorded_ = false;
   Check(cudaMemcpyAsync(scans_host_.data(), scans_dev_.data(),
                         static_cast<size_t>(n_scans_) * sizeof(unsigned long long),
                         cudaMemcpyDeviceToHost, stream_),

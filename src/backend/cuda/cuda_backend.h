@@ -9,8 +9,9 @@
 // test asks for them: the routing stays on the device (router.h), the non-finite scans and the
 // active-expert counts are read after the logits, so a step is a fixed sequence of launches on
 // one stream, and decode steps are recorded once per shape as CUDA graphs and replayed
-// (step_graphs.h). Offloaded layers add one synchronization each (expert_offload.h) and run
-// eagerly.
+// (step_graphs.h). Offloaded layers add one synchronization each (expert_offload.h): a decode
+// step's launches between them are recorded and replayed as segments (ComputeSegments), the
+// host's work for those layers runs in between.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -33,7 +34,7 @@
 
 namespace moetier {
 
-class CudaBackend final : public ComputeBackend {
+class CudaBackend final : public ComputeBackend, private ComputeSegments {
  public:
   // On device 0; fails (naming what) when no device answers. `experts` must outlive it.
   static Expected<std::unique_ptr<ComputeBackend>> Create(const ComputeOptions& options,
@@ -89,10 +90,17 @@ class CudaBackend final : public ComputeBackend {
   // and EndStep reports it as the step's failure.
   void Check(cudaError_t err, const char* what);
   // Whether the step just begun is replayed, recorded or launched call by call (after its
-  // indices were queued): only decode steps with every expert in VRAM are recorded.
+  // indices were queued): decode steps are recorded, unless they are timed, hand router logits
+  // out or stream banks.
   void ChooseGraphMode(const Batch& batch, const KvPool& kv);
-  // The step's graph is running: the calls keep their host bookkeeping and launch nothing.
+  // The segment's graph is running: the calls keep their host bookkeeping and launch nothing.
   bool Replaying() const { return graph_mode_ == cuda::StepGraphs::Mode::kReplay; }
+  // Records, replays or launches the segment of segment_key_.
+  void BeginSegment();
+  // ComputeSegments, for the offloaded layers' synchronizations.
+  void Pause() override;
+  void Resume(int variant) override;
+  bool replaying() const override { return Replaying(); }
   // A device buffer the recorded graphs name is about to be reallocated: they are dropped.
   void BuffersMoving();
   // Ends the recording of the step (launching its graph, unless the step failed).
@@ -117,10 +125,13 @@ class CudaBackend final : public ComputeBackend {
   std::string error_;  // the first CUDA error of the current step
 
   bool graphs_wanted_ = false;   // ComputeOptions::cuda_graphs
-  bool graphs_enabled_ = false;  // ... and every expert in VRAM (known at Hold)
+  bool graphs_enabled_ = false;  // ... and no CPU share on a worker (known at Hold)
   bool router_logits_expected_ = false;
   cuda::StepGraphs graphs_;
   cuda::StepGraphs::Mode graph_mode_ = cuda::StepGraphs::Mode::kEager;
+  bool step_recorded_ = false;         // this step runs as recorded segments
+  cuda::StepGraphs::Key segment_key_;  // the current segment's
+  int64_t offload_generation_ = 0;     // ExpertOffload::buffer_generation of the graphs
 
   std::array<cuda::DeviceBuffer<float>, static_cast<size_t>(Act::kCount)> acts_;
   cuda::DeviceBuffer<float> inv_freq_;        // [head_dim / 2] RoPE

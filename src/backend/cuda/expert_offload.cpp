@@ -124,6 +124,11 @@ Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOpti
     o->cached_bytes_ += o->expert_bytes_ * static_cast<uint64_t>(E);
     ++o->n_cached_layers_;
   }
+  o->stageable_.assign(static_cast<size_t>(dims.n_layers), false);
+  if (options.stage_locked != 0) o->FindStageableLayers(experts);
+  if (o->has_stageable_)
+    o->locked_prefill_ = std::make_unique<LockedPrefill>(
+        options.stage_locked == 1 ? std::optional(LockedPrefill::Way::kStage) : std::nullopt);
   o->slot_stride_ = (o->expert_bytes_ + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
   const int64_t routed_enough =
       (kStreamAssignmentsPerExpert * E + dims.top_k - 1) / std::max<int64_t>(1, dims.top_k);
@@ -131,7 +136,7 @@ Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOpti
       std::ceil(kStreamTokensPerBankGb * static_cast<double>(o->expert_bytes_ * E) / 1e9));
   o->stream_min_tokens_ =
       Tuning().stream_min_tokens.value_or(std::max<int64_t>({1, routed_enough, compute_enough}));
-  if (o->has_cached_layers()) {
+  if (o->has_cached_layers() || o->has_stageable_) {
     MT_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&o->copy_stream_, cudaStreamNonBlocking),
                             "creating the expert copy stream");
     MT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&o->copied_, cudaEventDisableTiming),
@@ -170,6 +175,39 @@ Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOpti
   return o;
 }
 
+void ExpertOffload::FindStageableLayers(const ExpertSource& experts) {
+  DType dtype = DType::kF32;
+  for (int64_t layer : dims_.moe_layers)
+    if (home(layer) == ExpertHome::kGpuCache) {
+      dtype = experts.Expert(layer, 0).gate.dtype;
+      break;
+    }
+  for (int64_t layer : dims_.moe_layers) {
+    if (home(layer) != ExpertHome::kCpuExecutor) continue;
+    const ExpertWeights& w0 = experts.Expert(layer, 0);
+    if (!GpuReadsExperts(w0.gate.dtype) || (has_cached_layers() && w0.gate.dtype != dtype))
+      continue;
+    const uint64_t size = w0.gate.n_bytes + w0.up.n_bytes + w0.down.n_bytes;
+    bool ok = expert_bytes_ == 0 || size == expert_bytes_;
+    for (int64_t e = 0; ok && e < dims_.n_experts; ++e) {
+      const ExpertWeights& w = experts.Expert(layer, e);
+      const auto* gate = static_cast<const uint8_t*>(w.gate.data);
+      ok = w.gate.dtype == w0.gate.dtype && w.up.data == gate + w.gate.n_bytes &&
+           w.down.data == gate + w.gate.n_bytes + w.up.n_bytes &&
+           w.gate.n_bytes + w.up.n_bytes + w.down.n_bytes == size;
+    }
+    if (!ok) continue;
+    if (expert_bytes_ == 0) {
+      expert_bytes_ = size;
+      gate_bytes_ = w0.gate.n_bytes;
+      up_bytes_ = w0.up.n_bytes;
+      dtype = w0.gate.dtype;
+    }
+    stageable_[static_cast<size_t>(layer)] = true;
+    has_stageable_ = true;
+  }
+}
+
 void ExpertOffload::MakeSplitModel(const ComputeOptions& options, DType dtype) {
   std::optional<SplitRates> start;
   if (options.fetch_share < 0) {
@@ -204,7 +242,7 @@ void ExpertOffload::SaveSplitRates() const {
 }
 
 Status ExpertOffload::AllocateCache() {
-  if (!has_cached_layers() || cache_allocated()) return OkStatus();
+  if (cache_allocated() || (!has_cached_layers() && !has_stageable_)) return OkStatus();
   const int64_t E = dims_.n_experts;
   const uint64_t min_bytes = slot_stride_ * static_cast<uint64_t>(E);  // a step may use them all
   const uint64_t all_bytes = min_bytes * static_cast<uint64_t>(n_cached_layers_);
@@ -214,8 +252,10 @@ Status ExpertOffload::AllocateCache() {
   {
     size_t free = 0, total = 0;
     MT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total), "reading the free VRAM");
-    const uint64_t need = stream_bytes + kWorkspaceReserveBytes +
-                          (requested_cache_bytes_ != 0 ? requested_cache_bytes_ : min_bytes);
+    const uint64_t cache_bytes = !has_cached_layers()          ? 0
+                                 : requested_cache_bytes_ != 0 ? requested_cache_bytes_
+                                                               : min_bytes;
+    const uint64_t need = stream_bytes + kWorkspaceReserveBytes + cache_bytes;
     if (free >= need) {
       MT_ASSIGN_OR_RETURN(stream_buf_,
                           cuda::DeviceBuffer<uint8_t>::Create(stream_bytes, "the stream buffers"));
@@ -224,6 +264,15 @@ Status ExpertOffload::AllocateCache() {
               "); long prompts copy experts through the cache");
     }
   }
+  allocated_ = true;
+  if (has_stageable_ && stream_buf_.size() > 0) {
+    Expected<std::unique_ptr<cuda::StagingRing>> ring = cuda::StagingRing::Create();
+    if (ring.ok())
+      ring_ = std::move(*ring);
+    else
+      LogInfo("gpu: " + ring.message() + "; locked layers' prefill stays on the CPU executor");
+  }
+  if (!has_cached_layers()) return OkStatus();
   uint64_t bytes = requested_cache_bytes_;
   if (bytes != 0) {
     if (bytes < min_bytes)
@@ -267,22 +316,25 @@ Status ExpertOffload::AllocateCache() {
 }
 
 Status ExpertOffload::BeginStep(int64_t n_tokens, cudaStream_t compute) {
-  if (!has_cached_layers()) return OkStatus();
+  if (!has_cached_layers() && !has_stageable_) return OkStatus();
   if (!cache_allocated()) MT_RETURN_IF_ERROR(AllocateCache());
   stream_layer_[0] = stream_layer_[1] = -1;
-  streaming_ = stream_buf_.size() > 0 && n_tokens >= stream_min_tokens_;
+  const bool long_step = stream_buf_.size() > 0 && n_tokens >= stream_min_tokens_;
+  stage_step_ = long_step && ring_ != nullptr &&
+                locked_prefill_->Choose(n_tokens) == LockedPrefill::Way::kStage;
+  streaming_ = long_step && (has_cached_layers() || stage_step_);
   split_step_ = split_ && !streaming_ &&
                 static_cast<double>(n_tokens * dims_.top_k) <=
                     kSplitMaxAssignmentsPerExpert * static_cast<double>(dims_.n_experts);
   std::fill(step_cpu_experts_.begin(), step_cpu_experts_.end(), 0);
   if (!streaming_) return OkStatus();
-  const int64_t first = NextCachedLayer(-1);
+  const int64_t first = NextStreamedLayer(-1);
   return first >= 0 ? StreamBank(first, 0, compute) : OkStatus();
 }
 
-int64_t ExpertOffload::NextCachedLayer(int64_t layer) const {
+int64_t ExpertOffload::NextStreamedLayer(int64_t layer) const {
   for (int64_t l : dims_.moe_layers)
-    if (l > layer && home(l) == ExpertHome::kGpuCache) return l;
+    if (l > layer && Fetches(l)) return l;
   return -1;
 }
 
@@ -304,6 +356,8 @@ Status ExpertOffload::StreamBank(int64_t layer, int b, cudaStream_t compute) {
                           "ordering the bank copy");
   const int64_t E = dims_.n_experts;
   uint8_t* dst = stream_buf_.data() + static_cast<uint64_t>(b) * slot_stride_ * E;
+  stream_layer_[b] = layer;
+  if (home(layer) == ExpertHome::kCpuExecutor) return StageBank(layer, dst);
   const auto* first = static_cast<const uint8_t*>(experts_.Expert(layer, 0).gate.data);
   // One copy when the bank holds its experts back to back at the slots' stride; else one each.
   bool one_range = expert_bytes_ == slot_stride_;
@@ -322,11 +376,30 @@ Status ExpertOffload::StreamBank(int64_t layer, int b, cudaStream_t compute) {
                       "streaming", layer, "'s bank to the GPU"));
   }
   MT_RETURN_IF_ERROR(TimeCopies(layer, false, E));
-  stream_layer_[b] = layer;
   LayerExpertStats d;
   d.layer = layer;
   d.cache_misses = d.fetched_experts = E;
   d.bytes_h2d = static_cast<int64_t>(expert_bytes_) * E;
+  if (stats_ != nullptr) stats_->Add(d);
+  return OkStatus();
+}
+
+Status ExpertOffload::StageBank(int64_t layer, uint8_t* dst) {
+  const int64_t E = dims_.n_experts;
+  stage_ranges_.clear();
+  for (int64_t e = 0; e < E; ++e)
+    stage_ranges_.push_back(cuda::StagingRing::Range{experts_.Expert(layer, e).gate.data,
+                                                     dst + e * slot_stride_, expert_bytes_});
+  const auto t0 = std::chrono::steady_clock::now();
+  MT_RETURN_IF_ERROR(ring_->Copy(stage_ranges_, copy_stream_, &cpu_->pool()));
+  const std::chrono::duration<double, std::nano> ns = std::chrono::steady_clock::now() - t0;
+  locked_prefill_->ObserveStage(ns.count());
+  if (times_ != nullptr) (*times_)[Phase::kCopies] += ns.count() * 1e-9;
+  LayerExpertStats d;
+  d.layer = layer;
+  d.cache_misses = d.fetched_experts = E;
+  d.bytes_h2d = static_cast<int64_t>(expert_bytes_) * E;
+  d.h2d_ns = static_cast<int64_t>(ns.count());  // the staging's wall time: its effective rate
   if (stats_ != nullptr) stats_->Add(d);
   return OkStatus();
 }
@@ -360,7 +433,7 @@ Status ExpertOffload::FetchStreamed(int64_t layer, cuda::ExpertPointers* device_
   }
   MT_RETURN_IF_ERROR(PublishTable(layer, device_table, compute));
   // The other buffer's reader (the previous cached layer's FFN) is queued on compute already.
-  const int64_t next = NextCachedLayer(layer);
+  const int64_t next = NextStreamedLayer(layer);
   return next >= 0 ? StreamBank(next, 1 - b, compute) : OkStatus();
 }
 
@@ -375,7 +448,28 @@ Status ExpertOffload::ReadRouting(int64_t layer, const cuda::DeviceRouting& r, c
     MT_RETURN_IF_ERROR(routing_host_.Reserve(static_cast<size_t>(n_ints), "the routing"));
     MT_RETURN_IF_ERROR(
         weights_host_.Reserve(static_cast<size_t>(r.n_assignments()), "the routing"));
+    ++buffer_generation_;
   }
+  if (!replaying()) MT_RETURN_IF_ERROR(QueueRoutingRead(layer, r, x, whole, n_ints, compute));
+  PauseSegment();
+  {
+    ScopedPhase wait(times_, Phase::kGpuWait);
+    MT_RETURN_IF_ERROR(
+        LayerStatus(cudaStreamSynchronize(compute), "the GPU before", layer, "'s experts"));
+  }
+  MT_RETURN_IF_ERROR(SettleCpuShare());
+  const int32_t* ids = routing_host_.data() + 1;
+  const int32_t n_active = routing_host_.data()[0];
+  if (n_active < 0 || n_active > E)
+    return Status::Error("the GPU router reported " + std::to_string(n_active) + " experts");
+  for (int32_t a = 0; a < n_active; ++a)
+    if (ids[a] < 0 || ids[a] >= E)
+      return Status::Error("the GPU router chose no expert " + std::to_string(ids[a]));
+  return OkStatus();
+}
+
+Status ExpertOffload::QueueRoutingRead(int64_t layer, const cuda::DeviceRouting& r, const float* x,
+                                       bool whole, int64_t n_ints, cudaStream_t compute) {
   MT_RETURN_IF_ERROR(LayerStatus(cudaMemcpyAsync(routing_host_.data(), r.n_active,
                                                  static_cast<size_t>(n_ints) * sizeof(int32_t),
                                                  cudaMemcpyDeviceToHost, compute),
@@ -392,19 +486,6 @@ Status ExpertOffload::ReadRouting(int64_t layer, const cuda::DeviceRouting& r, c
                                     cudaMemcpyDeviceToHost, compute),
                     "copying", layer, "'s hidden states to the host"));
   }
-  {
-    ScopedPhase wait(times_, Phase::kGpuWait);
-    MT_RETURN_IF_ERROR(
-        LayerStatus(cudaStreamSynchronize(compute), "the GPU before", layer, "'s experts"));
-  }
-  MT_RETURN_IF_ERROR(SettleCpuShare());
-  const int32_t* ids = routing_host_.data() + 1;
-  const int32_t n_active = routing_host_.data()[0];
-  if (n_active < 0 || n_active > E)
-    return Status::Error("the GPU router reported " + std::to_string(n_active) + " experts");
-  for (int32_t a = 0; a < n_active; ++a)
-    if (ids[a] < 0 || ids[a] >= E)
-      return Status::Error("the GPU router chose no expert " + std::to_string(ids[a]));
   return OkStatus();
 }
 
@@ -452,8 +533,14 @@ Status ExpertOffload::ReserveHostRows(int64_t layer, int64_t n_tokens, cudaStrea
   if (x_host_.size() >= n) return OkStatus();
   const std::string what = "layer " + std::to_string(layer) + "'s hidden states";
   MT_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute), "the GPU before " + what);
+  ++buffer_generation_;
   MT_RETURN_IF_ERROR(x_host_.Reserve(n, what));
-  return out_host_.Reserve(n, what);
+  MT_RETURN_IF_ERROR(out_host_.Reserve(n, what));
+  if (split_) {
+    MT_ASSIGN_OR_RETURN(partial_dev_,
+                        cuda::DeviceBuffer<float>::Create(n, "the CPU experts' output on the GPU"));
+  }
+  return OkStatus();
 }
 
 Status ExpertOffload::FetchSplit(int64_t layer, const cuda::DeviceRouting& r, const float* x,
@@ -537,14 +624,13 @@ Status ExpertOffload::FetchSplit(int64_t layer, const cuda::DeviceRouting& r, co
 }
 
 Expected<const float*> ExpertOffload::ComputeCpuShare(int64_t layer, cudaStream_t compute) {
-  if (!split_step_ || cpu_routing_.experts.empty()) return static_cast<const float*>(nullptr);
+  if (!split_step_ || cpu_routing_.experts.empty()) {
+    ResumeSegment(0);
+    return static_cast<const float*>(nullptr);
+  }
   const int64_t n_tokens = cpu_routing_.n_tokens;
   const auto n = static_cast<size_t>(n_tokens * dims_.d_model);
-  if (partial_dev_.size() < n) {
-    MT_ASSIGN_OR_RETURN(partial_dev_,
-                        cuda::DeviceBuffer<float>::Create(n, "the CPU experts' output on the GPU"));
-  }
-  if (cpu_done_ != nullptr) {
+  if (cpu_done_ != nullptr) {  // (the backend records no segments then)
     // The stream waits for the worker's flag, then copies its output; the host goes on.
     const uint32_t value = cpu_done_->Next();
     cpu_done_->QueueWait(value, kCpuShareTimeoutMs, compute);
@@ -560,10 +646,12 @@ Expected<const float*> ExpertOffload::ComputeCpuShare(int64_t layer, cudaStream_
     RunCpuShare(layer);
     TakeCpuTimes();
   }
-  MT_RETURN_IF_ERROR(
-      LayerStatus(cudaMemcpyAsync(partial_dev_.data(), out_host_.data(), n * sizeof(float),
-                                  cudaMemcpyHostToDevice, compute),
-                  "copying", layer, "'s CPU experts' output to the GPU"));
+  ResumeSegment(1);
+  if (!replaying())
+    MT_RETURN_IF_ERROR(
+        LayerStatus(cudaMemcpyAsync(partial_dev_.data(), out_host_.data(), n * sizeof(float),
+                                    cudaMemcpyHostToDevice, compute),
+                    "copying", layer, "'s CPU experts' output to the GPU"));
   return static_cast<const float*>(partial_dev_.data());
 }
 
@@ -615,9 +703,11 @@ Status ExpertOffload::RunOnCpu(const TensorView& router, const RouterOptions& op
                                cudaStream_t compute) {
   const auto n = static_cast<size_t>(n_tokens * dims_.d_model);
   MT_RETURN_IF_ERROR(ReserveHostRows(layer, n_tokens, compute));
-  MT_RETURN_IF_ERROR(LayerStatus(
-      cudaMemcpyAsync(x_host_.data(), x, n * sizeof(float), cudaMemcpyDeviceToHost, compute),
-      "copying", layer, "'s hidden states to the host"));
+  if (!replaying())
+    MT_RETURN_IF_ERROR(LayerStatus(
+        cudaMemcpyAsync(x_host_.data(), x, n * sizeof(float), cudaMemcpyDeviceToHost, compute),
+        "copying", layer, "'s hidden states to the host"));
+  PauseSegment();
   {
     ScopedPhase wait(times_, Phase::kGpuWait);
     MT_RETURN_IF_ERROR(
@@ -625,12 +715,18 @@ Status ExpertOffload::RunOnCpu(const TensorView& router, const RouterOptions& op
   }
   {
     ScopedPhase phase(times_, Phase::kCpuExperts);
+    const auto t0 = std::chrono::steady_clock::now();
     cpu_->Moe(router, opts, layer, x_host_.data(), n_tokens, out_host_.data(), router_logits);
+    const std::chrono::duration<double, std::nano> ns = std::chrono::steady_clock::now() - t0;
+    // What the same layer costs the CPU executor in a step that could have staged it.
+    if (stageable(layer) && n_tokens >= stream_min_tokens_)
+      locked_prefill_->ObserveCpu(n_tokens, ns.count());
   }
-  MT_RETURN_IF_ERROR(LayerStatus(
+  ResumeSegment(0);
+  if (replaying()) return OkStatus();
+  return LayerStatus(
       cudaMemcpyAsync(out, out_host_.data(), n * sizeof(float), cudaMemcpyHostToDevice, compute),
-      "copying", layer, "'s expert output to the GPU"));
-  return OkStatus();
+      "copying", layer, "'s expert output to the GPU");
 }
 
 Status ExpertOffload::FinishStep() {

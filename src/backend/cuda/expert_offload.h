@@ -22,10 +22,19 @@
 //   why).
 // - kCpuExecutor layers (banks locked or pageable): the layer's input goes to the host, the CPU
 //   backend's MoE (router, experts, routed sum) runs on it, the result comes back; the GPU waits
-//   for that layer only.
+//   for that layer only. In a long prefill step, those whose banks the GPU can read may instead
+//   be staged: CPU threads copy the bank through the pinned StagingRing into a prefill buffer,
+//   as pinned banks are streamed, and the GPU computes them (LockedPrefill picks the cheaper way
+//   by measured cost).
 //
 // Slot reuse is safe because Fetch reads the routing after a stream synchronization: every
 // kernel of earlier layers, the only readers of an evicted slot, has finished.
+//
+// Each such synchronization ends a segment of the compute stream's work (ComputeSegments: the
+// CUDA backend records a decode step's segments as CUDA graphs and replays them): what this
+// class queues on the compute stream inside a segment (the routing and hidden states to the
+// host, the CPU's output back) is part of the recording and is not queued again while it
+// replays; the copy stream's work, the table and the waits for it are queued each step.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -41,9 +50,11 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/pinned_buffer.h"
+#include "backend/cuda/staging_ring.h"
 #include "core/phase_times.h"
 #include "core/status.h"
 #include "experts/expert_slots.h"
+#include "experts/locked_prefill.h"
 #include "experts/miss_split.h"
 #include "experts/routing.h"
 #include "kernels/cuda/device_buffer.h"
@@ -56,6 +67,21 @@ namespace moetier {
 
 class CpuBackend;
 
+// The compute stream's work between the host's synchronizations with it, as the CUDA backend
+// runs it: launched call by call, recorded, or replayed from a recording (step_graphs.h).
+class ComputeSegments {
+ public:
+  virtual ~ComputeSegments() = default;
+  // Ends the segment: what was queued on the compute stream since the last Resume is launched
+  // (a recording ends and runs); the host may then wait for the stream.
+  virtual void Pause() = 0;
+  // Starts the next segment; `variant` is what decides its launches besides the step's shape
+  // (whether it copies a CPU share in).
+  virtual void Resume(int variant) = 0;
+  // The segment's recording was launched: queue nothing on the compute stream until Pause.
+  virtual bool replaying() const = 0;
+};
+
 class ExpertOffload {
  public:
   // Checks the cached layers' banks (dtype the GPU reads, each expert one contiguous range);
@@ -67,17 +93,36 @@ class ExpertOffload {
 
   ExpertHome home(int64_t layer) const { return homes_[static_cast<size_t>(layer)]; }
   bool has_cached_layers() const { return cached_bytes_ > 0; }
+  // A kCpuExecutor layer whose bank the GPU can read (a GPU dtype, one range per expert, the
+  // size of the other GPU-run layers' experts): its long prefill steps may be staged.
+  bool stageable(int64_t layer) const { return stageable_[static_cast<size_t>(layer)]; }
+  // In this step: whether the GPU computes `layer`'s experts (VRAM, cached, or staged), and
+  // whether they come through Fetch (cached or staged).
+  bool GpuComputes(int64_t layer) const {
+    return home(layer) != ExpertHome::kCpuExecutor || Staged(layer);
+  }
+  bool Fetches(int64_t layer) const {
+    return home(layer) == ExpertHome::kGpuCache || Staged(layer);
+  }
 
   // Sizes and allocates the cache, once (the CUDA backend calls it once the KV pool is in VRAM;
   // Fetch, if that never happened): --moe-cache-gb, else the free VRAM less a workspace reserve
   // (capped at what the cached layers hold). At least one layer's experts, since a step may
-  // activate all of them.
+  // activate all of them. Also the prefill buffers and, with stageable layers, the staging ring.
   Status AllocateCache();
-  bool cache_allocated() const { return slots_ != nullptr; }
+  bool cache_allocated() const { return allocated_; }
 
   // Starts a step of n_tokens tokens (compute: the CUDA backend's stream): decides whether it
   // streams whole banks and, if so, queues the first cached layer's.
   Status BeginStep(int64_t n_tokens, cudaStream_t compute);
+  // Whether this step streams whole banks.
+  bool streaming() const { return streaming_; }
+  // The segments of the compute stream's work (null: launched call by call); must outlive this.
+  void SetSegments(ComputeSegments* segments) { segments_ = segments; }
+  // Changes whenever a buffer that the compute stream's segments name is reallocated.
+  int64_t buffer_generation() const { return buffer_generation_; }
+  // Whether the CPU's share of a hybrid step runs on a worker that the stream waits for.
+  bool cpu_share_on_worker() const { return cpu_done_ != nullptr; }
   // The crossover: steps of at least this many tokens stream (the header says how).
   int64_t stream_min_tokens() const { return stream_min_tokens_; }
 
@@ -90,9 +135,9 @@ class ExpertOffload {
   Status Fetch(int64_t layer, const cuda::DeviceRouting& r, const float* x,
                cuda::ExpertPointers* device_table, cudaStream_t compute);
   // After Fetch and the GPU's expert launches for the same layer: in a hybrid step with misses
-  // left to the CPU, has them computed (the GPU works meanwhile) and queues their weighted sum
-  // [n_tokens, d_model] to the device on `compute` (after a wait for the worker, or computed
-  // here first); returns it, or null when the CPU had none.
+  // left to the CPU, has them computed (the GPU works meanwhile), resumes the compute segments
+  // and queues their weighted sum [n_tokens, d_model] to the device on `compute` (after a wait
+  // for the worker, or computed here first); returns it, or null when the CPU had none.
   Expected<const float*> ComputeCpuShare(int64_t layer, cudaStream_t compute);
   // Experts of `layer` the CPU computed in this step's hybrid split (0 otherwise).
   int64_t StepCpuExperts(int64_t layer) const {
@@ -102,7 +147,8 @@ class ExpertOffload {
   bool splitting() const { return split_step_; }
 
   // For a kCpuExecutor layer: x [n_tokens, d_model] (device) to the host, the CPU backend's
-  // Moe, out (device) from the host, ordered on `compute`. router_logits: as ComputeBackend::Moe.
+  // Moe, out (device) from the host, ordered on `compute` (a segment ends before the host waits
+  // for x and the next begins before out). router_logits: as ComputeBackend::Moe.
   Status RunOnCpu(const TensorView& router, const RouterOptions& opts, int64_t layer,
                   const float* x, int64_t n_tokens, float* out, float* router_logits,
                   cudaStream_t compute);
@@ -131,11 +177,23 @@ class ExpertOffload {
                     cuda::ExpertPointers* device_table, cudaStream_t compute);
   // Reads the routing's n_active and active ids (and, to split, the whole routing and x) into
   // the pinned buffers; waits for them.
+  // Ends the compute segment first.
   Status ReadRouting(int64_t layer, const cuda::DeviceRouting& r, const float* x, bool whole,
                      cudaStream_t compute);
+  // The routing (with `whole`: and its weights and x) to the pinned host buffers, on compute.
+  Status QueueRoutingRead(int64_t layer, const cuda::DeviceRouting& r, const float* x, bool whole,
+                          int64_t n_ints, cudaStream_t compute);
+  bool replaying() const { return segments_ != nullptr && segments_->replaying(); }
+  void PauseSegment() {
+    if (segments_ != nullptr) segments_->Pause();
+  }
+  void ResumeSegment(int variant) {
+    if (segments_ != nullptr) segments_->Resume(variant);
+  }
   // Queues the copy of (layer, expert) into slot `slot` on the copy stream.
   Status CopyExpert(int64_t layer, int32_t expert, uint8_t* slot);
-  // Host buffers for a layer's input and output of n_tokens tokens (synchronizes to regrow).
+  // Host buffers for a layer's input and output of n_tokens tokens, and with the split the
+  // device buffer for the CPU's output (synchronizes to regrow).
   Status ReserveHostRows(int64_t layer, int64_t n_tokens, cudaStream_t compute);
   cuda::ExpertPointers SlotPointers(uint8_t* slot) const {
     return cuda::ExpertPointers{slot, slot + gate_bytes_, slot + gate_bytes_ + up_bytes_};
@@ -143,8 +201,14 @@ class ExpertOffload {
   // Queues layer's whole bank into stream buffer b on the copy stream, once `compute` has run
   // everything queued on it so far (the buffer's last reader among it).
   Status StreamBank(int64_t layer, int b, cudaStream_t compute);
-  // The next kGpuCache layer after `layer` (-1: none).
-  int64_t NextCachedLayer(int64_t layer) const;
+  // A staged layer's bank into `dst` through the ring (returns once it is staged); its time.
+  Status StageBank(int64_t layer, uint8_t* dst);
+  bool Staged(int64_t layer) const { return stage_step_ && stageable(layer); }
+  // The next layer after `layer` whose bank this streaming step copies (-1: none).
+  int64_t NextStreamedLayer(int64_t layer) const;
+  // Marks the kCpuExecutor layers the GPU can compute (stageable_), from the cached layers'
+  // expert size, or sets that size from the first of them when no layer is cached.
+  void FindStageableLayers(const ExpertSource& experts);
   // Records the start (before the first copy) or the end of a layer's copies for the stats.
   // (n_experts: how many the layer's timed copies hold, given at the end.)
   Status TimeCopies(int64_t layer, bool start, int64_t n_experts = 0);
@@ -177,6 +241,15 @@ class ExpertOffload {
   cudaEvent_t stream_ready_ = nullptr;  // on compute: the buffer's earlier readers are done
   cuda::DeviceBuffer<uint8_t> cache_;
   std::unique_ptr<ExpertSlots> slots_;
+  bool allocated_ = false;  // AllocateCache ran
+
+  // Locked layers' long prefill steps staged to the GPU.
+  std::vector<bool> stageable_;  // per layer id
+  bool has_stageable_ = false;
+  std::unique_ptr<LockedPrefill> locked_prefill_;
+  std::unique_ptr<cuda::StagingRing> ring_;
+  std::vector<cuda::StagingRing::Range> stage_ranges_;
+  bool stage_step_ = false;  // this step stages them
   std::vector<ExpertSlots::Placement> placed_;
   cuda::PinnedBuffer<cuda::ExpertPointers> table_host_;  // [n_layers * n_experts] staged
 
@@ -184,6 +257,8 @@ class ExpertOffload {
   cuda::PinnedBuffer<float> x_host_, out_host_;  // a layer's input and its CPU experts' output
   ExpertStats* stats_ = nullptr;
   PhaseTimes* times_ = nullptr;
+  ComputeSegments* segments_ = nullptr;
+  int64_t buffer_generation_ = 0;
 
   // Hybrid: the split's model, whether this step splits, and the current layer's split.
   bool split_ = false;

@@ -27,7 +27,7 @@ Expected<StepGraphs::Mode> StepGraphs::Begin(const Key& key, cudaStream_t stream
   Entry& e = it->second;
   if (e.exec != nullptr) {
     MT_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(e.exec, stream), "replaying the decode step's graph");
-    ++replayed_;
+    if (key.segment == 0) ++replayed_;
     return Mode::kReplay;
   }
   if (++e.seen < 2) return Mode::kEager;

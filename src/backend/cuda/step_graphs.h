@@ -1,4 +1,4 @@
-// StepGraphs: decode steps recorded once as CUDA graphs and replayed (--moe-backend gpu).
+// StepGraphs: decode steps recorded once as CUDA graphs and replayed.
 //
 // A decode step with every expert in VRAM is a fixed sequence of ~20 launches per layer whose
 // arguments depend only on the step's shape: its token count, the block tables' stride, the
@@ -6,10 +6,16 @@
 // copied to fixed device buffers before the step). Launched one by one, the host's launch cost
 // (a few µs each) bounds a step of small kernels; a graph launches them all in one call.
 //
-// Per shape (Key): the first step runs eagerly (it sizes every buffer and sets every kernel
+// A step whose experts are offloaded waits for the host once per offloaded layer (the routing
+// must reach it before the copies or the CPU's share): its launches between two such waits form
+// a segment, recorded and replayed like a whole step, and the host's work between segments runs
+// as before. Segments are keyed by their index in the step and a variant (what besides the shape
+// decides their launches).
+//
+// Per key: the first occurrence runs eagerly (it sizes every buffer and sets every kernel
 // attribute), the second is captured while it is recorded and launched at its end, later ones
 // are replayed. The graphs refer to the backend's buffers by address: when one moves, the
-// backend calls Invalidate and each shape is recorded again at its next step.
+// backend calls Invalidate and each key is recorded again at its next occurrence.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -33,10 +39,13 @@ class StepGraphs {
     int64_t kv_blocks = 0;
     int64_t kv_block_size = 0;
     int kv_dtype = 0;
+    int32_t segment = 0;  // the step's segment (0: from the step's start)
+    int32_t variant = 0;
     bool operator<(const Key& o) const {
-      return std::tie(n_tokens, max_blocks, max_position, kv, kv_blocks, kv_block_size, kv_dtype) <
-             std::tie(o.n_tokens, o.max_blocks, o.max_position, o.kv, o.kv_blocks, o.kv_block_size,
-                      o.kv_dtype);
+      return std::tie(n_tokens, max_blocks, max_position, kv, kv_blocks, kv_block_size, kv_dtype,
+                      segment, variant) < std::tie(o.n_tokens, o.max_blocks, o.max_position, o.kv,
+                                                   o.kv_blocks, o.kv_block_size, o.kv_dtype,
+                                                   o.segment, o.variant);
     }
   };
   enum class Mode {
@@ -44,8 +53,9 @@ class StepGraphs {
     kCapture,  // launch as usual into the capture; FinishCapture instantiates and runs it
     kReplay    // the step's graph is running: launch nothing
   };
-  // More shapes than this run eagerly (a graph holds a little device memory).
-  static constexpr size_t kMaxGraphs = 64;
+  // More keys than this run eagerly (a graph holds a little device memory; an offloaded step
+  // of n layers has n + 1 segments).
+  static constexpr size_t kMaxGraphs = 1024;
 
   StepGraphs() = default;
   ~StepGraphs();
@@ -61,6 +71,7 @@ class StepGraphs {
   // Every graph refers to a buffer that moved or was freed.
   void Invalidate();
 
+  // Steps whose first segment was replayed.
   int64_t replayed_steps() const { return replayed_; }
   int64_t recorded_graphs() const { return recorded_; }
 
