@@ -24,7 +24,8 @@
 #   prefill of 4,096 tokens with every expert locked (--moe-backend cpu) on the CPU executor,
 #   staged to the GPU, and as measured (bf16 with --weight-packing none: bf16c is CPU-only);
 #   KVTIER=1 times a 4,000-token prefix's second request after a filler evicted it from VRAM,
-#   with and without the host KV tier (bench/engine/prefix_ttft.sh), gpu and hybrid;
+#   with and without the host KV tier (bench/engine/prefix_ttft.sh), gpu and hybrid
+#   (KVTIER_DTYPES: which dtypes, default DTYPES);
 #   LLAMA_P4096=0 skips llama.cpp's 4096-token prefill runs; DEADLINE=S (default 540) skips what would start after S seconds.
 set -u
 cd "$(dirname "$0")/.."
@@ -170,7 +171,7 @@ if [ "${SYNTH:-0}" = 1 ]; then
           bench offload-100 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_100[$dt]}" --prompt-tokens 32 --gen-tokens 64
           bench offload-par16 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \
             --parallel 16 --prompt-tokens 128 --gen-tokens 32 ;;
-        cpu | cpu-only | offload-decode | hybrid) ;;  # after llama.cpp's build (below)
+        cpu | cpu-only | offload-decode | hybrid | hybrid-ab) ;;  # after llama.cpp's build (below)
       esac
     done
   done
@@ -215,7 +216,7 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
     done
   fi
   if [ "${KVTIER:-0}" = 1 ]; then  # TTFT of an evicted prefix: from the host tier, or recomputed
-    for dt in $DTYPES; do
+    for dt in ${KVTIER_DTYPES:-$DTYPES}; do
       for be in gpu hybrid; do
         flags=(--moe-backend "$be" --ctx-size 4608)
         [ "$be" = hybrid ] && flags+=(--moe-cpu-layers 0 --moe-cache-gb "${CACHE_MIN[$dt]}")
@@ -294,6 +295,22 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
           bench hybrid-halfpin "$dt" "${HYBRID[@]}" --pin-budget-gb "${CACHE_50[$dt]}" \
             --prompt-tokens 32 --gen-tokens 64
           grep -h "hybrid:" "$LOGS/bench-$dt-hybrid-halfpin.log" >> "$S" ;;
+        hybrid-ab)  # recorded segments against launches at the same fixed split, 1 and 16
+                    # sequences; then the measured split again, and the rates it keeps
+          HYBRID=(--moe-backend hybrid --moe-collect-stats --moe-cache-gb "${CACHE_MIN[$dt]}"
+            --moe-cpu-layers 0)
+          pct=40; [ "$dt" = q4_0 ] && pct=70
+          for g in 1 0; do
+            MOETIER_FETCH_PERCENT=$pct MOETIER_CUDA_GRAPHS=$g bench "hybrid-q$pct-graphs$g" "$dt" \
+              "${HYBRID[@]}" --prompt-tokens 32 --gen-tokens 64
+            MOETIER_FETCH_PERCENT=35 MOETIER_CUDA_GRAPHS=$g bench "hybrid-par16-q35-graphs$g" \
+              "$dt" "${HYBRID[@]}" --parallel 16 --prompt-tokens 128 --gen-tokens 32
+          done
+          for g in 1 0 1; do
+            MOETIER_CUDA_GRAPHS=$g bench "hybrid-graphs$g" "$dt" "${HYBRID[@]}" --prompt-tokens 32 \
+              --gen-tokens 64
+            tr -d '\n ' < "$MOETIER_CACHE_DIR/hybrid-split.json" | head -c 600 >> "$S"; echo >> "$S"
+          done ;;
       esac
     done
   done
