@@ -20,9 +20,10 @@
 #   PROFILE="bf16 q4_0" times every kernel of a gpu decode run per dtype (bench/gpu/kernel_profile.cpp;
 #   the top rows in the summary);
 #   RECALL=1 measures the prefetch predictor's recall on the synthetic bf16 model
-#   (bench/engine/prefetch_recall); STAGING=1 runs bench/gpu/staging_bench; STAGED=1 times
+#   (bench/engine/prefetch_recall); STAGING=1 runs bench/gpu/staging_bench; BACKENDS=staged:
 #   prefill of 4,096 tokens with every expert locked (--moe-backend cpu) on the CPU executor,
 #   staged to the GPU, and as measured (bf16 with --weight-packing none: bf16c is CPU-only);
+#   BACKENDS=hybrid-ab: hybrid decode with and without recorded graph segments at a fixed split;
 #   KVTIER=1 times a 4,000-token prefix's second request after a filler evicted it from VRAM,
 #   with and without the host KV tier (bench/engine/prefix_ttft.sh), gpu and hybrid
 #   (KVTIER_DTYPES: which dtypes, default DTYPES);
@@ -171,7 +172,7 @@ if [ "${SYNTH:-0}" = 1 ]; then
           bench offload-100 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_100[$dt]}" --prompt-tokens 32 --gen-tokens 64
           bench offload-par16 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \
             --parallel 16 --prompt-tokens 128 --gen-tokens 32 ;;
-        cpu | cpu-only | offload-decode | hybrid | hybrid-ab) ;;  # after llama.cpp's build (below)
+        cpu | cpu-only | offload-decode | hybrid | hybrid-ab | staged) ;;  # after llama.cpp's build
       esac
     done
   done
@@ -204,16 +205,6 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
   if [ "${STAGING:-0}" = 1 ]; then
     run_timed 120 "$B/staging_bench" > "$LOGS/staging.json" 2> "$LOGS/staging.log"
     say "staging_bench: exit $?: $(cat "$LOGS/staging.json")"
-  fi
-  if [ "${STAGED:-0}" = 1 ]; then  # locked layers' prefill: CPU executor, staged, measured
-    for dt in $DTYPES; do
-      pack=(); [ "$dt" = bf16 ] && pack=(--weight-packing none)
-      STAGED_RUN=(--moe-backend cpu "${pack[@]}" --moe-collect-stats --prompt-tokens 4096
-        --max-batch-tokens 4096 --gen-tokens 4 --repeats 3)
-      MOETIER_STAGE_LOCKED=0 bench staged-cpu "$dt" "${STAGED_RUN[@]}"
-      MOETIER_STAGE_LOCKED=1 bench staged-ring "$dt" "${STAGED_RUN[@]}"
-      bench staged-auto "$dt" "${STAGED_RUN[@]}"
-    done
   fi
   if [ "${KVTIER:-0}" = 1 ]; then  # TTFT of an evicted prefix: from the host tier, or recomputed
     for dt in ${KVTIER_DTYPES:-$DTYPES}; do
@@ -295,6 +286,13 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
           bench hybrid-halfpin "$dt" "${HYBRID[@]}" --pin-budget-gb "${CACHE_50[$dt]}" \
             --prompt-tokens 32 --gen-tokens 64
           grep -h "hybrid:" "$LOGS/bench-$dt-hybrid-halfpin.log" >> "$S" ;;
+        staged)  # prefill of 4,096 tokens with every expert locked: CPU executor, staged, measured
+          pack=(); [ "$dt" = bf16 ] && pack=(--weight-packing none)
+          STAGED_RUN=(--moe-backend cpu "${pack[@]}" --moe-collect-stats --prompt-tokens 4096
+            --max-batch-tokens 4096 --gen-tokens 4 --repeats 3)
+          MOETIER_STAGE_LOCKED=0 bench staged-cpu "$dt" "${STAGED_RUN[@]}"
+          MOETIER_STAGE_LOCKED=1 bench staged-ring "$dt" "${STAGED_RUN[@]}"
+          bench staged-auto "$dt" "${STAGED_RUN[@]}" ;;
         hybrid-ab)  # recorded segments against launches at the same fixed split, 1 and 16
                     # sequences; then the measured split again, and the rates it keeps
           HYBRID=(--moe-backend hybrid --moe-collect-stats --moe-cache-gb "${CACHE_MIN[$dt]}"
