@@ -8,8 +8,8 @@
 //
 // A step whose experts are offloaded waits for the host once per offloaded layer (the routing
 // must reach it before the copies or the CPU's share): its launches between two such waits form
-// a segment, recorded and replayed like a whole step, and the host's work between segments runs
-// as before. Segments are keyed by their index in the step and a variant (what besides the shape
+// a segment, recorded and replayed like a whole step; the host's work runs between segments.
+// Segments are keyed by their index in the step and a variant (what besides the shape
 // decides their launches).
 //
 // Per key: the first occurrence runs eagerly (it sizes every buffer and sets every kernel
