@@ -111,7 +111,8 @@ struct ComputeOptions {
   // kGpu with locked or pageable layers: their banks staged to the GPU for long prefill steps
   // (1), never (0), or when measured cheaper than the CPU executor (-1; experts/locked_prefill.h).
   int stage_locked = -1;
-  // When set, MakeBackend passes the backend it made through it (empty: the backend as made).
+  // When set, MakeBackend hands the backend it made to it and returns its result (empty: the
+  // backend as made).
   BackendWrapper wrap = {};
 };
 

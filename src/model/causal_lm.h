@@ -129,7 +129,7 @@ struct LoadOptions {
   // With a GPU, a long prefill step's locked layers: staged to the GPU (1), computed by the CPU
   // executor (0), or the cheaper as measured (-1: MOETIER_STAGE_LOCKED, else measured).
   int stage_locked = -1;
-  // When set, the compute backend is passed through it and the model calls what it returns
+  // When set, the compute backend is handed to it and the model calls what it returns
   // (ComputeOptions::wrap): a decorator that observes the model's operations, e.g. the
   // prefetch_recall benchmark's PrefetchProbe.
   BackendWrapper wrap_backend = {};

@@ -67,6 +67,16 @@ Status LayerStatus(cudaError_t err, const char* action, int64_t layer, const cha
   return cuda::CudaStatus(err, std::string(action) + " layer " + std::to_string(layer) + object);
 }
 
+// Whether an expert's gate, up and down lie back to back, as banks lay them out: one copy each.
+bool OneRange(const ExpertWeights& w) {
+  const auto* gate = static_cast<const uint8_t*>(w.gate.data);
+  return w.up.data == gate + w.gate.n_bytes && w.down.data == gate + w.gate.n_bytes + w.up.n_bytes;
+}
+
+uint64_t BytesOf(const ExpertWeights& w) {
+  return w.gate.n_bytes + w.up.n_bytes + w.down.n_bytes;
+}
+
 }  // namespace
 
 ExpertOffload::ExpertOffload(const ExpertSource& experts, const ModelDims& dims)
@@ -110,11 +120,9 @@ Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOpti
       if (!GpuReadsExperts(w.gate.dtype))
         return Status::Error(where + " are " + std::string(DTypeName(w.gate.dtype)) +
                              ": the GPU reads bf16, q8_0 or q4_0 experts");
-      // One copy per expert: gate, up and down back to back, as banks lay them out.
-      const auto* gate = static_cast<const uint8_t*>(w.gate.data);
-      if (w.up.data != gate + w.gate.n_bytes || w.down.data != gate + w.gate.n_bytes + w.up.n_bytes)
+      if (!OneRange(w))
         return Status::Error(where + " are not stored as one range per expert (a bank)");
-      const uint64_t bytes = w.gate.n_bytes + w.up.n_bytes + w.down.n_bytes;
+      const uint64_t bytes = BytesOf(w);
       if (o->expert_bytes_ != 0 && bytes != o->expert_bytes_)
         return Status::Error(where + " differ in size from the other cached layers'");
       o->expert_bytes_ = bytes;
@@ -187,14 +195,11 @@ void ExpertOffload::FindStageableLayers(const ExpertSource& experts) {
     const ExpertWeights& w0 = experts.Expert(layer, 0);
     if (!GpuReadsExperts(w0.gate.dtype) || (has_cached_layers() && w0.gate.dtype != dtype))
       continue;
-    const uint64_t size = w0.gate.n_bytes + w0.up.n_bytes + w0.down.n_bytes;
+    const uint64_t size = BytesOf(w0);
     bool ok = expert_bytes_ == 0 || size == expert_bytes_;
     for (int64_t e = 0; ok && e < dims_.n_experts; ++e) {
       const ExpertWeights& w = experts.Expert(layer, e);
-      const auto* gate = static_cast<const uint8_t*>(w.gate.data);
-      ok = w.gate.dtype == w0.gate.dtype && w.up.data == gate + w.gate.n_bytes &&
-           w.down.data == gate + w.gate.n_bytes + w.up.n_bytes &&
-           w.gate.n_bytes + w.up.n_bytes + w.down.n_bytes == size;
+      ok = w.gate.dtype == w0.gate.dtype && OneRange(w) && BytesOf(w) == size;
     }
     if (!ok) continue;
     if (expert_bytes_ == 0) {
