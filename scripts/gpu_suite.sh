@@ -27,7 +27,7 @@
 #   KVTIER=1 times a 4,000-token prefix's second request after a filler evicted it from VRAM,
 #   with and without the host KV tier (bench/engine/prefix_ttft.sh), gpu and hybrid
 #   (KVTIER_DTYPES: which dtypes, default DTYPES);
-#   LLAMA_P4096=0 skips llama.cpp's 4096-token prefill runs; DEADLINE=S (default 540) skips what would start after S seconds.
+#   LLAMA_P4096=0 skips llama.cpp's 4096-token prefill runs; LLAMA_NCMOE=0 all its -ncmoe runs; DEADLINE=S (default 540) skips what would start after S seconds.
 set -u
 cd "$(dirname "$0")/.."
 START=$SECONDS
@@ -81,7 +81,7 @@ if [ "${SYNTH:-0}" = 1 ] && [ "${LLAMA:-0}" = 1 ]; then
   fi
 fi
 GPU_TESTS=${GPU_TESTS:-cuda_attention_tests cuda_dense_tests cuda_expert_ffn_tests cuda_elementwise_tests
-  cuda_router_tests cuda_staging_ring_tests model_tests engine_tests experts_tests backend_tests
+  cuda_staging_ring_tests model_tests engine_tests experts_tests backend_tests
   decode_alloc_tests cli_tests}
 [ "${TESTS:-1}" = 1 ] && for name in $GPU_TESTS; do
   t=$B/tests/$name
@@ -154,9 +154,12 @@ if [ "${SYNTH:-0}" = 1 ]; then
     for be in ${BACKENDS:-gpu offload cpu cpu-only}; do
       case $be in
         gpu)  # everything in VRAM: decode, and prefill of 512 tokens; decode steps launched
-              # one kernel at a time (no CUDA graphs); 4 and 16 sequences
+              # one kernel at a time (no CUDA graphs); without programmatic dependent launch;
+              # 4 and 16 sequences
           bench gpu "$dt" --moe-backend gpu --prompt-tokens 512 --gen-tokens 128
           MOETIER_CUDA_GRAPHS=0 bench gpu-eager "$dt" --moe-backend gpu --prompt-tokens 512 \
+            --gen-tokens 128
+          MOETIER_CUDA_PDL=0 bench gpu-nopdl "$dt" --moe-backend gpu --prompt-tokens 512 \
             --gen-tokens 128
           for n in 4 16; do
             bench "gpu-par$n" "$dt" --moe-backend gpu --parallel "$n" --prompt-tokens 128 \
@@ -243,6 +246,7 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
     for dt in $DTYPES; do
       g=q3moe-8L; [ "$dt" = q4_0 ] && g=q3moe-8L-q4_0
       lb -p 512 -n 128                                   # everything on the GPU
+      [ "${LLAMA_NCMOE:-1}" = 1 ] || continue
       lb -ncmoe 8 -mmp 1 -p 0 -n 128                     # experts on the CPU, mmap'd
       lb -ncmoe 8 -mmp 0 -p 0 -n 128                     # ... in a pinned buffer
       if [ "${LLAMA_P4096:-1}" = 1 ]; then

@@ -7,7 +7,7 @@
 
 namespace moetier {
 
-const std::array<TuningKnobSpec, 15> kTuningKnobSpecs = {{
+const std::array<TuningKnobSpec, 16> kTuningKnobSpecs = {{
     {"MOETIER_AMX_MIN_TOKENS", &TuningKnobs::amx_min_tokens, 1, 1 << 20,
      "smallest batch of tokens whose q8_0/bf16 matmuls use AMX tiles"},
     {"MOETIER_BF16C_EXPAND_MIN_TOKENS", &TuningKnobs::bf16c_expand_min_tokens, 1, 1 << 20,
@@ -37,6 +37,9 @@ const std::array<TuningKnobSpec, 15> kTuningKnobSpecs = {{
      "thread"},
     {"MOETIER_CUDA_GRAPHS", &TuningKnobs::cuda_graphs, 0, 1,
      "gpu: 1 (default) replays decode steps from recorded CUDA graphs; 0 launches each kernel"},
+    {"MOETIER_CUDA_PDL", &TuningKnobs::cuda_pdl, 0, 1,
+     "GPU: 1 (default) lets each kernel be scheduled while the one before it finishes "
+     "(programmatic dependent launch); 0 waits for it to drain"},
     {"MOETIER_STAGE_LOCKED", &TuningKnobs::stage_locked, 0, 1,
      "with a GPU: 1 stages locked layers' banks to the GPU for every long prefill step, 0 "
      "never (the CPU executor computes them); unset: the cheaper as measured"},

@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/router.h"
 
 namespace moetier {
@@ -98,6 +99,7 @@ Expected<std::unique_ptr<ComputeBackend>> CudaBackend::Create(const ComputeOptio
   MT_ASSIGN_OR_RETURN(b->offload_, ExpertOffload::Create(options, experts, dims));
   b->offload_->SetSegments(b.get());
   b->graphs_wanted_ = options.cuda_graphs;
+  cuda::SetProgrammaticLaunch(options.cuda_pdl);
   MT_ASSIGN_OR_RETURN(b->scans_dev_, cuda::DeviceBuffer<unsigned long long>::Create(
                                          kNonFiniteSlots, "the non-finite scans"));
   MT_RETURN_IF_ERROR(b->scans_host_.Reserve(kNonFiniteSlots, "the non-finite scans"));
@@ -481,9 +483,8 @@ void CudaBackend::Moe(const TensorView& router, const RouterOptions& opts, int64
             "copying the router logits");
       Check(cudaStreamSynchronize(stream_), "waiting for the router logits");
     }
-    cuda::LaunchTopK(router_logits_.data(), n_tokens, E, opts.top_k, opts.normalize_top_k,
-                     topk_ids_.data(), topk_weights_.data(), stream_);
-    cuda::LaunchGroupByExpert(topk_ids_.data(), topk_weights_.data(), routing_, stream_);
+    cuda::LaunchRoute(router_logits_.data(), opts.normalize_top_k, topk_ids_.data(),
+                      topk_weights_.data(), routing_, stream_);
   }
   RunExpertsOnGpu(layer, x, out);
   if (call >= 0 && !Replaying())

@@ -11,6 +11,7 @@
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/attention_decode.cuh"
 #include "kernels/cuda/attention_prefill.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace moetier::cuda {
 
@@ -56,6 +57,7 @@ __device__ __forceinline__ void StoreElem(uint8_t* row, DType dtype, int i, floa
 // position * inv_freq and its cosine and sine in double, then rounded to float.
 template <int D>
 __global__ void __launch_bounds__(kPrologueWarps* kWarp) PrologueKernel(PrologueParams p) {
+  PdlWait();
   constexpr int kHalf = D / 2;
   constexpr int kPairs = (kHalf + kWarp - 1) / kWarp;
   const int rows = p.n_heads + 2 * p.n_kv_heads;
@@ -212,7 +214,7 @@ template <int D>
 void LaunchPrologueD(const PrologueParams& p, cudaStream_t stream) {
   const int64_t items = p.n_tokens * (p.n_heads + 2 * p.n_kv_heads);
   const int64_t blocks = (items + kPrologueWarps - 1) / kPrologueWarps;
-  PrologueKernel<D><<<static_cast<unsigned>(blocks), kPrologueWarps * kWarp, 0, stream>>>(p);
+  Launch(PrologueKernel<D>, static_cast<unsigned>(blocks), kPrologueWarps * kWarp, 0, stream, p);
 }
 
 template <int D, typename Kv>
@@ -221,13 +223,13 @@ void LaunchDecodeD(const DecodeParams& p, int64_t n_tokens, int64_t n_kv_heads,
   const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(n_kv_heads * p.slices),
                   static_cast<unsigned>(n_tokens));
   if (p.group <= 4) {
-    DecodeKernel<D, Kv, 4><<<grid, kDecodeThreads, 0, stream>>>(p);
+    Launch(DecodeKernel<D, Kv, 4>, grid, kDecodeThreads, 0, stream, p);
   } else {
-    DecodeKernel<D, Kv, kDecodeHeads><<<grid, kDecodeThreads, 0, stream>>>(p);
+    Launch(DecodeKernel<D, Kv, kDecodeHeads>, grid, kDecodeThreads, 0, stream, p);
   }
   if (p.splits > 1) {
     const dim3 combine(static_cast<unsigned>(p.n_heads), static_cast<unsigned>(n_tokens));
-    DecodeCombineKernel<<<combine, D, 0, stream>>>(p, D);
+    Launch(DecodeCombineKernel, combine, D, 0, stream, p, D);
   }
 }
 
@@ -241,7 +243,7 @@ void LaunchPrefillD(const PrefillParams& p, int64_t n_kv_heads, cudaStream_t str
                          static_cast<int>(kSmem));
   const int64_t tiles = (p.n_tokens + p.tokens_per_tile - 1) / p.tokens_per_tile;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(n_kv_heads * p.slices));
-  PrefillKernel<D, Kv><<<grid, kPrefillThreads, kSmem, stream>>>(p);
+  Launch(PrefillKernel<D, Kv>, grid, kPrefillThreads, kSmem, stream, p);
 }
 
 [[noreturn]] void Unsupported(const char* what, int64_t value) {

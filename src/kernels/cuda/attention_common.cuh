@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace moetier::cuda::attention {
 

@@ -187,6 +187,7 @@ __device__ __forceinline__ void TeamStep(const DecodeParams& p, const uint8_t* s
 // kG (4 or 8, >= the block's heads) sizes the registers: a group of 4 computes no idle heads.
 template <int D, typename Kv, int kG>
 __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(DecodeParams p) {
+  PdlWait();
   using S = DecodeShape<D, Kv>;
   constexpr int kE = S::kElems;
   const int split = blockIdx.x;
@@ -300,6 +301,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(DecodeParams p) {
 
 // grid (n_heads, T), D threads: merges the splits of token t's head h that had positions.
 __global__ void DecodeCombineKernel(DecodeParams p, int d_head) {
+  PdlWait();
   const int h = blockIdx.x;
   const int t = blockIdx.y;
   const int d = threadIdx.x;

@@ -128,6 +128,7 @@ __device__ __forceinline__ void PickPass(PrefillTokens& tk, int n_tok) {
 // PrefillShape<D>::kSmemBytes of dynamic shared memory.
 template <int D, typename Kv>
 __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(PrefillParams p) {
+  PdlWait();
   using S = PrefillShape<D>;
   extern __shared__ float4 smem4[];
   float* qs = reinterpret_cast<float*>(smem4);  // [kPrefillRows, kLd]

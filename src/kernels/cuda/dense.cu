@@ -11,7 +11,10 @@
 //     kernels do (kernels/cpu/matmul_scalar.cpp); the warp copies 64 blocks of its row at a time
 //     into shared memory with the widest loads the row's alignment allows (blocks are only 2-byte
 //     aligned), then each lane takes whole blocks: integer dots with __dp4a, and
-//     (float)dot * d_w * dx summed in fp32.
+//     (float)dot * d_w * dx summed in fp32. Up to kMaxFusedTokens tokens, one launch does it all
+//     for up to four matrices of the same x (q, k, v): each block of one resident wave quantizes
+//     x into its shared memory, then its warps take the matrices' rows in turn; more tokens
+//     quantize x into scratch first.
 // At one token the float kernels are a pure weight stream (every byte read once with coalesced
 // 16-byte loads), which should reach ~90 % of the H200's 4.8 TB/s on matrices of hundreds of MB
 // (lm_head) and is launch- and tail-bound on ones of ~16 MB. The quantized kernels spend more
@@ -33,6 +36,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dense.h"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace moetier::cuda {
 namespace {
@@ -62,6 +66,42 @@ __device__ __forceinline__ uint16_t LoadU16(const uint8_t* p) {  // p 2-byte ali
 }
 
 // ---- float formats -----------------------------------------------------------------------
+
+// Up to kMaxListed matrices of one dtype and width that multiply the same x (q, k and v), their
+// rows taken as one list by one launch: each matrix's rows padded to a multiple of `pad` (the
+// rows a warp takes), so that a warp's rows lie in one matrix.
+constexpr int kMaxListed = 4;
+struct MatrixList {
+  const uint8_t* w[kMaxListed];
+  float* y[kMaxListed];
+  int64_t rows[kMaxListed];
+  int n = 0;
+};
+
+__host__ __device__ __forceinline__ int64_t PaddedRows(int64_t rows, int64_t pad) {
+  return (rows + pad - 1) / pad * pad;
+}
+
+__host__ __device__ __forceinline__ int64_t ListedRows(const MatrixList& p, int64_t pad) {
+  int64_t total = 0;
+  for (int m = 0; m < p.n; ++m) total += PaddedRows(p.rows[m], pad);
+  return total;
+}
+
+// Row g of the padded list: its matrix *m and row *r there; false past the list's end.
+__device__ __forceinline__ bool Locate(const MatrixList& p, int64_t g, int64_t pad, int* m,
+                                       int64_t* r) {
+  for (int i = 0; i < p.n; ++i) {
+    const int64_t n = PaddedRows(p.rows[i], pad);
+    if (g < n) {
+      *m = i;
+      *r = g;
+      return true;
+    }
+    g -= n;
+  }
+  return false;
+}
 
 template <DType kD>
 constexpr int kElemBytes = kD == DType::kF32 ? 4 : 2;
@@ -137,18 +177,23 @@ __device__ __forceinline__ void WriteRow(float (&acc)[kTok], int n, int lane, fl
   }
 }
 
-// One warp per kRows rows; cols % 8 == 0, rows and x 16-byte aligned. y [n_tokens, rows].
-// Each activation load (from L1/L2) feeds kRows rows: with several tokens the L1 traffic of
-// the activations, not the weight stream, is what bounds a one-row warp.
+// One warp per kRows rows of the listed matrices; cols % 8 == 0, rows and x 16-byte aligned.
+// y [n_tokens, rows] each. Each activation load (from L1/L2) feeds kRows rows: with several
+// tokens the L1 traffic of the activations, not the weight stream, is what bounds a one-row warp.
 template <DType kD, int kTok, int kRows>
 __global__ void __launch_bounds__(kDecodeThreads)
-    FloatDecodeKernel(const uint8_t* w, int64_t rows, int64_t cols, const float* x,
-                      int64_t n_tokens, float* y) {
+    FloatDecodeKernel(MatrixList list, int64_t cols, const float* x, int64_t n_tokens) {
+  PdlWait();
   constexpr int kUnroll = kFloatUnroll / kRows > 0 ? kFloatUnroll / kRows : 1;
   const int lane = threadIdx.x % kWarp;
-  const int64_t r0 =
-      (static_cast<int64_t>(blockIdx.x) * kDecodeWarps + threadIdx.x / kWarp) * kRows;
-  if (r0 >= rows) return;  // whole warps leave; no block barrier below
+  int m = 0;
+  int64_t r0 = 0;
+  if (!Locate(list, (static_cast<int64_t>(blockIdx.x) * kDecodeWarps + threadIdx.x / kWarp) * kRows,
+              kRows, &m, &r0))
+    return;  // whole warps leave; no block barrier below
+  const uint8_t* w = list.w[m];
+  const int64_t rows = list.rows[m];
+  float* y = list.y[m];
   const uint8_t* row[kRows];
 #pragma unroll
   for (int i = 0; i < kRows; ++i)  // rows past the end re-read the last one, unwritten
@@ -213,6 +258,7 @@ template <DType kD, int kTok>
 __global__ void __launch_bounds__(kDecodeThreads)
     FloatScalarKernel(const uint8_t* w, int64_t rows, int64_t cols, const float* x,
                       int64_t n_tokens, float* y) {
+  PdlWait();
   const int lane = threadIdx.x % kWarp;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + threadIdx.x / kWarp;
   if (r >= rows) return;
@@ -239,17 +285,22 @@ __global__ void __launch_bounds__(kDecodeThreads)
 // 32-block, bit for bit the CPU's quantizer: amax = max|x|, dx = amax / 127,
 // q = round-half-even(clamp(x * (127 / amax), -127, 127)) (IEEE division and one multiply, as
 // there; no FMA can form).
-__global__ void QuantizeActivationsKernel(const float* x, int64_t n_blocks_total, int8_t* xq,
-                                          float* dx) {
-  const int lane = threadIdx.x % kWarp;
-  const int64_t b = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
-  if (b >= n_blocks_total) return;
+__device__ __forceinline__ void QuantizeBlock(const float* x, int64_t b, int lane, int8_t* xq,
+                                              float* dx) {
   const float v = x[b * kWarp + lane];
   const float amax = WarpMax(fabsf(v));
   const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
   const float q = fminf(127.0f, fmaxf(-127.0f, v * id));
   xq[b * kWarp + lane] = static_cast<int8_t>(__float2int_rn(q));
   if (lane == 0) dx[b] = amax / 127.0f;
+}
+
+__global__ void QuantizeActivationsKernel(const float* x, int64_t n_blocks_total, int8_t* xq,
+                                          float* dx) {
+  PdlWait();
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  if (b >= n_blocks_total) return;
+  QuantizeBlock(x, b, threadIdx.x % kWarp, xq, dx);
 }
 
 template <DType kD>
@@ -319,61 +370,109 @@ __device__ __forceinline__ void UnpackCodes(const uint8_t* blk, int (&wq)[8]) {
   }
 }
 
+// The warp's dots of one row (n_blocks blocks) with nt <= kTok tokens' quantized activations:
+// xq [nt, n_blocks * 32] int8 (rows 16-byte aligned), dx [nt, n_blocks], in global or shared
+// memory; the row is staged through the warp's `my` kChunkBlocks blocks at a time.
+template <DType kD, int kTok>
+__device__ __forceinline__ void QuantRowDots(const uint8_t* row, int64_t n_blocks, const int8_t* xq,
+                                             const float* dx, int nt, uint8_t* my, int lane,
+                                             float (&acc)[kTok]) {
+  constexpr int kBB = kQBlockBytes<kD>;
+  const int64_t cols = n_blocks * 32;
+#pragma unroll
+  for (int t = 0; t < kTok; ++t) acc[t] = 0.0f;
+  for (int64_t b0 = 0; b0 < n_blocks; b0 += kChunkBlocks) {
+    const int nb = static_cast<int>(n_blocks - b0 < kChunkBlocks ? n_blocks - b0 : kChunkBlocks);
+    __syncwarp();  // the previous chunk's reads of `my` are done
+    StageChunk<kD>(row + b0 * kBB, nb * kBB, my, lane);
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < kQuantBlocksPerLane; ++k) {
+      const int bl = lane + k * kWarp;
+      if (bl >= nb) break;
+      const uint8_t* blk = my + bl * kBB;
+      const float d = F16BitsToFloat(LoadU16(blk));
+      int wq[8];
+      UnpackCodes<kD>(blk, wq);
+      const int64_t b = b0 + bl;
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) {
+        if (t < nt) {
+          const auto* xp = reinterpret_cast<const int4*>(xq + t * cols + b * 32);
+          const int4 lo = xp[0];
+          const int4 hi = xp[1];
+          int dot = __dp4a(wq[0], lo.x, 0);
+          dot = __dp4a(wq[1], lo.y, dot);
+          dot = __dp4a(wq[2], lo.z, dot);
+          dot = __dp4a(wq[3], lo.w, dot);
+          dot = __dp4a(wq[4], hi.x, dot);
+          dot = __dp4a(wq[5], hi.y, dot);
+          dot = __dp4a(wq[6], hi.z, dot);
+          dot = __dp4a(wq[7], hi.w, dot);
+          acc[t] = fmaf(static_cast<float>(dot), d * dx[t * n_blocks + b], acc[t]);
+        }
+      }
+    }
+  }
+}
+
 // One warp per row. xq [n_tokens, n_blocks * 32] int8 (rows 32-byte aligned), dx [n_tokens,
 // n_blocks]; y [n_tokens, rows].
 template <DType kD, int kTok>
 __global__ void __launch_bounds__(kDecodeThreads)
     QuantDecodeKernel(const uint8_t* w, int64_t rows, int64_t n_blocks, const int8_t* xq,
                       const float* dx, int64_t n_tokens, float* y) {
+  PdlWait();
   __shared__ __align__(16) uint8_t stage[kDecodeWarps][kChunkBytes<kD>];
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + warp;
   if (r >= rows) return;  // whole warps leave; only __syncwarp below
-  constexpr int kBB = kQBlockBytes<kD>;
-  const uint8_t* row = w + r * n_blocks * kBB;
+  const uint8_t* row = w + r * n_blocks * kQBlockBytes<kD>;
   const int64_t cols = n_blocks * 32;
-  uint8_t* my = stage[warp];
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kTok) {
     const int nt = static_cast<int>(n_tokens - t0 < kTok ? n_tokens - t0 : kTok);
     float acc[kTok];
-#pragma unroll
-    for (int t = 0; t < kTok; ++t) acc[t] = 0.0f;
-    for (int64_t b0 = 0; b0 < n_blocks; b0 += kChunkBlocks) {
-      const int nb = static_cast<int>(n_blocks - b0 < kChunkBlocks ? n_blocks - b0 : kChunkBlocks);
-      __syncwarp();  // the previous chunk's reads of `my` are done
-      StageChunk<kD>(row + b0 * kBB, nb * kBB, my, lane);
-      __syncwarp();
-#pragma unroll
-      for (int k = 0; k < kQuantBlocksPerLane; ++k) {
-        const int bl = lane + k * kWarp;
-        if (bl >= nb) break;
-        const uint8_t* blk = my + bl * kBB;
-        const float d = F16BitsToFloat(LoadU16(blk));
-        int wq[8];
-        UnpackCodes<kD>(blk, wq);
-        const int64_t b = b0 + bl;
-#pragma unroll
-        for (int t = 0; t < kTok; ++t) {
-          if (t < nt) {
-            const int64_t tt = t0 + t;
-            const auto* xp = reinterpret_cast<const int4*>(xq + tt * cols + b * 32);
-            const int4 lo = __ldg(xp);
-            const int4 hi = __ldg(xp + 1);
-            int dot = __dp4a(wq[0], lo.x, 0);
-            dot = __dp4a(wq[1], lo.y, dot);
-            dot = __dp4a(wq[2], lo.z, dot);
-            dot = __dp4a(wq[3], lo.w, dot);
-            dot = __dp4a(wq[4], hi.x, dot);
-            dot = __dp4a(wq[5], hi.y, dot);
-            dot = __dp4a(wq[6], hi.z, dot);
-            dot = __dp4a(wq[7], hi.w, dot);
-            acc[t] = fmaf(static_cast<float>(dot), d * __ldg(dx + tt * n_blocks + b), acc[t]);
-          }
-        }
-      }
-    }
+    QuantRowDots<kD, kTok>(row, n_blocks, xq + t0 * cols, dx + t0 * n_blocks, nt, stage[warp], lane,
+                           acc);
     WriteRow<kTok>(acc, nt, lane, y + t0 * rows, rows, r);
+  }
+}
+
+// Shared memory of FusedQuantDecodeKernel: the warps' staging areas, then xq [nt, cols] and
+// dx [nt, cols / 32].
+template <DType kD>
+size_t FusedSmemBytes(int64_t nt, int64_t cols) {
+  return static_cast<size_t>(kDecodeWarps * kChunkBytes<kD> + nt * cols + nt * (cols / 32) * 4);
+}
+
+// QuantizeX and QuantDecodeKernel in one launch, for nt <= kTok tokens: each block quantizes x
+// into its shared memory (the same bits as QuantizeActivationsKernel), then its warps take rows
+// of the matrices grid-stride, one row at a time. Saves the quantizing launch, and puts the small
+// matrices of a step (k, v) in the same wave as the large ones (q).
+template <DType kD, int kTok>
+__global__ void __launch_bounds__(kDecodeThreads)
+    FusedQuantDecodeKernel(MatrixList p, int64_t n_blocks, const float* x, int nt) {
+  PdlWait();
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  const int64_t cols = n_blocks * 32;
+  uint8_t* my = smem + warp * kChunkBytes<kD>;
+  auto* xq = reinterpret_cast<int8_t*>(smem + kDecodeWarps * kChunkBytes<kD>);
+  auto* dx = reinterpret_cast<float*>(xq + nt * cols);
+  for (int64_t b = warp; b < nt * n_blocks; b += kDecodeWarps) QuantizeBlock(x, b, lane, xq, dx);
+  __syncthreads();
+  const int64_t total = ListedRows(p, 1);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kDecodeWarps;
+  for (int64_t g = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + warp; g < total; g += stride) {
+    int m = 0;
+    int64_t r = 0;
+    Locate(p, g, 1, &m, &r);
+    float acc[kTok];
+    QuantRowDots<kD, kTok>(p.w[m] + r * n_blocks * kQBlockBytes<kD>, n_blocks, xq, dx, nt, my, lane,
+                           acc);
+    WriteRow<kTok>(acc, nt, lane, p.y[m], p.rows[m], r);
   }
 }
 
@@ -387,6 +486,7 @@ int ElementGrid(int64_t n) {
 // out[i] = bf16 (or f16) of x[i], round to nearest even.
 template <bool kF16>
 __global__ void ToHalfKernel(const float* x, int64_t n, uint16_t* out) {
+  PdlWait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[i] = kF16 ? FloatToF16Bits(x[i]) : FloatToBf16Bits(x[i]);
@@ -395,6 +495,7 @@ __global__ void ToHalfKernel(const float* x, int64_t n, uint16_t* out) {
 // Rows [0, n_rows) of a Q8_0/Q4_0 matrix (starting at `w`) to bf16 [n_rows, cols].
 template <DType kD>
 __global__ void DequantToBf16Kernel(const uint8_t* w, int64_t n_rows, int64_t cols, uint16_t* out) {
+  PdlWait();
   constexpr int kBB = kQBlockBytes<kD>;
   const int64_t n = n_rows * cols;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -422,42 +523,59 @@ constexpr int kMultiRows = 4;
 constexpr int64_t kMinDecodeBlocks = 128;
 
 template <DType kD, int kTok, int kRows>
-void LaunchFloatRows(const uint8_t* data, const DeviceMatrix& w, const float* x, int64_t n_tokens,
-                     float* y, cudaStream_t stream) {
-  const auto blocks = static_cast<unsigned>(CeilDiv(w.rows, kDecodeWarps * kRows));
-  FloatDecodeKernel<kD, kTok, kRows>
-      <<<blocks, kDecodeThreads, 0, stream>>>(data, w.rows, w.cols, x, n_tokens, y);
+void LaunchFloatRows(const MatrixList& list, int64_t cols, const float* x, int64_t n_tokens,
+                     cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>(CeilDiv(ListedRows(list, kRows), kDecodeWarps * kRows));
+  Launch(FloatDecodeKernel<kD, kTok, kRows>, blocks, kDecodeThreads, 0, stream, list, cols, x,
+         n_tokens);
+}
+
+// Whether the vectorized float kernel can read w and x.
+bool FloatVectorizable(const DeviceMatrix& w, const float* x) {
+  return w.cols % 8 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0;
+}
+
+// The listed matrices' products (each FloatVectorizable) in one launch.
+template <DType kD, int kTok>
+void LaunchFloatList(const MatrixList& list, int64_t cols, const float* x, int64_t n_tokens,
+                     cudaStream_t stream) {
+  const int64_t rows = ListedRows(list, 1);
+  if constexpr (kTok == 1) {
+    LaunchFloatRows<kD, 1, 1>(list, cols, x, n_tokens, stream);
+  } else if (CeilDiv(rows, kDecodeWarps * kMultiRows) >= kMinDecodeBlocks) {
+    LaunchFloatRows<kD, kTok, kMultiRows>(list, cols, x, n_tokens, stream);
+  } else if (CeilDiv(rows, kDecodeWarps * 2) >= kMinDecodeBlocks) {
+    LaunchFloatRows<kD, kTok, 2>(list, cols, x, n_tokens, stream);
+  } else {
+    LaunchFloatRows<kD, kTok, 1>(list, cols, x, n_tokens, stream);
+  }
 }
 
 template <DType kD, int kTok>
 void LaunchFloatDecode(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y,
                        cudaStream_t stream) {
   const auto* data = static_cast<const uint8_t*>(w.data);
-  const bool vec = w.cols % 8 == 0 && reinterpret_cast<uintptr_t>(data) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  if (!vec) {
+  if (!FloatVectorizable(w, x)) {
     const auto blocks = static_cast<unsigned>(CeilDiv(w.rows, kDecodeWarps));
-    FloatScalarKernel<kD, kTok>
-        <<<blocks, kDecodeThreads, 0, stream>>>(data, w.rows, w.cols, x, n_tokens, y);
+    Launch(FloatScalarKernel<kD, kTok>, blocks, kDecodeThreads, 0, stream, data, w.rows, w.cols, x,
+           n_tokens, y);
     return;
   }
-  if constexpr (kTok == 1) {
-    LaunchFloatRows<kD, 1, 1>(data, w, x, n_tokens, y, stream);
-  } else if (CeilDiv(w.rows, kDecodeWarps * kMultiRows) >= kMinDecodeBlocks) {
-    LaunchFloatRows<kD, kTok, kMultiRows>(data, w, x, n_tokens, y, stream);
-  } else if (CeilDiv(w.rows, kDecodeWarps * 2) >= kMinDecodeBlocks) {
-    LaunchFloatRows<kD, kTok, 2>(data, w, x, n_tokens, y, stream);
-  } else {
-    LaunchFloatRows<kD, kTok, 1>(data, w, x, n_tokens, y, stream);
-  }
+  MatrixList one;
+  one.w[0] = data;
+  one.y[0] = y;
+  one.rows[0] = w.rows;
+  one.n = 1;
+  LaunchFloatList<kD, kTok>(one, w.cols, x, n_tokens, stream);
 }
 
 template <DType kD, int kTok>
 void LaunchQuantDecode(const DeviceMatrix& w, const int8_t* xq, const float* dx, int64_t n_tokens,
                        float* y, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>(CeilDiv(w.rows, kDecodeWarps));
-  QuantDecodeKernel<kD, kTok><<<blocks, kDecodeThreads, 0, stream>>>(
-      static_cast<const uint8_t*>(w.data), w.rows, w.cols / 32, xq, dx, n_tokens, y);
+  Launch(QuantDecodeKernel<kD, kTok>, blocks, kDecodeThreads, 0, stream,
+         static_cast<const uint8_t*>(w.data), w.rows, w.cols / 32, xq, dx, n_tokens, y);
 }
 
 // Tokens per pass: the smallest of 1, 2, 4, 8 that holds n_tokens, else 8 (several passes).
@@ -477,12 +595,56 @@ struct FloatDecode {
   }
 };
 template <DType kD, int kTok>
+struct FloatListDecode {
+  static void Run(const MatrixList& list, int64_t cols, const float* x, int64_t n_tokens,
+                  cudaStream_t stream) {
+    LaunchFloatList<kD, kTok>(list, cols, x, n_tokens, stream);
+  }
+};
+template <DType kD, int kTok>
 struct QuantDecode {
   static void Run(const DeviceMatrix& w, const int8_t* xq, const float* dx, int64_t n_tokens,
                   float* y, cudaStream_t stream) {
     LaunchQuantDecode<kD, kTok>(w, xq, dx, n_tokens, y, stream);
   }
 };
+
+// Most tokens, and most shared memory (the default limit, no opt-in), of the fused kernel.
+constexpr int64_t kMaxFusedTokens = 8;
+constexpr size_t kMaxFusedSmemBytes = 48u << 10;
+
+// The fused kernel's blocks: one resident wave (as many as the SMs hold at this shared memory),
+// or fewer where the rows need fewer.
+template <DType kD, int kTok>
+unsigned FusedGrid(int64_t total_rows, size_t smem, int sm_count) {
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, FusedQuantDecodeKernel<kD, kTok>,
+                                                    kDecodeThreads, smem) != cudaSuccess ||
+      per_sm < 1)
+    per_sm = 1;
+  const int64_t wave = static_cast<int64_t>(per_sm) * sm_count;
+  const int64_t needed = CeilDiv(total_rows, kDecodeWarps);
+  return static_cast<unsigned>(needed < wave ? needed : wave);
+}
+
+template <DType kD, int kTok>
+struct FusedQuantDecode {
+  static void Run(const MatrixList& p, int64_t cols, const float* x, int64_t nt, int sm_count,
+                  cudaStream_t stream) {
+    const int64_t total = ListedRows(p, 1);
+    const size_t smem = FusedSmemBytes<kD>(nt, cols);
+    Launch(FusedQuantDecodeKernel<kD, kTok>, FusedGrid<kD, kTok>(total, smem, sm_count),
+           kDecodeThreads, smem, stream, p, cols / 32, x, static_cast<int>(nt));
+  }
+};
+
+// Whether FusedQuantDecodeKernel takes nt tokens of `cols` columns of a quantized dtype.
+bool FusedFits(DType dtype, int64_t nt, int64_t cols) {
+  if (nt > kMaxFusedTokens) return false;
+  const size_t smem = dtype == DType::kQ8_0 ? FusedSmemBytes<DType::kQ8_0>(nt, cols)
+                                            : FusedSmemBytes<DType::kQ4_0>(nt, cols);
+  return smem <= kMaxFusedSmemBytes;
+}
 
 // One cudaMalloc for State (empty when bytes == 0); *p stays null on failure.
 Status AllocateDevice(size_t bytes, const std::string& what, void** p) {
@@ -509,6 +671,7 @@ struct DenseMatMul::State {
   int64_t wdq_elems = 0;
   void* workspace = nullptr;        // kCublasWorkspaceBytes for cuBLAS (prefill only)
   cublasHandle_t cublas = nullptr;  // prefill only
+  int sm_count = 1;                 // the device's, for the fused kernel's grid
 
   State() = default;
   State(const State&) = delete;
@@ -527,6 +690,13 @@ struct DenseMatMul::State {
   // product with them.
   void QuantizeX(const float* x, int64_t nt, int64_t cols, cudaStream_t stream);
   void QuantizedProduct(const DeviceMatrix& w, int64_t nt, float* y, cudaStream_t stream);
+  // Both in one launch, for the products of one x (FusedFits, at most kMaxListed).
+  void FusedProduct(std::span<const Product> products, const float* x, int64_t nt,
+                    cudaStream_t stream);
+  // Float formats' decode: the products of one x (at most kMaxListed, FloatVectorizable) in one
+  // launch.
+  void FloatListProduct(std::span<const Product> products, const float* x, int64_t n_tokens,
+                        cudaStream_t stream);
   void Prefill(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y,
                cudaStream_t stream);
   void Gemm(cudaDataType type, const void* w, int64_t n_rows, int64_t cols, const void* x,
@@ -534,6 +704,13 @@ struct DenseMatMul::State {
 };
 
 Status DenseMatMul::State::Allocate() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      sm_count < 1) {
+    (void)cudaGetLastError();
+    sm_count = 1;
+  }
   const int64_t decode_tokens = max_tokens < kMaxDecodeTokens ? max_tokens : kMaxDecodeTokens;
   const auto n_decode = static_cast<size_t>(decode_tokens * max_cols);
   MT_RETURN_IF_ERROR(
@@ -596,6 +773,10 @@ void DenseMatMul::State::Decode(const DeviceMatrix& w, const float* x, int64_t n
     default:
       return;  // not a dense weight dtype (the loader rejects it before)
   }
+  if (FusedFits(w.dtype, n_tokens, w.cols)) {
+    const Product one{&w, y};
+    return FusedProduct(std::span(&one, 1), x, n_tokens, stream);
+  }
   // Quantized weights: quantize x into scratch, in passes of at most kMaxDecodeTokens tokens.
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxDecodeTokens) {
     const int64_t nt = n_tokens - t0 < kMaxDecodeTokens ? n_tokens - t0 : kMaxDecodeTokens;
@@ -608,8 +789,8 @@ void DenseMatMul::State::QuantizeX(const float* x, int64_t nt, int64_t cols, cud
   const int64_t total = nt * (cols / 32);
   if (total <= 0) return;
   constexpr int kWarpsPerBlock = kElementThreads / kWarp;
-  QuantizeActivationsKernel<<<static_cast<unsigned>(CeilDiv(total, kWarpsPerBlock)),
-                              kElementThreads, 0, stream>>>(x, total, xq, dx);
+  Launch(QuantizeActivationsKernel, static_cast<unsigned>(CeilDiv(total, kWarpsPerBlock)),
+         kElementThreads, 0, stream, x, total, xq, dx);
 }
 
 void DenseMatMul::State::QuantizedProduct(const DeviceMatrix& w, int64_t nt, float* y,
@@ -621,15 +802,65 @@ void DenseMatMul::State::QuantizedProduct(const DeviceMatrix& w, int64_t nt, flo
   }
 }
 
+namespace {
+
+// products (at most kMaxListed) as one list.
+MatrixList ListOf(std::span<const DenseMatMul::Product> products) {
+  MatrixList list;
+  for (const DenseMatMul::Product& p : products) {
+    list.w[list.n] = static_cast<const uint8_t*>(p.w->data);
+    list.y[list.n] = p.y;
+    list.rows[list.n] = p.w->rows;
+    ++list.n;
+  }
+  return list;
+}
+
+}  // namespace
+
+void DenseMatMul::State::FusedProduct(std::span<const Product> products, const float* x, int64_t nt,
+                                      cudaStream_t stream) {
+  const MatrixList list = ListOf(products);
+  const DeviceMatrix& w = *products.front().w;
+  if (w.dtype == DType::kQ8_0) {
+    ByTokens<FusedQuantDecode, DType::kQ8_0>(nt, list, w.cols, x, nt, sm_count, stream);
+  } else {
+    ByTokens<FusedQuantDecode, DType::kQ4_0>(nt, list, w.cols, x, nt, sm_count, stream);
+  }
+}
+
+void DenseMatMul::State::FloatListProduct(std::span<const Product> products, const float* x,
+                                          int64_t n_tokens, cudaStream_t stream) {
+  const MatrixList list = ListOf(products);
+  const DeviceMatrix& w = *products.front().w;
+  switch (w.dtype) {
+    case DType::kF32:
+      return ByTokens<FloatListDecode, DType::kF32>(n_tokens, list, w.cols, x, n_tokens, stream);
+    case DType::kF16:
+      return ByTokens<FloatListDecode, DType::kF16>(n_tokens, list, w.cols, x, n_tokens, stream);
+    default:
+      return ByTokens<FloatListDecode, DType::kBF16>(n_tokens, list, w.cols, x, n_tokens, stream);
+  }
+}
+
 void DenseMatMul::RunAll(std::span<const Product> products, const float* x, int64_t n_tokens,
                          cudaStream_t stream) {
   if (products.empty() || n_tokens <= 0) return;
   const DeviceMatrix& first = *products.front().w;
-  bool shared_quantization = n_tokens <= kMaxDecodeTokens && IsBlockQuantized(first.dtype);
+  const bool quantized = IsBlockQuantized(first.dtype);
+  const bool float_dtype =
+      first.dtype == DType::kF32 || first.dtype == DType::kF16 || first.dtype == DType::kBF16;
+  // One x for all: the same dtype and width, decode-sized, and (float formats) every matrix
+  // readable by the vectorized kernel.
+  bool together = n_tokens <= kMaxDecodeTokens && (quantized || float_dtype);
   for (const Product& p : products)
-    shared_quantization = shared_quantization && p.w->dtype == first.dtype &&
-                          p.w->cols == first.cols && p.w->rows > 0;
-  if (!shared_quantization) {
+    together = together && p.w->dtype == first.dtype && p.w->cols == first.cols && p.w->rows > 0 &&
+               (quantized || FloatVectorizable(*p.w, x));
+  const bool listable = together && products.size() <= static_cast<size_t>(kMaxListed);
+  if (listable && float_dtype) return s_->FloatListProduct(products, x, n_tokens, stream);
+  if (listable && FusedFits(first.dtype, n_tokens, first.cols))
+    return s_->FusedProduct(products, x, n_tokens, stream);
+  if (!together || !quantized) {
     for (const Product& p : products) Run(*p.w, x, n_tokens, p.y, stream);
     return;
   }
@@ -662,10 +893,10 @@ void DenseMatMul::State::Prefill(const DeviceMatrix& w, const float* x, int64_t 
       return Gemm(CUDA_R_32F, w.data, w.rows, w.cols, x, n_tokens, y, w.rows,
                   CUBLAS_COMPUTE_32F_FAST_TF32);
     case DType::kF16:
-      ToHalfKernel<true><<<ElementGrid(n_x), kElementThreads, 0, stream>>>(x, n_x, xh);
+      Launch(ToHalfKernel<true>, ElementGrid(n_x), kElementThreads, 0, stream, x, n_x, xh);
       return Gemm(CUDA_R_16F, w.data, w.rows, w.cols, xh, n_tokens, y, w.rows, CUBLAS_COMPUTE_32F);
     case DType::kBF16:
-      ToHalfKernel<false><<<ElementGrid(n_x), kElementThreads, 0, stream>>>(x, n_x, xh);
+      Launch(ToHalfKernel<false>, ElementGrid(n_x), kElementThreads, 0, stream, x, n_x, xh);
       return Gemm(CUDA_R_16BF, w.data, w.rows, w.cols, xh, n_tokens, y, w.rows, CUBLAS_COMPUTE_32F);
     case DType::kQ8_0:
     case DType::kQ4_0:
@@ -673,7 +904,7 @@ void DenseMatMul::State::Prefill(const DeviceMatrix& w, const float* x, int64_t 
     default:
       return;
   }
-  ToHalfKernel<false><<<ElementGrid(n_x), kElementThreads, 0, stream>>>(x, n_x, xh);
+  Launch(ToHalfKernel<false>, ElementGrid(n_x), kElementThreads, 0, stream, x, n_x, xh);
   const int64_t row_bytes = static_cast<int64_t>(DTypeRowBytes(w.dtype, w.cols));
   const int64_t chunk_rows_max = wdq_elems / w.cols;
   if (chunk_rows_max < 1) return;  // w.cols > max_cols: outside the contract
@@ -682,11 +913,11 @@ void DenseMatMul::State::Prefill(const DeviceMatrix& w, const float* x, int64_t 
     const int64_t n_rows = w.rows - r0 < chunk_rows_max ? w.rows - r0 : chunk_rows_max;
     const int grid = ElementGrid(n_rows * w.cols);
     if (w.dtype == DType::kQ8_0) {
-      DequantToBf16Kernel<DType::kQ8_0>
-          <<<grid, kElementThreads, 0, stream>>>(data + r0 * row_bytes, n_rows, w.cols, wdq);
+      Launch(DequantToBf16Kernel<DType::kQ8_0>, grid, kElementThreads, 0, stream,
+             data + r0 * row_bytes, n_rows, w.cols, wdq);
     } else {
-      DequantToBf16Kernel<DType::kQ4_0>
-          <<<grid, kElementThreads, 0, stream>>>(data + r0 * row_bytes, n_rows, w.cols, wdq);
+      Launch(DequantToBf16Kernel<DType::kQ4_0>, grid, kElementThreads, 0, stream,
+             data + r0 * row_bytes, n_rows, w.cols, wdq);
     }
     Gemm(CUDA_R_16BF, wdq, n_rows, w.cols, xh, n_tokens, y + r0, w.rows, CUBLAS_COMPUTE_32F);
   }

@@ -32,8 +32,9 @@ class DenseMatMul {
 
   // y [n_tokens, w.rows] (row stride w.rows) = x [n_tokens, w.cols] · wᵀ; n_tokens <= max_tokens.
   void Run(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y, cudaStream_t stream);
-  // Run for each product, of the same x (the q, k and v projections): decode quantizes x once
-  // for all of them when they share a quantized dtype and their width. The same bits as Run.
+  // Run for each product, of the same x (the q, k and v projections): decode runs up to four
+  // that share a dtype and their width as one launch (a quantized x quantized once). The same
+  // bits as Run.
   struct Product {
     const DeviceMatrix* w = nullptr;
     float* y = nullptr;

@@ -8,6 +8,7 @@
 #include "core/dtype.h"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace moetier::cuda {
 namespace {
@@ -53,6 +54,7 @@ __device__ __forceinline__ float RowElement(const uint8_t* row, int64_t c) {
 template <DType kD>
 __global__ void EmbedKernel(const uint8_t* table, int64_t row_bytes, int64_t cols,
                             const int32_t* tokens, float* h) {
+  PdlWait();
   const int64_t t = blockIdx.x;
   const uint8_t* row = table + static_cast<int64_t>(tokens[t]) * row_bytes;
   float* out = h + t * cols;
@@ -87,6 +89,7 @@ constexpr int kNormRegs = 16;
 // same bits either way.
 __global__ void RmsNormKernel(float* x, const float* add, const int32_t* rows, const float* weight,
                               float eps, int64_t d, float* y) {
+  PdlWait();
   __shared__ double warp_sums[kWarp];
   const int64_t i = blockIdx.x;
   const int64_t r = rows != nullptr ? rows[i] : i;
@@ -95,11 +98,13 @@ __global__ void RmsNormKernel(float* x, const float* add, const int32_t* rows, c
   float* yr = y + i * d;
   double ss = 0.0;
   if (d <= static_cast<int64_t>(blockDim.x) * kNormRegs) {
-    float v[kNormRegs];
+    // The weights are loaded with x, so that their latency overlaps the reduction's.
+    float v[kNormRegs], wt[kNormRegs];
 #pragma unroll
     for (int j = 0; j < kNormRegs; ++j) {
       const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
       v[j] = c < d ? xr[c] : 0.0f;
+      wt[j] = c < d ? weight[c] : 0.0f;
       if (ar != nullptr && c < d) v[j] += ar[c];
     }
 #pragma unroll
@@ -114,7 +119,7 @@ __global__ void RmsNormKernel(float* x, const float* add, const int32_t* rows, c
 #pragma unroll
     for (int j = 0; j < kNormRegs; ++j) {
       const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
-      if (c < d) yr[c] = v[j] * scale * weight[c];
+      if (c < d) yr[c] = v[j] * scale * wt[j];
     }
     return;
   }
@@ -129,6 +134,7 @@ __global__ void RmsNormKernel(float* x, const float* add, const int32_t* rows, c
 }
 
 __global__ void AddKernel(const float* x, int64_t n, float* y) {
+  PdlWait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     y[i] += x[i];
@@ -137,6 +143,7 @@ __global__ void AddKernel(const float* x, int64_t n, float* y) {
 // silu(g) * up as the CPU computes it: g / (1 + e^-g) * up (IEEE division; expf is within
 // 2 ulp of the CPU's exp).
 __global__ void SiluMulKernel(float* gate, const float* up, int64_t n) {
+  PdlWait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = gate[i];
@@ -147,6 +154,7 @@ __global__ void SiluMulKernel(float* gate, const float* up, int64_t n) {
 // Each thread keeps the lowest non-finite index it saw; one atomicMin per warp that saw any, so
 // the common all-finite case does no atomics at all.
 __global__ void FirstNonFiniteKernel(const float* x, int64_t n, unsigned long long* first) {
+  PdlWait();
   constexpr uint32_t kExponent = 0x7f800000u;  // all ones: inf or NaN
   unsigned long long mine = ~0ull;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -168,8 +176,8 @@ template <DType kD>
 void Embed(const DeviceMatrix& table, const int32_t* tokens, int64_t n_tokens, float* h,
            cudaStream_t stream) {
   const auto row_bytes = static_cast<int64_t>(DTypeRowBytes(table.dtype, table.cols));
-  EmbedKernel<kD><<<static_cast<unsigned>(n_tokens), kThreads, 0, stream>>>(
-      static_cast<const uint8_t*>(table.data), row_bytes, table.cols, tokens, h);
+  Launch(EmbedKernel<kD>, static_cast<unsigned>(n_tokens), kThreads, 0, stream,
+         static_cast<const uint8_t*>(table.data), row_bytes, table.cols, tokens, h);
 }
 
 }  // namespace
@@ -197,31 +205,31 @@ void LaunchRmsNorm(const float* x, const int32_t* rows, int64_t n_rows, const fl
                    float eps, int64_t d, float* y, cudaStream_t stream) {
   if (n_rows <= 0 || d <= 0) return;
   // Read only: add is null.
-  RmsNormKernel<<<static_cast<unsigned>(n_rows), kThreads, 0, stream>>>(
-      const_cast<float*>(x), nullptr, rows, weight, eps, d, y);
+  Launch(RmsNormKernel, static_cast<unsigned>(n_rows), kThreads, 0, stream, const_cast<float*>(x),
+         nullptr, rows, weight, eps, d, y);
 }
 
 void LaunchAddRmsNorm(const float* x, int64_t n_rows, float* h, const float* weight, float eps,
                       int64_t d, float* y, cudaStream_t stream) {
   if (n_rows <= 0 || d <= 0) return;
-  RmsNormKernel<<<static_cast<unsigned>(n_rows), kThreads, 0, stream>>>(h, x, nullptr, weight, eps,
-                                                                        d, y);
+  Launch(RmsNormKernel, static_cast<unsigned>(n_rows), kThreads, 0, stream, h, x, nullptr, weight,
+         eps, d, y);
 }
 
 void LaunchAdd(const float* x, int64_t n, float* y, cudaStream_t stream) {
   if (n <= 0) return;
-  AddKernel<<<GridFor(n), kThreads, 0, stream>>>(x, n, y);
+  Launch(AddKernel, GridFor(n), kThreads, 0, stream, x, n, y);
 }
 
 void LaunchSiluMul(float* gate, const float* up, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  SiluMulKernel<<<GridFor(n), kThreads, 0, stream>>>(gate, up, n);
+  Launch(SiluMulKernel, GridFor(n), kThreads, 0, stream, gate, up, n);
 }
 
 void LaunchFirstNonFinite(const float* x, int64_t n, unsigned long long* first,
                           cudaStream_t stream) {
   if (n <= 0) return;
-  FirstNonFiniteKernel<<<GridFor(n), kThreads, 0, stream>>>(x, n, first);
+  Launch(FirstNonFiniteKernel, GridFor(n), kThreads, 0, stream, x, n, first);
 }
 
 }  // namespace moetier::cuda

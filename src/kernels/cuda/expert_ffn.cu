@@ -37,6 +37,7 @@
 #include "kernels/cuda/expert_ffn_common.cuh"
 #include "kernels/cuda/expert_ffn_decode.cuh"
 #include "kernels/cuda/expert_ffn_prefill.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace moetier::cuda {
 
@@ -63,6 +64,7 @@ constexpr double kPrefillMinTokensPerExpertBf16 = 4.0;
 __global__ void RoutedSumKernel(const float* y, const int32_t* assign_of, const float* weight_of,
                                 int64_t n_tokens, int64_t top_k, int64_t d_model,
                                 const float* partial, float* out) {
+  PdlWait();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_tokens * d_model) return;
   const int64_t t = idx / d_model, c = idx % d_model;
@@ -164,8 +166,8 @@ void QuantizeRows(const float* x, int64_t n_rows, int64_t n_cols, int8_t* q, int
                   float* d, cudaStream_t stream) {
   constexpr int kWarpsPerBlock = kElementwiseThreads / kWarp;
   const int64_t n_blocks = n_rows * (n_cols / kQBlock);
-  QuantizeRowsKernel<<<static_cast<unsigned>(CeilDiv(n_blocks, kWarpsPerBlock)),
-                       kElementwiseThreads, 0, stream>>>(x, n_rows, n_cols, q, q_stride, d);
+  Launch(QuantizeRowsKernel, static_cast<unsigned>(CeilDiv(n_blocks, kWarpsPerBlock)),
+         kElementwiseThreads, 0, stream, x, n_rows, n_cols, q, q_stride, d);
 }
 
 DecodeArgs DecodeArgsFor(const DeviceRouting& r, const ExpertPointers* table, int64_t rows,
@@ -205,12 +207,12 @@ void RunDecode(Scratch& s, const DeviceRouting& r, const ExpertPointers* table, 
     up.act_q = s.x_q, up.act_d = s.x_d, up.q_stride = s.x_q_stride;
     down.act_q = s.h_q, down.act_d = s.h_d, down.q_stride = s.h_q_stride;
   }
-  DecodeKernel<F, 2><<<DecodeGrid(s.decode_blocks_gate_up, r, width), kDecodeThreads,
-                       DecodeSmemBytes(F, 2), stream>>>(up);
+  Launch(DecodeKernel<F, 2>, DecodeGrid(s.decode_blocks_gate_up, r, width), kDecodeThreads,
+         DecodeSmemBytes(F, 2), stream, up);
   if constexpr (F != Fmt::kBF16)
     QuantizeRows(s.h, r.n_assignments(), width, s.h_q, s.h_q_stride, s.h_d, stream);
-  DecodeKernel<F, 1><<<DecodeGrid(s.decode_blocks_down, r, d_model), kDecodeThreads,
-                       DecodeSmemBytes(F, 1), stream>>>(down);
+  Launch(DecodeKernel<F, 1>, DecodeGrid(s.decode_blocks_down, r, d_model), kDecodeThreads,
+         DecodeSmemBytes(F, 1), stream, down);
 }
 
 // Gate+up then down as tensor-core grouped GEMMs: h, then y.
@@ -222,11 +224,11 @@ void RunPrefill(Scratch& s, const DeviceRouting& r, const ExpertPointers* table,
   const auto m_tiles = static_cast<unsigned>(CeilDiv(r.n_tokens, kGemmM));
   const auto n_active = static_cast<unsigned>(r.max_active());
   GemmArgs up{r.n_active, r.experts, r.begin, r.token_of, table, width, d_model, x, s.h};
-  GemmKernel<F, 2><<<dim3(static_cast<unsigned>(CeilDiv(width, kGemmN)), m_tiles, n_active),
-                     kGemmThreads, 0, stream>>>(up);
+  Launch(GemmKernel<F, 2>, dim3(static_cast<unsigned>(CeilDiv(width, kGemmN)), m_tiles, n_active),
+         kGemmThreads, 0, stream, up);
   GemmArgs down{r.n_active, r.experts, r.begin, nullptr, table, d_model, width, s.h, s.y};
-  GemmKernel<F, 1><<<dim3(static_cast<unsigned>(CeilDiv(d_model, kGemmN)), m_tiles, n_active),
-                     kGemmThreads, 0, stream>>>(down);
+  Launch(GemmKernel<F, 1>, dim3(static_cast<unsigned>(CeilDiv(d_model, kGemmN)), m_tiles, n_active),
+         kGemmThreads, 0, stream, down);
 }
 
 // Carves s's buffers out of one allocation for max_tokens tokens, n_assign assignments.
@@ -349,9 +351,9 @@ void ExpertFfn::RoutedSum(const DeviceRouting& r, const float* partial, float* o
   if (r.n_tokens == 0) return;
   const Scratch& s = *s_;
   const int64_t n_out = r.n_tokens * s.shape.d_model;
-  RoutedSumKernel<<<static_cast<unsigned>(CeilDiv(n_out, kElementwiseThreads)), kElementwiseThreads,
-                    0, stream>>>(s.y, r.assign_of, r.weight_of, r.n_tokens, r.top_k,
-                                 s.shape.d_model, partial, out);
+  Launch(RoutedSumKernel, static_cast<unsigned>(CeilDiv(n_out, kElementwiseThreads)),
+         kElementwiseThreads, 0, stream, s.y, r.assign_of, r.weight_of, r.n_tokens, r.top_k,
+         s.shape.d_model, partial, out);
 }
 
 }  // namespace moetier::cuda

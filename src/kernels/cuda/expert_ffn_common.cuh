@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/expert_ffn.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace moetier::cuda::expert_ffn {
 

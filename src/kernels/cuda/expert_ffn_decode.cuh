@@ -282,6 +282,7 @@ struct DecodeBlock {
 // persistent blocks (one wave: the launcher sizes it to the resident blocks).
 template <Fmt F, int kMats>
 __global__ void __launch_bounds__(kDecodeThreads, 2) DecodeKernel(DecodeArgs p) {
+  PdlWait();
   extern __shared__ __align__(16) unsigned char decode_smem[];
   DecodeBlock<F, kMats> blk{p, decode_smem};
   blk.row_bytes = FmtBytes(F, p.cols);
@@ -332,6 +333,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) DecodeKernel(DecodeArgs p) 
 // IEEE division and no contraction, so the quants match the CPU's bit for bit. A warp a block.
 __global__ void QuantizeRowsKernel(const float* x, int64_t n_rows, int64_t n_cols, int8_t* q,
                                    int64_t q_stride, float* d) {
+  PdlWait();
   const int64_t blocks_per_row = n_cols / kQBlock;
   const int64_t blk = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   if (blk >= n_rows * blocks_per_row) return;  // warp-uniform

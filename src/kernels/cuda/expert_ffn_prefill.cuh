@@ -144,6 +144,7 @@ __device__ __forceinline__ void LoadWeightTile(const unsigned char* row, int64_t
 // blockIdx.z against rows [blockIdx.x * 64, +64) of its matrices.
 template <Fmt F, int kMats>
 __global__ void __launch_bounds__(kGemmThreads) GemmKernel(GemmArgs p) {
+  PdlWait();
   namespace wmma = nvcuda::wmma;
   const int a = static_cast<int>(blockIdx.z);
   if (a >= *p.n_active) return;

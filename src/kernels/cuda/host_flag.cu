@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace moetier::cuda {
 
@@ -23,6 +24,7 @@ __device__ uint64_t GlobalTimerNs() {
 
 __global__ void WaitForHostKernel(const volatile uint32_t* flag, uint32_t value,
                                   uint64_t timeout_ns, volatile uint32_t* timed_out) {
+  PdlWait();
   const uint64_t start = GlobalTimerNs();
   while (static_cast<int32_t>(*flag - value) < 0) {
     if (GlobalTimerNs() - start > timeout_ns) {
@@ -74,8 +76,8 @@ HostFlag& HostFlag::operator=(HostFlag&& o) noexcept {
 }
 
 void HostFlag::QueueWait(uint32_t value, uint32_t timeout_ms, cudaStream_t stream) const {
-  WaitForHostKernel<<<1, 1, 0, stream>>>(device_, value, uint64_t{timeout_ms} * 1000000u,
-                                         device_ + 1);
+  Launch(WaitForHostKernel, 1, 1, 0, stream, device_, value, uint64_t{timeout_ms} * 1000000u,
+         device_ + 1);
 }
 
 void HostFlag::Publish(uint32_t value) const {

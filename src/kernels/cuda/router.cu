@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/router.h"
 
 namespace moetier::cuda {
@@ -18,6 +19,9 @@ constexpr int kMaxPerLane = kMaxRouterExperts / kWarp;
 constexpr int64_t kMaxTopKExperts = kMaxRouterExperts;
 constexpr int kMaxTopK = kMaxRouterTopK;
 constexpr int kTopKWarpsPerBlock = 8;  // tokens per block
+// LaunchRoute's one block takes up to this many tokens a warp (at most 32 warps); more go to
+// the two kernels, whose top-k spreads over many blocks.
+constexpr int64_t kMaxFusedRouteTokensPerWarp = 2;
 
 // Below every probability: marks a lane's slot that is empty or already chosen.
 constexpr float kTaken = -1.0f;
@@ -31,11 +35,10 @@ __device__ __forceinline__ bool RanksBefore(float p, int id, float q, int jd) {
   return p > q || (p == q && id < jd);
 }
 
-__global__ void TopKKernel(const float* logits, int64_t n_tokens, int n_experts, int top_k,
-                           bool normalize, int32_t* ids, float* weights) {
+// Token t's top-k by one warp.
+__device__ void TopKToken(const float* logits, int64_t t, int n_experts, int top_k, bool normalize,
+                          int32_t* ids, float* weights) {
   const int lane = threadIdx.x % kWarp;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kTopKWarpsPerBlock + threadIdx.x / kWarp;
-  if (t >= n_tokens) return;  // whole warps leave together
   const float* row = logits + t * n_experts;
 
   // softmax as kernels::SoftmaxRow: e^(x - max), the sum in double, one reciprocal.
@@ -112,6 +115,14 @@ __global__ void TopKKernel(const float* logits, int64_t n_tokens, int n_experts,
   }
 }
 
+__global__ void TopKKernel(const float* logits, int64_t n_tokens, int n_experts, int top_k,
+                           bool normalize, int32_t* ids, float* weights) {
+  PdlWait();
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kTopKWarpsPerBlock + threadIdx.x / kWarp;
+  if (t >= n_tokens) return;  // whole warps leave together
+  TopKToken(logits, t, n_experts, top_k, normalize, ids, weights);
+}
+
 // ---- grouping ------------------------------------------------------------------------------
 
 // One block sorts all assignments. First it counts each expert's assignments (shared atomics) and
@@ -140,8 +151,9 @@ int64_t GroupSharedBytes(int64_t n_experts, int warps) {
   return (2 * (n_experts + 1) + kWarp) * 4 + (warps + 1) * n_experts * 2;
 }
 
-GroupLayout PlanGroup(int64_t n_experts, int64_t n_assign) {
-  const int64_t useful_warps = (n_assign + kWarp - 1) / kWarp;
+GroupLayout PlanGroup(int64_t n_experts, int64_t n_assign, int64_t min_warps = 0) {
+  int64_t useful_warps = (n_assign + kWarp - 1) / kWarp;
+  if (useful_warps < min_warps) useful_warps = min_warps;
   int warps = static_cast<int>(useful_warps < kMaxGroupWarps ? useful_warps : kMaxGroupWarps);
   if (warps < 4) warps = 4;  // the scans over experts want a few warps
   while (warps > 1 && GroupSharedBytes(n_experts, warps) > kDefaultSharedBytes) --warps;
@@ -189,10 +201,11 @@ __device__ int BlockExclusiveScan(int* data, int n, int* scratch /* [32] */) {
   return total;
 }
 
-__global__ void GroupKernel(const int32_t* ids, const float* weights, int n_assign, int top_k,
-                            int n_experts, int32_t* n_active_out, int32_t* experts, int32_t* begin,
-                            int32_t* token_of, float* weight_of, int32_t* assign_of) {
-  extern __shared__ int4 shared_raw[];
+// The grouping by the whole block; `shared_raw` holds GroupSharedBytes(n_experts, warps).
+__device__ void GroupAssignments(const int32_t* ids, const float* weights, int n_assign, int top_k,
+                                 int n_experts, int32_t* n_active_out, int32_t* experts,
+                                 int32_t* begin, int32_t* token_of, float* weight_of,
+                                 int32_t* assign_of, int4* shared_raw) {
   int* slot = reinterpret_cast<int*>(shared_raw);                  // [n_experts + 1]
   int* active = slot + n_experts + 1;                              // [n_experts + 1]
   int* scratch = active + n_experts + 1;                           // [32]
@@ -267,6 +280,31 @@ __global__ void GroupKernel(const int32_t* ids, const float* weights, int n_assi
   }
 }
 
+__global__ void GroupKernel(const int32_t* ids, const float* weights, int n_assign, int top_k,
+                            int n_experts, int32_t* n_active_out, int32_t* experts, int32_t* begin,
+                            int32_t* token_of, float* weight_of, int32_t* assign_of) {
+  PdlWait();
+  extern __shared__ int4 shared_raw[];
+  GroupAssignments(ids, weights, n_assign, top_k, n_experts, n_active_out, experts, begin, token_of,
+                   weight_of, assign_of, shared_raw);
+}
+
+// Both in one block, for steps of a few tokens: the warps take the tokens' top-k in turn, then
+// the block groups them (its own writes of ids and weights are visible after the barrier).
+__global__ void RouteKernel(const float* logits, int n_tokens, int n_experts, int top_k,
+                            bool normalize, int32_t* ids, float* weights, int32_t* n_active_out,
+                            int32_t* experts, int32_t* begin, int32_t* token_of, float* weight_of,
+                            int32_t* assign_of) {
+  PdlWait();
+  extern __shared__ int4 shared_raw[];
+  const int n_warps = blockDim.x / kWarp;
+  for (int t = threadIdx.x / kWarp; t < n_tokens; t += n_warps)
+    TopKToken(logits, t, n_experts, top_k, normalize, ids, weights);
+  __syncthreads();
+  GroupAssignments(ids, weights, n_tokens * top_k, top_k, n_experts, n_active_out, experts, begin,
+                   token_of, weight_of, assign_of, shared_raw);
+}
+
 }  // namespace
 
 void LaunchTopK(const float* logits, int64_t n_tokens, int64_t n_experts, int64_t top_k,
@@ -276,9 +314,8 @@ void LaunchTopK(const float* logits, int64_t n_tokens, int64_t n_experts, int64_
       top_k > kMaxTopK || top_k > n_experts)
     return;
   const int64_t blocks = (n_tokens + kTopKWarpsPerBlock - 1) / kTopKWarpsPerBlock;
-  TopKKernel<<<static_cast<unsigned>(blocks), kTopKWarpsPerBlock * kWarp, 0, stream>>>(
-      logits, n_tokens, static_cast<int>(n_experts), static_cast<int>(top_k), normalize, ids,
-      weights);
+  Launch(TopKKernel, static_cast<unsigned>(blocks), kTopKWarpsPerBlock * kWarp, 0, stream, logits,
+         n_tokens, static_cast<int>(n_experts), static_cast<int>(top_k), normalize, ids, weights);
 }
 
 void LaunchGroupByExpert(const int32_t* ids, const float* weights, const DeviceRouting& r,
@@ -291,10 +328,26 @@ void LaunchGroupByExpert(const int32_t* ids, const float* weights, const DeviceR
     cudaFuncSetAttribute(GroupKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(plan.shared_bytes));
   }
-  GroupKernel<<<1, plan.warps * kWarp, plan.shared_bytes, stream>>>(
-      ids, weights, static_cast<int>(n_assign), static_cast<int>(r.top_k),
-      static_cast<int>(r.n_experts), r.n_active, r.experts, r.begin, r.token_of, r.weight_of,
-      r.assign_of);
+  Launch(GroupKernel, 1, plan.warps * kWarp, plan.shared_bytes, stream, ids, weights,
+         static_cast<int>(n_assign), static_cast<int>(r.top_k), static_cast<int>(r.n_experts),
+         r.n_active, r.experts, r.begin, r.token_of, r.weight_of, r.assign_of);
+}
+
+void LaunchRoute(const float* logits, bool normalize, int32_t* ids, float* weights,
+                 const DeviceRouting& r, cudaStream_t stream) {
+  if (r.n_tokens <= 0 || r.n_experts <= 0 || r.n_experts > kMaxTopKExperts || r.top_k <= 0 ||
+      r.top_k > kMaxTopK || r.top_k > r.n_experts)
+    return;
+  const GroupLayout plan = PlanGroup(r.n_experts, r.n_assignments(), r.n_tokens);
+  if (r.n_tokens > kMaxFusedRouteTokensPerWarp * plan.warps ||
+      plan.shared_bytes > kDefaultSharedBytes) {
+    LaunchTopK(logits, r.n_tokens, r.n_experts, r.top_k, normalize, ids, weights, stream);
+    return LaunchGroupByExpert(ids, weights, r, stream);
+  }
+  Launch(RouteKernel, 1, plan.warps * kWarp, plan.shared_bytes, stream, logits,
+         static_cast<int>(r.n_tokens), static_cast<int>(r.n_experts), static_cast<int>(r.top_k),
+         normalize, ids, weights, r.n_active, r.experts, r.begin, r.token_of, r.weight_of,
+         r.assign_of);
 }
 
 }  // namespace moetier::cuda

@@ -28,4 +28,9 @@ void LaunchTopK(const float* logits, int64_t n_tokens, int64_t n_experts, int64_
 void LaunchGroupByExpert(const int32_t* ids, const float* weights, const DeviceRouting& r,
                          cudaStream_t stream);
 
+// LaunchTopK then LaunchGroupByExpert for r's step (r.n_tokens, top_k, n_experts), the same
+// results; a step of a few tokens (decode) takes one launch instead of two.
+void LaunchRoute(const float* logits, bool normalize, int32_t* ids, float* weights,
+                 const DeviceRouting& r, cudaStream_t stream);
+
 }  // namespace moetier::cuda

@@ -181,5 +181,73 @@ TEST(CudaGroupByExpertTest, EqualsRoutingGroup) {
   }
 }
 
+// A step's routing arrays on the device (routing.h's sizes).
+struct RoutingBuffers {
+  RoutingBuffers(int64_t n_tokens, int64_t top_k, int64_t n_experts)
+      : ids(Scratch<int32_t>(static_cast<size_t>(n_tokens * top_k))),
+        weights(Scratch<float>(static_cast<size_t>(n_tokens * top_k))),
+        n_active(Scratch<int32_t>(1)),
+        experts(Scratch<int32_t>(static_cast<size_t>(n_experts))),
+        begin(Scratch<int32_t>(static_cast<size_t>(n_experts + 1))),
+        token_of(Scratch<int32_t>(static_cast<size_t>(n_tokens * top_k))),
+        weight_of(Scratch<float>(static_cast<size_t>(n_tokens * top_k))),
+        assign_of(Scratch<int32_t>(static_cast<size_t>(n_tokens * top_k))) {
+    r.n_tokens = n_tokens;
+    r.top_k = top_k;
+    r.n_experts = n_experts;
+    r.n_active = n_active.data();
+    r.experts = experts.data();
+    r.begin = begin.data();
+    r.token_of = token_of.data();
+    r.weight_of = weight_of.data();
+    r.assign_of = assign_of.data();
+  }
+  DeviceBuffer<int32_t> ids;
+  DeviceBuffer<float> weights;
+  DeviceBuffer<int32_t> n_active, experts, begin, token_of;
+  DeviceBuffer<float> weight_of;
+  DeviceBuffer<int32_t> assign_of;
+  DeviceRouting r;
+};
+
+// LaunchRoute (one block for a few tokens, else the two kernels) fills every array exactly as
+// LaunchTopK then LaunchGroupByExpert do; those are checked against the CPU above.
+TEST(CudaRouteTest, GivesTheTopKAndGroupingResults) {
+  MT_REQUIRE_GPU();
+  std::mt19937 rng(testing::TestSeed());
+  const std::vector<TopKCase> cases = {{1, 128, 8},  {3, 8, 2},    {16, 128, 8}, {64, 128, 8},
+                                       {65, 128, 8}, {200, 64, 4}, {5, 512, 16}, {40, 60, 6}};
+  for (const TopKCase& c : cases) {
+    for (bool normalize : {false, true}) {
+      const std::vector<float> logits = MakeLogits(c.n_tokens, c.n_experts, c.top_k, true, rng);
+      const DeviceBuffer<float> d_logits = Upload(logits);
+      RoutingBuffers two(c.n_tokens, c.top_k, c.n_experts), one(c.n_tokens, c.top_k, c.n_experts);
+      LaunchTopK(d_logits.data(), c.n_tokens, c.n_experts, c.top_k, normalize, two.ids.data(),
+                 two.weights.data(), nullptr);
+      LaunchGroupByExpert(two.ids.data(), two.weights.data(), two.r, nullptr);
+      LaunchRoute(d_logits.data(), normalize, one.ids.data(), one.weights.data(), one.r, nullptr);
+      ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+      const auto n_assign = static_cast<size_t>(c.n_tokens * c.top_k);
+      const std::string where = "T " + std::to_string(c.n_tokens) + " E " +
+                                std::to_string(c.n_experts) + " K " + std::to_string(c.top_k);
+      const auto n_active = static_cast<size_t>(Download(two.n_active.data(), 1)[0]);
+      ASSERT_EQ(Download(one.n_active.data(), 1)[0], static_cast<int32_t>(n_active)) << where;
+      EXPECT_EQ(Download(one.ids.data(), n_assign), Download(two.ids.data(), n_assign)) << where;
+      EXPECT_EQ(Download(one.weights.data(), n_assign), Download(two.weights.data(), n_assign))
+          << where;
+      EXPECT_EQ(Download(one.experts.data(), n_active), Download(two.experts.data(), n_active))
+          << where;
+      EXPECT_EQ(Download(one.begin.data(), n_active + 1), Download(two.begin.data(), n_active + 1))
+          << where;
+      EXPECT_EQ(Download(one.token_of.data(), n_assign), Download(two.token_of.data(), n_assign))
+          << where;
+      EXPECT_EQ(Download(one.weight_of.data(), n_assign), Download(two.weight_of.data(), n_assign))
+          << where;
+      EXPECT_EQ(Download(one.assign_of.data(), n_assign), Download(two.assign_of.data(), n_assign))
+          << where;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moetier::cuda

@@ -1,0 +1,44 @@
+// How our kernels are launched: with programmatic dependent launch (PDL, sm_90), a kernel may be
+// scheduled onto the SMs while the kernel before it on the stream is still finishing, instead
+// of after it has drained. Decode steps are chains of ~150 short kernels, where that gap is a
+// large share of the step.
+//
+// The rule that keeps it correct: every kernel launched by Launch calls PdlWait() before it
+// touches memory, which waits for the kernels before it to complete and their writes to be
+// visible, then lets the next kernel be scheduled. Kernels of others (cuBLAS) and copies keep
+// the stream's plain ordering.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "kernels/cuda/launch.h"
+
+namespace moetier::cuda {
+
+__device__ __forceinline__ void PdlWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with PDL when it is on.
+template <typename... Params, typename... Args>
+void Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+            Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = ProgrammaticLaunch() ? 1 : 0;
+  cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace moetier::cuda
