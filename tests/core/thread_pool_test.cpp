@@ -99,11 +99,17 @@ TEST(ThreadPool, PinnedWorkersEachRunOnTheirOwnCpu) {
   EXPECT_EQ(ThreadPool::DefaultThreads(), n);
 }
 
+// The knobs are read once per process (Tuning()), and an earlier test here has read them: the
+// check runs in a fresh process ("threadsafe" death tests re-run the binary for this test alone).
 TEST(ThreadPool, PinningCanBeTurnedOff) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
   ScopedEnv off("MOETIER_PIN_THREADS", "0");
-  EXPECT_FALSE(ThreadPool::PinThreads());
-  ThreadPool pool(2);
-  EXPECT_FALSE(pool.pinned());
+  EXPECT_EXIT(
+      {
+        ThreadPool pool(2);
+        std::exit(!ThreadPool::PinThreads() && !pool.pinned() ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace
