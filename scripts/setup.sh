@@ -13,6 +13,7 @@ PACKAGES=(
   libpcre2-dev libutf8proc-dev
   libcpp-httplib-dev
   python3
+  python3-numpy  # bench/peers/compare_llama.sh's synthetic model writer
   chromium  # headless, for the residency page's test (tests/server/residency_page.test.mjs)
 )
 # Node runs the server's client tests (the real `openai` and `@anthropic-ai/sdk` packages); a node

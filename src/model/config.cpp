@@ -1,7 +1,9 @@
 #include "model/config.h"
 
 #include <cmath>
+#include <initializer_list>
 #include <limits>
+#include <utility>
 
 namespace moetier {
 
@@ -14,6 +16,10 @@ Status ConfigReader::Int(const std::string& key, int64_t& out, FieldPresence pre
   }
   const json& v = j_[key];
   if (!v.is_number_integer()) return Error("field '" + key + "' must be an integer");
+  // get<int64_t>() would wrap these to negative numbers, and the error would say so.
+  if (v.is_number_unsigned() &&
+      v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    return Error("field '" + key + "' is " + v.dump() + ", too large");
   out = v.get<int64_t>();
   return OkStatus();
 }
@@ -43,6 +49,15 @@ namespace {
 
 // A generous cap that keeps a corrupt config from asking for absurd allocations.
 constexpr int64_t kMaxDim = int64_t{1} << 24;
+// Token positions are int32 (backend/batch.h), and the attention kernels take the window as one.
+constexpr int64_t kMaxPositions = std::numeric_limits<int32_t>::max();
+// Sixteen times the largest open MoE checkpoints (~1T weights): with it, every byte count the
+// loader derives from the config (banks, tensors, their sums, even as f32) fits int64 with
+// room to spare, which the caps on single sizes alone do not promise (3 of them multiply).
+constexpr int64_t kMaxModelWeights = int64_t{1} << 44;
+// config.json's own fields nest a few levels at most. Deeper values are refused before an error
+// message quotes one (json::dump recurses once per level and would overflow the stack).
+constexpr int kMaxJsonDepth = 32;
 
 // The keys rope settings may sit under: newer checkpoints spell them rope_parameters:
 // {rope_theta, rope_type, ...}; older ones use rope_scaling for the non-default kinds.
@@ -154,8 +169,10 @@ Status CheckValues(const ConfigReader& r, const ModelConfig& c) {
   if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta))
     return r.Error("rope_theta must be a positive number (is " + std::to_string(c.rope_theta) +
                    ")");
-  if (r.Has("max_position_embeddings") && c.max_position_embeddings <= 0)
-    return r.Error("max_position_embeddings must be positive (is " +
+  if (r.Has("max_position_embeddings") &&
+      (c.max_position_embeddings <= 0 || c.max_position_embeddings > kMaxPositions))
+    return r.Error("max_position_embeddings must be positive and at most " +
+                   std::to_string(kMaxPositions) + " (is " +
                    std::to_string(c.max_position_embeddings) + ")");
   if (c.dense_intermediate_size < 0) return r.Error("intermediate_size must not be negative");
   auto check_ids = [&](const char* key, const std::vector<int32_t>& ids) {
@@ -167,6 +184,39 @@ Status CheckValues(const ConfigReader& r, const ModelConfig& c) {
   };
   MT_RETURN_IF_ERROR(check_ids("eos_token_id", c.eos_token_ids));
   if (c.bos_token_id) MT_RETURN_IF_ERROR(check_ids("bos_token_id", {*c.bos_token_id}));
+  return OkStatus();
+}
+
+// The product of non-negative factors, or INT64_MAX when it overflows: past any cap either way.
+int64_t SaturatingProduct(std::initializer_list<int64_t> factors) {
+  int64_t p = 1;
+  for (int64_t f : factors)
+    if (__builtin_mul_overflow(p, f, &p)) return std::numeric_limits<int64_t>::max();
+  return p;
+}
+
+int64_t SaturatingSum(std::initializer_list<int64_t> terms) {
+  int64_t s = 0;
+  for (int64_t t : terms)
+    if (__builtin_add_overflow(s, t, &s)) return std::numeric_limits<int64_t>::max();
+  return s;
+}
+
+// Each top-level field nests at most kMaxJsonDepth levels; the error names the first that does
+// not. Iterative, so that the check itself cannot overflow the stack.
+Status CheckDepth(const ConfigReader& r) {
+  for (const auto& [key, value] : r.object().items()) {
+    std::vector<std::pair<const json*, int>> stack = {{&value, 1}};
+    while (!stack.empty()) {
+      const auto [node, depth] = stack.back();
+      stack.pop_back();
+      if (depth > kMaxJsonDepth)
+        return r.Error("field '" + key + "' is nested deeper than " +
+                       std::to_string(kMaxJsonDepth) + " levels");
+      if (node->is_structured())
+        for (const json& child : *node) stack.emplace_back(&child, depth + 1);
+    }
+  }
   return OkStatus();
 }
 
@@ -197,6 +247,36 @@ Status CheckSharedSizes(const ConfigReader& r, const ModelConfig& c) {
   return OkStatus();
 }
 
+// The weights the config describes, in two parts so the error names the fields that multiply:
+// each is at most kMaxModelWeights. Every single size is at most kMaxDim already (and positive,
+// but for intermediate_size, which may be 0).
+Status CheckWeightCount(const ConfigReader& r, const ModelConfig& c) {
+  const int64_t H = c.hidden_size, L_moe = c.n_moe_layers(), L_dense = c.n_layers - L_moe;
+  const std::string cap = std::to_string(kMaxModelWeights);
+  // gate, up and down of each expert, and the router [n_experts, H], in each MoE layer.
+  const int64_t experts =
+      SaturatingSum({SaturatingProduct({3, H, c.expert_intermediate_size, c.n_experts, L_moe}),
+                     SaturatingProduct({c.n_experts, H, L_moe})});
+  if (experts > kMaxModelWeights)
+    return r.Error("the routed experts, 3 x hidden_size (" + std::to_string(H) +
+                   ") x expert width (" + std::to_string(c.expert_intermediate_size) + ") x " +
+                   std::to_string(c.n_experts) + " experts x " + std::to_string(L_moe) +
+                   " MoE layers, exceed " + cap + " weights");
+  // The embedding and lm_head [vocab, H]; q and o [n_heads * head_dim, H], k and v
+  // [n_kv_heads * head_dim, H] in every layer; gate, up and down of each dense MLP.
+  const int64_t rest =
+      SaturatingSum({SaturatingProduct({2, c.vocab_size, H}),
+                     SaturatingProduct({2, H, c.head_dim, c.n_heads + c.n_kv_heads, c.n_layers}),
+                     SaturatingProduct({3, H, c.dense_intermediate_size, L_dense})});
+  if (rest > kMaxModelWeights)
+    return r.Error(
+        "the weights besides the experts (from vocab_size, hidden_size, "
+        "num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim and "
+        "intermediate_size) exceed " +
+        cap + " weights");
+  return OkStatus();
+}
+
 // What the architecture's part resolved: the experts, the window, which layers are MoE.
 Status CheckArchFields(const ConfigReader& r, const ModelConfig& c) {
   MT_RETURN_IF_ERROR(CheckPositive(r, "expert width", c.expert_intermediate_size));
@@ -207,13 +287,17 @@ Status CheckArchFields(const ConfigReader& r, const ModelConfig& c) {
   for (int64_t v : {c.expert_intermediate_size, c.n_experts})
     if (v > kMaxDim) return r.Error("a size in the config exceeds " + std::to_string(kMaxDim));
   if (c.sliding_window < 0) return r.Error("field 'sliding_window' must not be negative");
+  if (c.sliding_window > kMaxPositions)
+    return r.Error("field 'sliding_window' is " + std::to_string(c.sliding_window) +
+                   ", more than the " + std::to_string(kMaxPositions) +
+                   " positions a sequence has");
   if (c.layer_is_moe.size() != static_cast<size_t>(c.n_layers))
     return r.Error(c.architecture + " did not say which of the " + std::to_string(c.n_layers) +
                    " layers are MoE");
   for (int64_t l = 0; l < c.n_layers; ++l)
     if (!c.layer_is_moe[static_cast<size_t>(l)] && c.dense_intermediate_size <= 0)
       return r.Error("layer " + std::to_string(l) + " is dense but 'intermediate_size' is missing");
-  return OkStatus();
+  return CheckWeightCount(r, c);
 }
 
 }  // namespace
@@ -246,6 +330,7 @@ Expected<ModelConfig> ParseModelConfig(const std::string& json_text, const std::
   }
   if (!j.is_object()) return Status::Error(source + ": not a JSON object");
   const ConfigReader r(j, source);
+  MT_RETURN_IF_ERROR(CheckDepth(r));
   ModelConfig c;
   c.source = source;
   MT_ASSIGN_OR_RETURN(c.architecture, ReadArchitectureName(j, source));

@@ -93,8 +93,10 @@ using ArchConfigParser = Status (*)(const nlohmann::json& j, const std::string& 
 
 // Parses config.json text (`source` names the file in errors): the shared keys, then the
 // architecture's (`parse_arch`). Validates that sizes are positive and consistent (heads divide,
-// top-k <= experts), that values are usable (eps, rope_theta, token ids inside the vocabulary)
-// and that the features used are supported.
+// top-k <= experts) and bounded (each size, and the weights they describe summed over the
+// model, so that byte counts derived from them fit int64; the context and the window fit int32),
+// that values are usable (eps, rope_theta, token ids inside the vocabulary) and that the features
+// used are supported.
 Expected<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source,
                                        ArchConfigParser parse_arch);
 

@@ -2,6 +2,8 @@
 // defaults (its ArchSpec::parse_config), and errors that name the field.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "model/arch/arch.h"
 #include "model/config.h"
 #include "support/test_support.h"
@@ -208,6 +210,90 @@ TEST(Config, Errors) {
     EXPECT_NE(r.message().find("config.json: "), std::string::npos) << r.message();
     EXPECT_NE(r.message().find(c.needle), std::string::npos) << c.what << ": " << r.message();
   }
+}
+
+TEST(Config, HugeSizesAreErrors) {
+  // Sizes each under the per-size cap whose products (3 x hidden_size x expert width x experts x
+  // layers) would overflow the int64 byte counts the loader derives (bank bytes, their sums); a
+  // context or window past int32 positions; an integer past int64.
+  struct Case {
+    const char* what;
+    const char* arch;
+    std::function<void(nlohmann::json&)> edit;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"qwen3 experts", "Qwen3MoeForCausalLM",
+       [](auto& j) {
+         j["hidden_size"] = 1 << 24;
+         j["moe_intermediate_size"] = 1 << 24;
+         j["num_experts"] = 1 << 24;
+       },
+       "the routed experts, 3 x hidden_size (16777216) x expert width (16777216) x 16777216 "
+       "experts x 4 MoE layers, exceed"},
+      {"mixtral experts over many layers", "MixtralForCausalLM",
+       [](auto& j) {
+         j["hidden_size"] = 1 << 16;
+         j["intermediate_size"] = 1 << 16;
+         j["num_local_experts"] = 1 << 8;
+         j["num_hidden_layers"] = 1 << 20;
+       },
+       "the routed experts"},
+      {"qwen3 dense weights", "Qwen3MoeForCausalLM",
+       [](auto& j) {
+         j["vocab_size"] = 1 << 24;
+         j["hidden_size"] = 1 << 24;
+       },
+       "the weights besides the experts (from vocab_size, hidden_size, num_hidden_layers"},
+      {"context past int32", "Qwen3MoeForCausalLM",
+       [](auto& j) { j["max_position_embeddings"] = int64_t{1} << 62; },
+       "max_position_embeddings must be positive and at most 2147483647"},
+      {"window past int32", "MixtralForCausalLM",
+       [](auto& j) { j["sliding_window"] = (int64_t{1} << 32) + 5; },
+       "field 'sliding_window' is 4294967301"},
+      {"size past int64", "MixtralForCausalLM",
+       [](auto& j) { j["vocab_size"] = std::numeric_limits<uint64_t>::max(); },
+       "field 'vocab_size' is 18446744073709551615, too large"},
+  };
+  for (const auto& c : cases) {
+    nlohmann::json j =
+        Fixture(std::string(c.arch) == "MixtralForCausalLM" ? "mixtral" : "qwen3_moe");
+    c.edit(j);
+    auto r = Parse(j, c.arch);
+    ASSERT_FALSE(r.ok()) << c.what;
+    EXPECT_NE(r.message().find("config.json: "), std::string::npos) << r.message();
+    EXPECT_NE(r.message().find(c.needle), std::string::npos) << c.what << ": " << r.message();
+  }
+  // The largest real MoE configs stay well inside the bounds (DeepSeek-V3's sizes, here read as
+  // Qwen3-MoE keys: 61 layers of 256 experts of width 2048, d_model 7168).
+  nlohmann::json big = Fixture("qwen3_moe");
+  big["hidden_size"] = 7168;
+  big["num_attention_heads"] = 128;
+  big["num_key_value_heads"] = 128;
+  big["head_dim"] = 128;
+  big["moe_intermediate_size"] = 2048;
+  big["intermediate_size"] = 18432;
+  big["num_experts"] = 256;
+  big["num_experts_per_tok"] = 8;
+  big["num_hidden_layers"] = 61;
+  big["vocab_size"] = 129280;
+  big["max_position_embeddings"] = 163840;
+  auto ok = Parse(big);
+  EXPECT_TRUE(ok.ok()) << ok.message();
+}
+
+TEST(Config, DeeplyNestedValueIsAnError) {
+  // An error quoting such a value (hidden_act, mlp_only_layers) would recurse once per level in
+  // json::dump and overflow the stack.
+  nlohmann::json j = Fixture("qwen3_moe");
+  std::string text = j.dump();
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  text.replace(text.find("\"silu\""), 6, deep);
+  auto r = ParseModelConfig(text, "config.json", arch::Qwen3MoeSpec().parse_config);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("config.json: field 'hidden_act' is nested deeper than"),
+            std::string::npos)
+      << r.message();
 }
 
 TEST(Config, NotJson) {
