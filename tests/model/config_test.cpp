@@ -108,14 +108,17 @@ TEST(Config, SlidingWindowAsEachArchitectureSpellsIt) {
   EXPECT_EQ(mc->sliding_window, 4096);
 }
 
+// A config.json edit (of architecture `arch`'s config) that must be refused, and what the
+// error must name.
+struct ArchCase {
+  const char* what;
+  const char* arch;
+  std::function<void(nlohmann::json&)> edit;
+  const char* needle;
+};
+
 TEST(Config, ArchitectureKeyErrors) {
-  struct Case {
-    const char* what;
-    const char* arch;
-    std::function<void(nlohmann::json&)> edit;
-    const char* needle;
-  };
-  const Case cases[] = {
+  const ArchCase cases[] = {
       {"qwen3 without expert width", "Qwen3MoeForCausalLM",
        [](auto& j) { j.erase("moe_intermediate_size"); }, "'moe_intermediate_size'"},
       {"qwen3 without expert count", "Qwen3MoeForCausalLM", [](auto& j) { j.erase("num_experts"); },
@@ -216,13 +219,7 @@ TEST(Config, HugeSizesAreErrors) {
   // Sizes each under the per-size cap whose products (3 x hidden_size x expert width x experts x
   // layers) would overflow the int64 byte counts the loader derives (bank bytes, their sums); a
   // context or window past int32 positions; an integer past int64.
-  struct Case {
-    const char* what;
-    const char* arch;
-    std::function<void(nlohmann::json&)> edit;
-    const char* needle;
-  };
-  const Case cases[] = {
+  const ArchCase cases[] = {
       {"qwen3 experts", "Qwen3MoeForCausalLM",
        [](auto& j) {
          j["hidden_size"] = 1 << 24;

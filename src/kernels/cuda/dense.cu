@@ -399,16 +399,7 @@ __device__ __forceinline__ void QuantRowDots(const uint8_t* row, int64_t n_block
       for (int t = 0; t < kTok; ++t) {
         if (t < nt) {
           const auto* xp = reinterpret_cast<const int4*>(xq + t * cols + b * 32);
-          const int4 lo = xp[0];
-          const int4 hi = xp[1];
-          int dot = __dp4a(wq[0], lo.x, 0);
-          dot = __dp4a(wq[1], lo.y, dot);
-          dot = __dp4a(wq[2], lo.z, dot);
-          dot = __dp4a(wq[3], lo.w, dot);
-          dot = __dp4a(wq[4], hi.x, dot);
-          dot = __dp4a(wq[5], hi.y, dot);
-          dot = __dp4a(wq[6], hi.z, dot);
-          dot = __dp4a(wq[7], hi.w, dot);
+          const int dot = Dot32(wq, xp[0], xp[1]);
           acc[t] = fmaf(static_cast<float>(dot), d * dx[t * n_blocks + b], acc[t]);
         }
       }

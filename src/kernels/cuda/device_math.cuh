@@ -38,4 +38,17 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
+// Exact integer dot of 32 weight codes (4 a word) with 32 activation quants (xa: quants 0-15,
+// xb: 16-31), in a fixed order.
+__device__ __forceinline__ int32_t Dot32(const int32_t q[8], int4 xa, int4 xb) {
+  int32_t s = __dp4a(q[0], xa.x, 0);
+  s = __dp4a(q[1], xa.y, s);
+  s = __dp4a(q[2], xa.z, s);
+  s = __dp4a(q[3], xa.w, s);
+  s = __dp4a(q[4], xb.x, s);
+  s = __dp4a(q[5], xb.y, s);
+  s = __dp4a(q[6], xb.z, s);
+  return __dp4a(q[7], xb.w, s);
+}
+
 }  // namespace moetier::cuda
