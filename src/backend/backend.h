@@ -108,8 +108,6 @@ struct ComputeOptions {
   double fetch_share = -1;
   // kGpu with every expert in VRAM: decode steps recorded as CUDA graphs and replayed.
   bool cuda_graphs = true;
-  // kGpu: kernels launched with programmatic dependent launch (kernels/cuda/launch.cuh).
-  bool cuda_pdl = true;
   // kGpu with locked or pageable layers: their banks staged to the GPU for long prefill steps
   // (1), never (0), or when measured cheaper than the CPU executor (-1; experts/locked_prefill.h).
   int stage_locked = -1;

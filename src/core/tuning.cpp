@@ -7,7 +7,7 @@
 
 namespace moetier {
 
-const std::array<TuningKnobSpec, 16> kTuningKnobSpecs = {{
+const std::array<TuningKnobSpec, 17> kTuningKnobSpecs = {{
     {"MOETIER_AMX_MIN_TOKENS", &TuningKnobs::amx_min_tokens, 1, 1 << 20,
      "smallest batch of tokens whose q8_0/bf16 matmuls use AMX tiles"},
     {"MOETIER_BF16C_EXPAND_MIN_TOKENS", &TuningKnobs::bf16c_expand_min_tokens, 1, 1 << 20,
@@ -40,6 +40,9 @@ const std::array<TuningKnobSpec, 16> kTuningKnobSpecs = {{
     {"MOETIER_CUDA_PDL", &TuningKnobs::cuda_pdl, 0, 1,
      "GPU: 1 (default) lets each kernel be scheduled while the one before it finishes "
      "(programmatic dependent launch); 0 waits for it to drain"},
+    {"MOETIER_CUDA_FUSE", &TuningKnobs::cuda_fuse, 0, 1,
+     "GPU: 1 (default) fuses a decode step's launches (the products of one x, top-k with "
+     "grouping); 0 launches each apart"},
     {"MOETIER_STAGE_LOCKED", &TuningKnobs::stage_locked, 0, 1,
      "with a GPU: 1 stages locked layers' banks to the GPU for every long prefill step, 0 "
      "never (the CPU executor computes them); unset: the cheaper as measured"},

@@ -135,7 +135,6 @@ ComputeOptions ComputeFor(const ResidencyPlan& plan, const std::vector<LayerResi
   if (!RunsOnGpu(plan, options.residency)) return c;
   c.device = ComputeDevice::kGpu;
   c.cuda_graphs = options.cuda_graphs && Tuning().cuda_graphs.value_or(1) != 0;
-  c.cuda_pdl = Tuning().cuda_pdl.value_or(1) != 0;
   c.stage_locked = options.stage_locked >= 0 ? options.stage_locked
                                              : static_cast<int>(Tuning().stage_locked.value_or(-1));
   if (plan.backend == Backend::kGpu) return c;  // every expert in VRAM

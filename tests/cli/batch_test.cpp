@@ -190,13 +190,15 @@ TEST(Batch, TextPromptsAndChatMatchGenerateAlone) {
 
 TEST(Batch, StopStringsEndTheTextBeforeThem) {
   // Greedy, "Hello, world!" continues " тем" x 7, "当我们" x 2, ... (reference_text.json):
-  // the stop string ends within a token.
+  // the stop string ends within a token. --no-gpu: the CPU engine reproduces Hugging Face's
+  // greedy text exactly; a GPU's may leave it at a near tie of this tiny model (the model tests
+  // check the GPU's continuations against the fixtures' margins).
   const std::vector<json> requests = {{{"id", "s"},
                                        {"prompt", "Hello, world!"},
                                        {"stop", {"我们", "xyz"}},
                                        {"max_new_tokens", 16}}};
   testing::TempDir tmp;
-  const BatchRun run = Batch(tmp, "realvocab/qwen3_moe_tiny", requests, "--ctx-size 256");
+  const BatchRun run = Batch(tmp, "realvocab/qwen3_moe_tiny", requests, "--ctx-size 256 --no-gpu");
   ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
   ASSERT_EQ(run.lines.size(), 1u);
   EXPECT_EQ(run.lines[0]["text"], " тем тем тем тем тем тем тем当");

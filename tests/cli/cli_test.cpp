@@ -159,6 +159,9 @@ TEST(Cli, ErrorsAreOneLineAndNonZero) {
   }
 }
 
+// --no-gpu: the CPU engine reproduces Hugging Face's greedy text exactly; a GPU's may leave it at
+// a near tie of these tiny models (the model tests check the GPU's continuations against the
+// fixtures' margins).
 TEST(Cli, GeneratePromptPrintsHuggingFacesGreedyText) {
   for (const char* fixture : {"realvocab/qwen3_moe_tiny", "realvocab/mixtral_tiny"}) {
     const auto ref = nlohmann::json::parse(
@@ -167,7 +170,7 @@ TEST(Cli, GeneratePromptPrintsHuggingFacesGreedyText) {
       testing::TempDir tmp;
       testing::WriteFile(tmp.path() / "prompt.txt", t["text"].get<std::string>());
       auto r = RunCli("generate " + Model(fixture) + " --prompt-file '" +
-                      (tmp.path() / "prompt.txt").string() + "' -n " +
+                      (tmp.path() / "prompt.txt").string() + "' --no-gpu -n " +
                       std::to_string(t["greedy_ids"].size()));
       ASSERT_EQ(r.exit_code, 0) << r.err;
       EXPECT_EQ(r.out, t["greedy_text"].get<std::string>() + "\n") << fixture << ": " << t["text"];
@@ -277,6 +280,10 @@ TEST(Cli, BenchJsonHasTheKeysAndConsistentFigures) {
   EXPECT_NEAR(j["decode_gb_per_s"].get<double>(), gbps, 1e-9 * gbps + 1e-12);
   // Per decoded token and per prompt: the phases add up to no more than the forward, which is
   // no more than the whole step / prompt the tokens/s figures say.
+  // The experts' time: the CPU executor's gate+up phase, or on a GPU its expert kernels' device
+  // time.
+  const std::string backend = j["backend"].get<std::string>();
+  const char* experts_phase = backend == "cpu" ? "experts_gate_up" : "gpu_experts";
   const std::pair<const char*, const char*> profiles[] = {
       {"decode_phase_ms_per_token", "step"}, {"prefill_phase_ms_per_prompt", "prompt"}};
   for (const auto& [key, total] : profiles) {
@@ -289,7 +296,7 @@ TEST(Cli, BenchJsonHasTheKeysAndConsistentFigures) {
       EXPECT_GE(p[phase].get<double>(), 0.0) << key << " " << phase;
       parts += p[phase].get<double>();
     }
-    EXPECT_GT(p["experts_gate_up"].get<double>(), 0.0) << key;
+    EXPECT_GT(p[experts_phase].get<double>(), 0.0) << key << " " << backend;
     EXPECT_LE(parts, p["forward"].get<double>() * (1 + 1e-9)) << key;
     EXPECT_LE(p["forward"].get<double>(), p[total].get<double>() * 1.05 + 0.05) << key;
   }

@@ -1,9 +1,11 @@
 // The decode loop allocates nothing in steady state: after warm-up steps, further
 // single-token Forward calls make no call to operator new, whichever thread would make it
 // (the pool's workers included). Its own executable: it replaces the global operator new.
+#include <execinfo.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <new>
 #include <vector>
@@ -19,14 +21,27 @@
 namespace {
 std::atomic<bool> g_counting{false};
 std::atomic<long> g_allocations{0};
+// Where the first counted allocation came from (backtrace() allocates with malloc, not new).
+constexpr int kMaxFrames = 48;
+void* g_first_frames[kMaxFrames];
+int g_n_first_frames = 0;
 }  // namespace
 
 // Every replaceable non-aligned form, so that no pair mixes ours with the runtime's (ASan
 // checks that what `new` returned is released by the matching `delete`).
 namespace {
 void* CountedAlloc(std::size_t n) noexcept {
-  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1);
+  if (g_counting.load(std::memory_order_relaxed) && g_allocations.fetch_add(1) == 0)
+    g_n_first_frames = backtrace(g_first_frames, kMaxFrames);
   return std::malloc(n == 0 ? 1 : n);
+}
+
+// The first counted allocation's call stack on stderr (addresses as object+offset where the
+// binary is stripped: addr2line -e <unstripped binary> resolves them).
+void PrintFirstAllocation() {
+  if (g_allocations.load() == 0 || g_n_first_frames == 0) return;
+  std::fprintf(stderr, "the first counted operator new was called from:\n");
+  backtrace_symbols_fd(g_first_frames, g_n_first_frames, 2);
 }
 }  // namespace
 
@@ -109,6 +124,7 @@ TEST_P(DecodeAllocations, NoneInSteadyStateDecodeSteps) {
   }
   g_counting = false;
   EXPECT_EQ(g_allocations.load(), 0) << GetParam();
+  PrintFirstAllocation();
 }
 
 // The same with many sequences decoding together on the engine: once every prompt is in and the
@@ -140,6 +156,7 @@ TEST_P(DecodeAllocations, NoneInSteadyStateBatchedDecodeSteps) {
   engine->RunUntilIdle();
   g_counting = false;
   EXPECT_EQ(during, 0) << GetParam();
+  if (during > 0) PrintFirstAllocation();
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DecodeAllocations, ::testing::Values("qwen3_moe", "mixtral"),

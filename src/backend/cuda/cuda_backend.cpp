@@ -99,7 +99,6 @@ Expected<std::unique_ptr<ComputeBackend>> CudaBackend::Create(const ComputeOptio
   MT_ASSIGN_OR_RETURN(b->offload_, ExpertOffload::Create(options, experts, dims));
   b->offload_->SetSegments(b.get());
   b->graphs_wanted_ = options.cuda_graphs;
-  cuda::SetProgrammaticLaunch(options.cuda_pdl);
   MT_ASSIGN_OR_RETURN(b->scans_dev_, cuda::DeviceBuffer<unsigned long long>::Create(
                                          kNonFiniteSlots, "the non-finite scans"));
   MT_RETURN_IF_ERROR(b->scans_host_.Reserve(kNonFiniteSlots, "the non-finite scans"));
@@ -215,6 +214,10 @@ void CudaBackend::BeginStep(const Batch& batch, const KvPool& kv) {
   graph_mode_ = cuda::StepGraphs::Mode::kEager;
   step_recorded_ = false;
   error_.clear();
+  // The runtime's last error is where a refused kernel launch (too many threads or registers,
+  // too much shared memory) shows: EndStep reads it. One left by calls outside the step, which
+  // reported theirs, is not this step's.
+  (void)cudaGetLastError();
   const int64_t T = batch.n_tokens();
   if (Status s = Reserve(T); !s.ok()) error_ = s.message();
   int64_t max_blocks = 1;
@@ -558,6 +561,7 @@ Status CudaBackend::EndStep() {
                         stream_),
         "reading the expert counts");
   Check(cudaStreamSynchronize(stream_), "the step on the GPU");
+  Check(cudaGetLastError(), "a kernel launch of the step");
   if (error_.empty())
     if (Status s = offload_->FinishStep(); !s.ok()) error_ = s.message();
   for (int64_t layer : timed_expert_layers_) {

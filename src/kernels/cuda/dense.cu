@@ -631,7 +631,7 @@ struct FusedQuantDecode {
 
 // Whether FusedQuantDecodeKernel takes nt tokens of `cols` columns of a quantized dtype.
 bool FusedFits(DType dtype, int64_t nt, int64_t cols) {
-  if (nt > kMaxFusedTokens) return false;
+  if (nt > kMaxFusedTokens || !FusedLaunches()) return false;
   const size_t smem = dtype == DType::kQ8_0 ? FusedSmemBytes<DType::kQ8_0>(nt, cols)
                                             : FusedSmemBytes<DType::kQ4_0>(nt, cols);
   return smem <= kMaxFusedSmemBytes;
@@ -847,7 +847,8 @@ void DenseMatMul::RunAll(std::span<const Product> products, const float* x, int6
   for (const Product& p : products)
     together = together && p.w->dtype == first.dtype && p.w->cols == first.cols && p.w->rows > 0 &&
                (quantized || FloatVectorizable(*p.w, x));
-  const bool listable = together && products.size() <= static_cast<size_t>(kMaxListed);
+  const bool listable =
+      together && products.size() <= static_cast<size_t>(kMaxListed) && FusedLaunches();
   if (listable && float_dtype) return s_->FloatListProduct(products, x, n_tokens, stream);
   if (listable && FusedFits(first.dtype, n_tokens, first.cols))
     return s_->FusedProduct(products, x, n_tokens, stream);

@@ -24,7 +24,9 @@ __device__ __forceinline__ void PdlWait() {
 #endif
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...), with PDL when it is on.
+// kernel<<<grid, block, smem, stream>>>(args...), with PDL when it is on. A refused launch (too
+// many threads for the kernel's registers, too much shared memory) is left, as with <<<>>>, in
+// the runtime's last error, which CudaBackend::EndStep turns into the step's error.
 template <typename... Params, typename... Args>
 void Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
             Args&&... args) {

@@ -1,12 +1,16 @@
-// The host-side switch of launch.cuh's programmatic dependent launch, for code that is not
-// compiled by nvcc.
+// The host-side switches of how our CUDA kernels are launched, for code that is not compiled by
+// nvcc. Both are read once per process from the tuning knobs (core/tuning.h).
 #pragma once
 
 namespace moetier::cuda {
 
-// Whether Launch asks for programmatic dependent launch (default on; MOETIER_CUDA_PDL=0 turns it
-// off, through ComputeOptions). Process-wide: every backend in a process shares the setting.
-void SetProgrammaticLaunch(bool on);
+// Whether launch.cuh's Launch asks for programmatic dependent launch (MOETIER_CUDA_PDL, default
+// on).
 bool ProgrammaticLaunch();
+
+// Whether decode steps use the fused launches (MOETIER_CUDA_FUSE, default on): the products of
+// one x in one launch with x quantized inside it (dense.cu), top-k and grouping in one block
+// (router.cu). Off: a launch per product and per stage, for A/B measurement and diagnosis.
+bool FusedLaunches();
 
 }  // namespace moetier::cuda

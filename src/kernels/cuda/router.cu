@@ -291,10 +291,12 @@ __global__ void GroupKernel(const int32_t* ids, const float* weights, int n_assi
 
 // Both in one block, for steps of a few tokens: the warps take the tokens' top-k in turn, then
 // the block groups them (its own writes of ids and weights are visible after the barrier).
-__global__ void RouteKernel(const float* logits, int n_tokens, int n_experts, int top_k,
-                            bool normalize, int32_t* ids, float* weights, int32_t* n_active_out,
-                            int32_t* experts, int32_t* begin, int32_t* token_of, float* weight_of,
-                            int32_t* assign_of) {
+// Launched with up to kMaxGroupWarps warps: the bound keeps its registers within what a block of
+// 1,024 threads may hold (unbounded, the top-k's 80 registers failed such launches on the H200).
+__global__ void __launch_bounds__(kMaxGroupWarps* kWarp)
+    RouteKernel(const float* logits, int n_tokens, int n_experts, int top_k, bool normalize,
+                int32_t* ids, float* weights, int32_t* n_active_out, int32_t* experts,
+                int32_t* begin, int32_t* token_of, float* weight_of, int32_t* assign_of) {
   PdlWait();
   extern __shared__ int4 shared_raw[];
   const int n_warps = blockDim.x / kWarp;
@@ -339,7 +341,7 @@ void LaunchRoute(const float* logits, bool normalize, int32_t* ids, float* weigh
       r.top_k > kMaxTopK || r.top_k > r.n_experts)
     return;
   const GroupLayout plan = PlanGroup(r.n_experts, r.n_assignments(), r.n_tokens);
-  if (r.n_tokens > kMaxFusedRouteTokensPerWarp * plan.warps ||
+  if (!FusedLaunches() || r.n_tokens > kMaxFusedRouteTokensPerWarp * plan.warps ||
       plan.shared_bytes > kDefaultSharedBytes) {
     LaunchTopK(logits, r.n_tokens, r.n_experts, r.top_k, normalize, ids, weights, stream);
     return LaunchGroupByExpert(ids, weights, r, stream);
