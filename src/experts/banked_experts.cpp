@@ -25,8 +25,15 @@ uint64_t BankedExperts::ReleaseHost(std::span<const int64_t> layers) {
       if (moe_layers_[i] != layer || banks_[i].size() == 0) continue;
       freed += banks_[i].size();
       banks_[i] = HostBank();  // unpins or unlocks, and frees
-      const ExpertWeights none{};
-      table_.SetLayer(layer, std::vector<ExpertWeights>(table_.n_experts(layer), none));
+      const size_t n = table_.n_experts(layer);
+      std::vector<ExpertWeights> shapes;
+      shapes.reserve(n);
+      for (size_t e = 0; e < n; ++e) {
+        ExpertWeights w = table_.Expert(layer, static_cast<int64_t>(e));
+        w.gate.data = w.up.data = w.down.data = nullptr;
+        shapes.push_back(std::move(w));
+      }
+      table_.SetLayer(layer, std::move(shapes));
     }
   return freed;
 }

@@ -25,7 +25,8 @@ class ExpertSource {
   // Valid for MoE layers and expert < n_experts; the reference lives as long as the source.
   virtual const ExpertWeights& Expert(int64_t layer, int64_t expert) const = 0;
   // Frees the host memory of these layers' experts, once a device holds its own copy: Expert()
-  // of them then gives empty views (null data, 0 bytes). Returns the bytes freed; a source
+  // of them then gives views with null data that still say what the experts are (dtype, shape,
+  // bytes: what a decode step reads is counted from them). Returns the bytes freed; a source
   // whose bytes it does not own frees nothing.
   virtual uint64_t ReleaseHost(std::span<const int64_t> layers) {
     (void)layers;

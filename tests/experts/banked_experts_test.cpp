@@ -1,5 +1,6 @@
 // BankedExperts::ReleaseHost: once a device holds a layer's experts, its host bank is freed and
-// its views are empty; the other layers' stay as they were.
+// its views lose their data but keep what they describe (the decode step's byte counts read
+// them); the other layers' stay as they were.
 #include "experts/banked_experts.h"
 
 #include <gtest/gtest.h>
@@ -23,13 +24,20 @@ TEST(BankedExperts, ReleaseHostFreesOnlyTheNamedLayers) {
   const uint64_t bank_bytes = experts.bank(0).size();
   ASSERT_GT(bank_bytes, 0u);
   ASSERT_NE(experts.Expert(0, 3).gate.data, nullptr);
+  const ExpertWeights before = experts.Expert(0, 3);
 
   const std::vector<int64_t> layer0 = {0};
   EXPECT_EQ(experts.ReleaseHost(layer0), bank_bytes);
   EXPECT_EQ(experts.bank(0).size(), 0u);
   for (int64_t e = 0; e < kExperts; ++e) {
-    EXPECT_EQ(experts.Expert(0, e).gate.data, nullptr);
-    EXPECT_EQ(experts.Expert(0, e).down.n_bytes, 0u);
+    const ExpertWeights& w = experts.Expert(0, e);
+    EXPECT_EQ(w.gate.data, nullptr);
+    EXPECT_EQ(w.up.data, nullptr);
+    EXPECT_EQ(w.down.data, nullptr);
+    EXPECT_EQ(w.gate.n_bytes, before.gate.n_bytes);
+    EXPECT_EQ(w.down.n_bytes, before.down.n_bytes);
+    EXPECT_EQ(w.down.shape, before.down.shape);
+    EXPECT_EQ(w.up.dtype, DType::kBF16);
   }
   EXPECT_EQ(experts.Expert(2, 0).gate.data, kept);
   EXPECT_EQ(experts.ReleaseHost(layer0), 0u) << "a second release frees nothing";
