@@ -292,7 +292,7 @@ __global__ void GroupKernel(const int32_t* ids, const float* weights, int n_assi
 // Both in one block, for steps of a few tokens: the warps take the tokens' top-k in turn, then
 // the block groups them (its own writes of ids and weights are visible after the barrier).
 // Launched with up to kMaxGroupWarps warps: the bound keeps its registers within what a block of
-// 1,024 threads may hold (unbounded, the top-k's 80 registers failed such launches on the H200).
+// 1,024 threads may hold (unbounded, the top-k takes 80 registers: too many for 1,024 threads).
 __global__ void __launch_bounds__(kMaxGroupWarps* kWarp)
     RouteKernel(const float* logits, int n_tokens, int n_experts, int top_k, bool normalize,
                 int32_t* ids, float* weights, int32_t* n_active_out, int32_t* experts,

@@ -1,0 +1,428 @@
+// The decode kernels of DenseMatMul (dense.cu says how they work): one warp per weight row (or
+// a few), the float formats streamed with 16-byte loads, Q8_0/Q4_0 rows staged in shared memory
+// and dotted with int8 activations; the products of one x listed for one launch (MatrixList).
+// Included by dense.cu only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch.cuh"
+
+namespace moetier::cuda::dense_decode {
+
+constexpr int kDecodeWarps = 8;  // warps (rows) per block of the decode kernels
+constexpr int kDecodeThreads = kDecodeWarps * kWarp;
+constexpr int kFloatUnroll = 4;         // 16-byte row loads a lane keeps in flight (float formats)
+constexpr int kQuantBlocksPerLane = 2;  // Q8_0/Q4_0 blocks a lane takes per staged chunk
+
+__device__ __forceinline__ uint16_t LoadU16(const uint8_t* p) {  // p 2-byte aligned
+  return *reinterpret_cast<const uint16_t*>(p);
+}
+
+// ---- float formats -----------------------------------------------------------------------
+
+// Up to kMaxListed matrices of one dtype and width that multiply the same x (q, k and v), their
+// rows taken as one list by one launch: each matrix's rows padded to a multiple of `pad` (the
+// rows a warp takes), so that a warp's rows lie in one matrix.
+constexpr int kMaxListed = 4;
+struct MatrixList {
+  const uint8_t* w[kMaxListed];
+  float* y[kMaxListed];
+  int64_t rows[kMaxListed];
+  int n = 0;
+};
+
+__host__ __device__ __forceinline__ int64_t PaddedRows(int64_t rows, int64_t pad) {
+  return (rows + pad - 1) / pad * pad;
+}
+
+__host__ __device__ __forceinline__ int64_t ListedRows(const MatrixList& p, int64_t pad) {
+  int64_t total = 0;
+  for (int m = 0; m < p.n; ++m) total += PaddedRows(p.rows[m], pad);
+  return total;
+}
+
+// Row g of the padded list: its matrix *m and row *r there; false past the list's end.
+__device__ __forceinline__ bool Locate(const MatrixList& p, int64_t g, int64_t pad, int* m,
+                                       int64_t* r) {
+  for (int i = 0; i < p.n; ++i) {
+    const int64_t n = PaddedRows(p.rows[i], pad);
+    if (g < n) {
+      *m = i;
+      *r = g;
+      return true;
+    }
+    g -= n;
+  }
+  return false;
+}
+
+template <DType kD>
+constexpr int kElemBytes = kD == DType::kF32 ? 4 : 2;
+
+// The bytes of 8 consecutive weights: 32 for f32 (lo, hi), 16 for f16/bf16 (lo).
+struct Raw8 {
+  uint4 lo;
+  uint4 hi;
+};
+
+template <DType kD>
+__device__ __forceinline__ Raw8 LoadRaw8(const uint8_t* row, int64_t c) {
+  Raw8 r;
+  const auto* p = reinterpret_cast<const uint4*>(row + c * kElemBytes<kD>);
+  r.lo = __ldg(p);
+  if constexpr (kD == DType::kF32) {
+    r.hi = __ldg(p + 1);
+  } else {
+    r.hi = make_uint4(0, 0, 0, 0);
+  }
+  return r;
+}
+
+template <DType kD>
+__device__ __forceinline__ float HalfBits(uint32_t bits) {
+  if constexpr (kD == DType::kBF16) {
+    return Bf16BitsToFloat(static_cast<uint16_t>(bits));
+  } else {
+    return F16BitsToFloat(static_cast<uint16_t>(bits));
+  }
+}
+
+template <DType kD>
+__device__ __forceinline__ void Decode8(const Raw8& r, float (&w)[8]) {
+  if constexpr (kD == DType::kF32) {
+    w[0] = __uint_as_float(r.lo.x);
+    w[1] = __uint_as_float(r.lo.y);
+    w[2] = __uint_as_float(r.lo.z);
+    w[3] = __uint_as_float(r.lo.w);
+    w[4] = __uint_as_float(r.hi.x);
+    w[5] = __uint_as_float(r.hi.y);
+    w[6] = __uint_as_float(r.hi.z);
+    w[7] = __uint_as_float(r.hi.w);
+  } else {
+    const uint32_t words[4] = {r.lo.x, r.lo.y, r.lo.z, r.lo.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[2 * k] = HalfBits<kD>(words[k] & 0xffffu);
+      w[2 * k + 1] = HalfBits<kD>(words[k] >> 16);
+    }
+  }
+}
+
+template <DType kD>
+__device__ __forceinline__ float WeightAt(const uint8_t* row, int64_t c) {
+  if constexpr (kD == DType::kF32) {
+    return reinterpret_cast<const float*>(row)[c];
+  } else {
+    return HalfBits<kD>(reinterpret_cast<const uint16_t*>(row)[c]);
+  }
+}
+
+// Lane 0 writes the warp's sums of acc[0, n) to y[t * rows + r], t < n.
+template <int kTok>
+__device__ __forceinline__ void WriteRow(float (&acc)[kTok], int n, int lane, float* y,
+                                         int64_t rows, int64_t r) {
+#pragma unroll
+  for (int t = 0; t < kTok; ++t) {
+    if (t < n) {  // warp-uniform
+      const float s = WarpSum(acc[t]);
+      if (lane == 0) y[t * rows + r] = s;
+    }
+  }
+}
+
+// One warp per kRows rows of the listed matrices; cols % 8 == 0, rows and x 16-byte aligned.
+// y [n_tokens, rows] each. Each activation load (from L1/L2) feeds kRows rows: with several
+// tokens the L1 traffic of the activations, not the weight stream, is what bounds a one-row warp.
+template <DType kD, int kTok, int kRows>
+__global__ void __launch_bounds__(kDecodeThreads)
+    FloatDecodeKernel(MatrixList list, int64_t cols, const float* x, int64_t n_tokens) {
+  PdlWait();
+  constexpr int kUnroll = kFloatUnroll / kRows > 0 ? kFloatUnroll / kRows : 1;
+  const int lane = threadIdx.x % kWarp;
+  int m = 0;
+  int64_t r0 = 0;
+  if (!Locate(list, (static_cast<int64_t>(blockIdx.x) * kDecodeWarps + threadIdx.x / kWarp) * kRows,
+              kRows, &m, &r0))
+    return;  // whole warps leave; no block barrier below
+  const uint8_t* w = list.w[m];
+  const int64_t rows = list.rows[m];
+  float* y = list.y[m];
+  const uint8_t* row[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i)  // rows past the end re-read the last one, unwritten
+    row[i] = w + (r0 + i < rows ? r0 + i : rows - 1) * cols * kElemBytes<kD>;
+  constexpr int64_t kStep = 8 * kWarp;  // elements a warp covers per load step
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kTok) {
+    const int nt = static_cast<int>(n_tokens - t0 < kTok ? n_tokens - t0 : kTok);
+    const float* xs = x + t0 * cols;
+    float acc[kRows][kTok];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) acc[i][t] = 0.0f;
+    for (int64_t c0 = lane * 8; c0 < cols; c0 += kStep * kUnroll) {
+      Raw8 raw[kUnroll][kRows];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = c0 + u * kStep;
+        if (c < cols) {
+#pragma unroll
+          for (int i = 0; i < kRows; ++i) raw[u][i] = LoadRaw8<kD>(row[i], c);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = c0 + u * kStep;
+        if (c >= cols) break;
+        float wv[kRows][8];
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) Decode8<kD>(raw[u][i], wv[i]);
+#pragma unroll
+        for (int t = 0; t < kTok; ++t) {
+          if (t < nt) {
+            const auto* xp = reinterpret_cast<const float4*>(xs + t * cols + c);
+            const float4 a = __ldg(xp);
+            const float4 b = __ldg(xp + 1);
+#pragma unroll
+            for (int i = 0; i < kRows; ++i) {
+              float s = acc[i][t];
+              s = fmaf(wv[i][0], a.x, s);
+              s = fmaf(wv[i][1], a.y, s);
+              s = fmaf(wv[i][2], a.z, s);
+              s = fmaf(wv[i][3], a.w, s);
+              s = fmaf(wv[i][4], b.x, s);
+              s = fmaf(wv[i][5], b.y, s);
+              s = fmaf(wv[i][6], b.z, s);
+              s = fmaf(wv[i][7], b.w, s);
+              acc[i][t] = s;
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+      if (r0 + i < rows) WriteRow<kTok>(acc[i], nt, lane, y + t0 * rows, rows, r0 + i);
+  }
+}
+
+// The same product, one element a lane a step: any cols and alignment.
+template <DType kD, int kTok>
+__global__ void __launch_bounds__(kDecodeThreads)
+    FloatScalarKernel(const uint8_t* w, int64_t rows, int64_t cols, const float* x,
+                      int64_t n_tokens, float* y) {
+  PdlWait();
+  const int lane = threadIdx.x % kWarp;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + threadIdx.x / kWarp;
+  if (r >= rows) return;
+  const uint8_t* row = w + r * cols * kElemBytes<kD>;
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kTok) {
+    const int nt = static_cast<int>(n_tokens - t0 < kTok ? n_tokens - t0 : kTok);
+    const float* xs = x + t0 * cols;
+    float acc[kTok];
+#pragma unroll
+    for (int t = 0; t < kTok; ++t) acc[t] = 0.0f;
+    for (int64_t c = lane; c < cols; c += kWarp) {
+      const float wv = WeightAt<kD>(row, c);
+#pragma unroll
+      for (int t = 0; t < kTok; ++t)
+        if (t < nt) acc[t] = fmaf(wv, __ldg(xs + t * cols + c), acc[t]);
+    }
+    WriteRow<kTok>(acc, nt, lane, y + t0 * rows, rows, r);
+  }
+}
+
+// ---- Q8_0 / Q4_0 -------------------------------------------------------------------------
+
+// x [n_blocks_total * 32] float -> xq (int8, same layout) and dx [n_blocks_total], one warp per
+// 32-block, bit for bit the CPU's quantizer: amax = max|x|, dx = amax / 127,
+// q = round-half-even(clamp(x * (127 / amax), -127, 127)) (IEEE division and one multiply, as
+// there; no FMA can form).
+__device__ __forceinline__ void QuantizeBlock(const float* x, int64_t b, int lane, int8_t* xq,
+                                              float* dx) {
+  const float v = x[b * kWarp + lane];
+  const float amax = WarpMax(fabsf(v));
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  const float q = fminf(127.0f, fmaxf(-127.0f, v * id));
+  xq[b * kWarp + lane] = static_cast<int8_t>(__float2int_rn(q));
+  if (lane == 0) dx[b] = amax / 127.0f;
+}
+
+__global__ void QuantizeActivationsKernel(const float* x, int64_t n_blocks_total, int8_t* xq,
+                                          float* dx) {
+  PdlWait();
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  if (b >= n_blocks_total) return;
+  QuantizeBlock(x, b, threadIdx.x % kWarp, xq, dx);
+}
+
+template <DType kD>
+constexpr int kQBlockBytes = kD == DType::kQ8_0 ? 34 : 18;
+constexpr int kChunkBlocks = kWarp * kQuantBlocksPerLane;  // blocks a warp stages at once
+template <DType kD>
+constexpr int kChunkBytes = kChunkBlocks* kQBlockBytes<kD>;  // 2176 (Q8_0), 1152 (Q4_0)
+static_assert(kChunkBytes<DType::kQ8_0> % 16 == 0 && kChunkBytes<DType::kQ4_0> % 16 == 0,
+              "each warp's staging area must stay 16-byte aligned");
+
+// Copies `bytes` (even, <= kChunkBytes) from global src (2-byte aligned) to shared dst (16-byte
+// aligned) with the warp's lanes, using 16- or 4-byte loads when src allows. All loads of a lane
+// are issued before its stores, so a chunk's bytes are in flight together.
+template <DType kD>
+__device__ __forceinline__ void StageChunk(const uint8_t* src, int bytes, uint8_t* dst, int lane) {
+  constexpr int kMaxVec16 = (kChunkBytes<kD> / 16 + kWarp - 1) / kWarp;
+  constexpr int kMaxVec4 = (kChunkBytes<kD> / 4 + kWarp - 1) / kWarp;
+  const auto addr = reinterpret_cast<uintptr_t>(src);
+  int done = 0;  // bytes copied by the wide loads
+  if ((addr & 15u) == 0) {
+    const int n = bytes / 16;
+    const auto* s = reinterpret_cast<const uint4*>(src);
+    auto* d = reinterpret_cast<uint4*>(dst);
+    uint4 v[kMaxVec16];
+#pragma unroll
+    for (int k = 0; k < kMaxVec16; ++k)
+      if (lane + k * kWarp < n) v[k] = __ldg(s + lane + k * kWarp);
+#pragma unroll
+    for (int k = 0; k < kMaxVec16; ++k)
+      if (lane + k * kWarp < n) d[lane + k * kWarp] = v[k];
+    done = n * 16;
+  } else if ((addr & 3u) == 0) {
+    const int n = bytes / 4;
+    const auto* s = reinterpret_cast<const uint32_t*>(src);
+    auto* d = reinterpret_cast<uint32_t*>(dst);
+    uint32_t v[kMaxVec4];
+#pragma unroll
+    for (int k = 0; k < kMaxVec4; ++k)
+      if (lane + k * kWarp < n) v[k] = __ldg(s + lane + k * kWarp);
+#pragma unroll
+    for (int k = 0; k < kMaxVec4; ++k)
+      if (lane + k * kWarp < n) d[lane + k * kWarp] = v[k];
+    done = n * 4;
+  }
+  const auto* s = reinterpret_cast<const uint16_t*>(src);
+  auto* d = reinterpret_cast<uint16_t*>(dst);
+  for (int i = done / 2 + lane; i < bytes / 2; i += kWarp) d[i] = __ldg(s + i);
+}
+
+// A staged block's 32 weight codes as 8 words of 4 signed bytes, word k = elements 4k..4k+3.
+template <DType kD>
+__device__ __forceinline__ void UnpackCodes(const uint8_t* blk, int (&wq)[8]) {
+  const auto* q = reinterpret_cast<const uint16_t*>(blk + 2);  // 2-byte aligned
+  if constexpr (kD == DType::kQ8_0) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      wq[k] = static_cast<int>(static_cast<uint32_t>(q[2 * k]) |
+                               (static_cast<uint32_t>(q[2 * k + 1]) << 16));
+  } else {  // byte j: element j (low nibble), element j + 16 (high nibble); codes offset by 8
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t n =
+          static_cast<uint32_t>(q[2 * k]) | (static_cast<uint32_t>(q[2 * k + 1]) << 16);
+      wq[k] = static_cast<int>(__vsub4(n & 0x0f0f0f0fu, 0x08080808u));
+      wq[k + 4] = static_cast<int>(__vsub4((n >> 4) & 0x0f0f0f0fu, 0x08080808u));
+    }
+  }
+}
+
+// The warp's dots of one row (n_blocks blocks) with nt <= kTok tokens' quantized activations:
+// xq [nt, n_blocks * 32] int8 (rows 16-byte aligned), dx [nt, n_blocks], in global or shared
+// memory; the row is staged through the warp's `my` kChunkBlocks blocks at a time.
+template <DType kD, int kTok>
+__device__ __forceinline__ void QuantRowDots(const uint8_t* row, int64_t n_blocks, const int8_t* xq,
+                                             const float* dx, int nt, uint8_t* my, int lane,
+                                             float (&acc)[kTok]) {
+  constexpr int kBB = kQBlockBytes<kD>;
+  const int64_t cols = n_blocks * 32;
+#pragma unroll
+  for (int t = 0; t < kTok; ++t) acc[t] = 0.0f;
+  for (int64_t b0 = 0; b0 < n_blocks; b0 += kChunkBlocks) {
+    const int nb = static_cast<int>(n_blocks - b0 < kChunkBlocks ? n_blocks - b0 : kChunkBlocks);
+    __syncwarp();  // the previous chunk's reads of `my` are done
+    StageChunk<kD>(row + b0 * kBB, nb * kBB, my, lane);
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < kQuantBlocksPerLane; ++k) {
+      const int bl = lane + k * kWarp;
+      if (bl >= nb) break;
+      const uint8_t* blk = my + bl * kBB;
+      const float d = F16BitsToFloat(LoadU16(blk));
+      int wq[8];
+      UnpackCodes<kD>(blk, wq);
+      const int64_t b = b0 + bl;
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) {
+        if (t < nt) {
+          const auto* xp = reinterpret_cast<const int4*>(xq + t * cols + b * 32);
+          const int dot = Dot32(wq, xp[0], xp[1]);
+          acc[t] = fmaf(static_cast<float>(dot), d * dx[t * n_blocks + b], acc[t]);
+        }
+      }
+    }
+  }
+}
+
+// One warp per row. xq [n_tokens, n_blocks * 32] int8 (rows 32-byte aligned), dx [n_tokens,
+// n_blocks]; y [n_tokens, rows].
+template <DType kD, int kTok>
+__global__ void __launch_bounds__(kDecodeThreads)
+    QuantDecodeKernel(const uint8_t* w, int64_t rows, int64_t n_blocks, const int8_t* xq,
+                      const float* dx, int64_t n_tokens, float* y) {
+  PdlWait();
+  __shared__ __align__(16) uint8_t stage[kDecodeWarps][kChunkBytes<kD>];
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + warp;
+  if (r >= rows) return;  // whole warps leave; only __syncwarp below
+  const uint8_t* row = w + r * n_blocks * kQBlockBytes<kD>;
+  const int64_t cols = n_blocks * 32;
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kTok) {
+    const int nt = static_cast<int>(n_tokens - t0 < kTok ? n_tokens - t0 : kTok);
+    float acc[kTok];
+    QuantRowDots<kD, kTok>(row, n_blocks, xq + t0 * cols, dx + t0 * n_blocks, nt, stage[warp], lane,
+                           acc);
+    WriteRow<kTok>(acc, nt, lane, y + t0 * rows, rows, r);
+  }
+}
+
+// Shared memory of FusedQuantDecodeKernel: the warps' staging areas, then xq [nt, cols] and
+// dx [nt, cols / 32].
+template <DType kD>
+size_t FusedSmemBytes(int64_t nt, int64_t cols) {
+  return static_cast<size_t>(kDecodeWarps * kChunkBytes<kD> + nt * cols + nt * (cols / 32) * 4);
+}
+
+// QuantizeX and QuantDecodeKernel in one launch, for nt <= kTok tokens: each block quantizes x
+// into its shared memory (the same bits as QuantizeActivationsKernel), then its warps take rows
+// of the matrices grid-stride, one row at a time. Saves the quantizing launch, and puts the small
+// matrices of a step (k, v) in the same wave as the large ones (q).
+template <DType kD, int kTok>
+__global__ void __launch_bounds__(kDecodeThreads)
+    FusedQuantDecodeKernel(MatrixList p, int64_t n_blocks, const float* x, int nt) {
+  PdlWait();
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  const int64_t cols = n_blocks * 32;
+  uint8_t* my = smem + warp * kChunkBytes<kD>;
+  auto* xq = reinterpret_cast<int8_t*>(smem + kDecodeWarps * kChunkBytes<kD>);
+  auto* dx = reinterpret_cast<float*>(xq + nt * cols);
+  for (int64_t b = warp; b < nt * n_blocks; b += kDecodeWarps) QuantizeBlock(x, b, lane, xq, dx);
+  __syncthreads();
+  const int64_t total = ListedRows(p, 1);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kDecodeWarps;
+  for (int64_t g = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + warp; g < total; g += stride) {
+    int m = 0;
+    int64_t r = 0;
+    Locate(p, g, 1, &m, &r);
+    float acc[kTok];
+    QuantRowDots<kD, kTok>(p.w[m] + r * n_blocks * kQBlockBytes<kD>, n_blocks, xq, dx, nt, my, lane,
+                           acc);
+    WriteRow<kTok>(acc, nt, lane, p.y[m], p.rows[m], r);
+  }
+}
+
+}  // namespace moetier::cuda::dense_decode
