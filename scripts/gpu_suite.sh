@@ -17,13 +17,14 @@
 #   4 and 16 sequences, and hybrid: the same, with half the banks pinned, and --profile, both
 #   after llama.cpp's build as they use the CPU); CROSS=1 adds offload prefill at 32-256
 #   tokens (CROSS_SIZES="512 1024": those) streamed and not (the crossover); LOAD=1 times a load with every bank pinned against a raw read;
-#   PROFILE="bf16 q4_0" times every kernel of a gpu decode run per dtype (bench/gpu/kernel_profile.cpp;
-#   the top rows in the summary);
+#   PROFILE="bf16 q4_0" times every kernel of a gpu decode run per dtype, without PDL
+#   (bench/gpu/kernel_profile.cpp; the top rows in the summary);
 #   RECALL=1 measures the prefetch predictor's recall on the synthetic bf16 model
 #   (bench/engine/prefetch_recall); STAGING=1 runs bench/gpu/staging_bench; BACKENDS=staged:
 #   prefill of 4,096 tokens with every expert locked (--moe-backend cpu) on the CPU executor,
 #   staged to the GPU, and as measured (bf16 with --weight-packing none: bf16c is CPU-only);
 #   BACKENDS=hybrid-ab: hybrid decode with and without recorded graph segments at a fixed split;
+#   BACKENDS=gpu-ab: all-VRAM decode with PDL and the fused launches on and off, twice;
 #   KVTIER=1 times a 4,000-token prefix's second request after a filler evicted it from VRAM,
 #   with and without the host KV tier (bench/engine/prefix_ttft.sh), gpu and hybrid
 #   (KVTIER_DTYPES: which dtypes, default DTYPES);
@@ -80,7 +81,7 @@ if [ "${SYNTH:-0}" = 1 ] && [ "${LLAMA:-0}" = 1 ]; then
     LB=$W/llama-src/b/bin
   fi
 fi
-GPU_TESTS=${GPU_TESTS:-cuda_attention_tests cuda_dense_tests cuda_expert_ffn_tests cuda_elementwise_tests
+GPU_TESTS=${GPU_TESTS:-cuda_attention_tests cuda_dense_tests cuda_expert_ffn_tests
   cuda_staging_ring_tests model_tests engine_tests experts_tests backend_tests
   decode_alloc_tests cli_tests}
 [ "${TESTS:-1}" = 1 ] && for name in $GPU_TESTS; do
@@ -167,6 +168,16 @@ if [ "${SYNTH:-0}" = 1 ]; then
             bench "gpu-par$n" "$dt" --moe-backend gpu --parallel "$n" --prompt-tokens 128 \
               --gen-tokens 32
           done ;;
+        gpu-ab)  # one sequence's decode with PDL and the fused launches on and off (all four),
+                 # two rounds interleaved: what each is worth, and the spread between rounds
+          for round in 1 2; do
+            for pdl in 1 0; do
+              for fuse in 1 0; do
+                MOETIER_CUDA_PDL=$pdl MOETIER_CUDA_FUSE=$fuse bench "ab-pdl$pdl-fuse$fuse-$round" \
+                  "$dt" --moe-backend gpu --prompt-tokens 512 --gen-tokens 256
+              done
+            done
+          done ;;
         offload)  # every expert pinned, the cache at its minimum: prefill 4096, decode, 16 sequences
           bench offload-p4096 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \
             --prompt-tokens 4096 --max-batch-tokens 4096 --gen-tokens 16 --repeats 2
@@ -181,9 +192,11 @@ if [ "${SYNTH:-0}" = 1 ]; then
       esac
     done
   done
-  for dt in ${PROFILE:-}; do  # where a decode step's device time goes, by kernel
+  # Where a decode step's device time goes, by kernel; without programmatic dependent launch, as
+  # under it a kernel's time includes waiting for the one before it.
+  for dt in ${PROFILE:-}; do
     for n in 1 16; do
-      CUDA_INJECTION64_PATH=$B/libs/libmoetier_kernel_profile.so \
+      MOETIER_CUDA_PDL=0 CUDA_INJECTION64_PATH=$B/libs/libmoetier_kernel_profile.so \
         MOETIER_KPROF_OUT=$LOGS/kprof-$dt-$n.txt bench "kprof-$n" "$dt" --moe-backend gpu \
         --parallel "$n" --prompt-tokens 32 --gen-tokens 256
       head -28 "$LOGS/kprof-$dt-$n.txt" >> "$S"

@@ -9,6 +9,7 @@
 #include <random>
 #include <string>
 
+#include "backend/kv_cache.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/model_options.h"
@@ -128,6 +129,7 @@ Expected<RunFigures> BenchRun(const Opts& o, CausalLM& lm, int run, PhaseTimes* 
   e.max_batch_tokens = std::max(o.max_batch_tokens, n);  // a decode step takes every sequence
   e.kv_positions = n * (o.prompt_tokens + o.gen_tokens + 2 * KvPool::kDefaultBlockSize);
   e.max_sequence_positions = o.prompt_tokens + o.gen_tokens + 2;
+  MT_ASSIGN_OR_RETURN(e.kv_dtype, ParseKvDType(KvDTypeName(o.model, lm)));
   MT_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(lm, nullptr, e));
   std::mt19937 rng(1234);
   std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(n));
@@ -188,6 +190,10 @@ Expected<RunFigures> BenchRun(const Opts& o, CausalLM& lm, int run, PhaseTimes* 
 }
 
 int Run(const Opts& o) {
+  if (o.model.ctx_size > 0 || o.model.kv_cache_gb || o.model.kv_host_gb > 0)
+    return ReportError(
+        "bench sizes the KV cache for its own sequences (--parallel x (--prompt-tokens + "
+        "--gen-tokens)): drop --ctx-size, --kv-cache-gb and --kv-host-gb (--kv-dtype is used)");
   if (Status s = CheckBandwidthBuffer(o.bandwidth_mib); !s.ok()) return ReportError(s.message());
   auto loaded = LoadModel(o.model);
   if (!loaded.ok()) return ReportError(loaded.message());
@@ -255,6 +261,7 @@ int Run(const Opts& o) {
   j["peak_rss_bytes"] = peak_rss;
   j["weight_bytes"] = lm.WeightBytes();
   j["kv_pool_bytes"] = kv_pool_bytes;
+  j["kv_dtype"] = KvDTypeName(o.model, lm);
   // Steps of every run (and the bandwidth-free warm-up) replayed from CUDA graphs (gpu decode).
   j["graph_replayed_steps"] = lm.ReplayedSteps();
   if (o.profile) {

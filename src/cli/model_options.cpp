@@ -195,13 +195,18 @@ Status SetHostKvTier(const ModelOptions& opts, EngineOptions& e, const CausalLM&
 
 }  // namespace
 
+std::string KvDTypeName(const ModelOptions& opts, const CausalLM& model) {
+  if (!opts.kv_dtype.empty()) return opts.kv_dtype;
+  return model.device() == ComputeDevice::kGpu ? "bf16" : "f32";
+}
+
 Expected<EngineOptions> MakeEngineOptions(const ModelOptions& opts, const CausalLM& model,
                                           int parallel, int64_t max_batch_tokens) {
   EngineOptions e;
   e.max_running = parallel;
   e.max_batch_tokens = max_batch_tokens;
   const bool on_gpu = model.device() == ComputeDevice::kGpu;
-  const std::string kv_dtype = !opts.kv_dtype.empty() ? opts.kv_dtype : on_gpu ? "bf16" : "f32";
+  const std::string kv_dtype = KvDTypeName(opts, model);
   MT_ASSIGN_OR_RETURN(e.kv_dtype, ParseKvDType(kv_dtype));
   const uint64_t per_position =
       KvPool::BlockBytes(model.kv_shape(), 1, e.kv_dtype);  // all layers, K and V

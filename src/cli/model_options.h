@@ -71,6 +71,8 @@ using BeforeWeights = std::function<Status(const ModelConfig&)>;
 Expected<std::unique_ptr<CausalLM>> LoadModel(const ModelOptions& opts,
                                               const BeforeWeights& before_weights = nullptr);
 
+// The KV cache's format: --kv-dtype as given, else "f32" on the CPU and "bf16" on the GPU.
+std::string KvDTypeName(const ModelOptions& opts, const CausalLM& model);
 // The engine's options for `model` under the KV flags, with `parallel` sequences at once and
 // steps of at most `max_batch_tokens`; logs the KV cache's size on one line.
 Expected<EngineOptions> MakeEngineOptions(const ModelOptions& opts, const CausalLM& model,

@@ -302,5 +302,30 @@ TEST(Cli, BenchJsonHasTheKeysAndConsistentFigures) {
   }
 }
 
+// bench's KV cache is in --kv-dtype (its default the other commands'), and its size follows from
+// the run: the flags that size it elsewhere are refused, not ignored.
+TEST(Cli, BenchUsesKvDTypeAndRefusesTheKvSizeFlags) {
+  const std::string run = "bench " + Model() +
+                          " --prompt-tokens 5 --gen-tokens 2 --repeats 1 --threads 2 --json"
+                          " --bandwidth-mib 64 --no-gpu";
+  uint64_t pool_bytes[2] = {0, 0};
+  const char* dtypes[2] = {"f32", "bf16"};
+  for (int i = 0; i < 2; ++i) {
+    const auto r = testing::RunCli(run + " --kv-dtype " + dtypes[i]);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(LastLine(r.out));
+    EXPECT_EQ(j["kv_dtype"].get<std::string>(), dtypes[i]);
+    pool_bytes[i] = j["kv_pool_bytes"].get<uint64_t>();
+  }
+  EXPECT_GT(pool_bytes[1], 0u);
+  EXPECT_EQ(pool_bytes[0], 2 * pool_bytes[1]);
+  for (const char* flag : {"--ctx-size 64", "--kv-cache-gb 1", "--kv-host-gb 1"}) {
+    const auto r = testing::RunCli(run + " " + flag);
+    EXPECT_NE(r.exit_code, 0) << flag;
+    EXPECT_NE(r.err.find("drop --ctx-size, --kv-cache-gb and --kv-host-gb"), std::string::npos)
+        << r.err;
+  }
+}
+
 }  // namespace
 }  // namespace moetier

@@ -223,7 +223,10 @@ void CudaBackend::BeginStep(const Batch& batch, const KvPool& kv) {
   int64_t max_blocks = 1;
   for (const auto& table : batch.block_tables)
     max_blocks = std::max<int64_t>(max_blocks, static_cast<int64_t>(table.size()));
-  max_blocks = RoundUpPow2(max_blocks);  // the tables' stride, bucketed like the context
+  // The tables' stride, bucketed like the context and no smaller than its smallest bucket: a
+  // sequence's first kMinContextBucket positions share one recorded graph.
+  const int64_t min_blocks = (kMinContextBucket + kv.block_size() - 1) / kv.block_size();
+  max_blocks = std::max(RoundUpPow2(max_blocks), min_blocks);
   const size_t n_out = batch.logit_rows.size();
   const size_t n_seqs = batch.block_tables.size();
   const size_t n = 3 * static_cast<size_t>(T) + n_out + n_seqs * static_cast<size_t>(max_blocks);

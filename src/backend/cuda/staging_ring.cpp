@@ -138,6 +138,7 @@ Status StagingRing::WaitForChunk(int i) {
     ScopedSeconds timer(&wait_seconds_);
     err = cudaEventSynchronize(event);
   }
+  if (err == cudaSuccess) return OkStatus();
   return CudaStatus(err, "staging ring: waiting for the copy out of chunk " + std::to_string(i));
 }
 

@@ -6,15 +6,17 @@
 #include <cuda_runtime_api.h>
 
 #include <string>
+#include <string_view>
 
 #include "core/status.h"
 
 namespace moetier::cuda {
 
 // Status::Error("<what>: <CUDA's name for err>: <its description>") or OK.
-inline Status CudaStatus(cudaError_t err, const std::string& what) {
+inline Status CudaStatus(cudaError_t err, std::string_view what) {
   if (err == cudaSuccess) return OkStatus();
-  return Status::Error(what + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+  return Status::Error(std::string(what) + ": " + cudaGetErrorName(err) + ": " +
+                       cudaGetErrorString(err));
 }
 
 // Whether a CUDA device is usable by this process (the runtime loads, a device answers).
@@ -25,5 +27,10 @@ inline bool DeviceAvailable() {
 
 }  // namespace moetier::cuda
 
-#define MT_CUDA_RETURN_IF_ERROR(expr, what) \
-  MT_RETURN_IF_ERROR(::moetier::cuda::CudaStatus((expr), (what)))
+// Returns the failure of a CUDA call; `what` (a message, maybe built from pieces) is evaluated only
+// then, so a call that succeeds costs no allocation (replayed decode steps make none).
+#define MT_CUDA_RETURN_IF_ERROR(expr, what)                                                    \
+  do {                                                                                         \
+    const cudaError_t mt_cuda_err_ = (expr);                                                   \
+    if (mt_cuda_err_ != cudaSuccess) return ::moetier::cuda::CudaStatus(mt_cuda_err_, (what)); \
+  } while (0)
