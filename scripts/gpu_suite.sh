@@ -156,13 +156,13 @@ if [ "${SYNTH:-0}" = 1 ]; then
       case $be in
         gpu)  # everything in VRAM: decode, and prefill of 512 tokens; decode steps launched
               # one kernel at a time (no CUDA graphs); without programmatic dependent launch;
-              # without the fused launches; 4 and 16 sequences
+              # with the fused launches; 4 and 16 sequences
           bench gpu "$dt" --moe-backend gpu --prompt-tokens 512 --gen-tokens 128
           MOETIER_CUDA_GRAPHS=0 bench gpu-eager "$dt" --moe-backend gpu --prompt-tokens 512 \
             --gen-tokens 128
           MOETIER_CUDA_PDL=0 bench gpu-nopdl "$dt" --moe-backend gpu --prompt-tokens 512 \
             --gen-tokens 128
-          MOETIER_CUDA_FUSE=0 bench gpu-nofuse "$dt" --moe-backend gpu --prompt-tokens 512 \
+          MOETIER_CUDA_FUSE=1 bench gpu-fuse "$dt" --moe-backend gpu --prompt-tokens 512 \
             --gen-tokens 128
           for n in 4 16; do
             bench "gpu-par$n" "$dt" --moe-backend gpu --parallel "$n" --prompt-tokens 128 \

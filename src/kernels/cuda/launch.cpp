@@ -11,7 +11,7 @@ bool ProgrammaticLaunch() {
 }
 
 bool FusedLaunches() {
-  static const bool on = Tuning().cuda_fuse.value_or(1) != 0;
+  static const bool on = Tuning().cuda_fuse.value_or(0) != 0;
   return on;
 }
 

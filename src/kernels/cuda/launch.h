@@ -8,9 +8,11 @@ namespace moetier::cuda {
 // on).
 bool ProgrammaticLaunch();
 
-// Whether decode steps use the fused launches (MOETIER_CUDA_FUSE, default on): the products of
+// Whether decode steps use the fused launches (MOETIER_CUDA_FUSE, default off): the products of
 // one x in one launch with x quantized inside it (dense.cu), top-k and grouping in one block
-// (router.cu). Off: a launch per product and per stage, for A/B measurement and diagnosis.
+// (router.cu). Off: a launch per product and per stage. On the H200 the fused launches were
+// 7-20 % slower for one q4_0 sequence in three of four same-call runs, and level for bf16
+// (docs/benchmarks.md).
 bool FusedLaunches();
 
 }  // namespace moetier::cuda
