@@ -30,16 +30,14 @@ Status ValidateSamplerOptions(const SamplerOptions& o) {
   return OkStatus();
 }
 
-int32_t ArgMax(std::span<const float> logits) {
-  // Two passes, the maximum (vectorized) and then its first index: one pass that reads the
-  // running best back through its index is a load-compare chain of ~7 cycles per element, which
-  // over a 151,936-entry vocabulary measured 0.7 ms, a tenth of a fast decode step.
-  const size_t n = logits.size();
-  if (n == 0) return 0;
-  const float* l = logits.data();
-  // Eight running maxima, lane by lane: compilers vectorize that without reassociating anything
-  // (a max reduction pragma is refused by clang, which keeps NaN semantics, and -Werror stops it).
+namespace {
+
+// The largest of l (not empty; NaN never wins). Eight running maxima, lane by lane: compilers
+// vectorize that without reassociating anything (a max reduction pragma is refused by clang,
+// which keeps NaN semantics, and -Werror stops it).
+float MaxOf(std::span<const float> l) {
   constexpr size_t kLanes = 8;
+  const size_t n = l.size();
   float lane[kLanes];
   for (float& v : lane) v = l[0];
   size_t i = 0;
@@ -48,8 +46,39 @@ int32_t ArgMax(std::span<const float> logits) {
   float m = l[0];
   for (; i < n; ++i) m = l[i] > m ? l[i] : m;
   for (float v : lane) m = v > m ? v : m;
-  for (size_t i = 0; i < n; ++i)
-    if (l[i] == m) return static_cast<int32_t>(i);
+  return m;
+}
+
+// A candidate's weight, exp((logit - max) / T) in double: every weight lies in [0, 1] and the
+// largest is exactly 1, so no temperature, however small (1e-40 overflows 1 / T in float), makes
+// them inf or NaN; a tiny one only sends the others to 0, which is greedy.
+double Weight(float logit, float max, double inv_t) {
+  return std::exp((static_cast<double>(logit) - max) * inv_t);
+}
+
+// Weights are bucketed by -ln(weight), kBucketsPerUnit to a unit, to find how far down the
+// order top-p can reach without sorting the vocabulary; past kLastUnit a double's exp is 0.
+constexpr double kBucketsPerUnit = 4.0;
+constexpr double kLastUnit = 746.0;
+constexpr size_t kBuckets = static_cast<size_t>(kLastUnit * kBucketsPerUnit) + 1;
+size_t BucketOf(float logit, float max, double inv_t) {
+  const double units = (static_cast<double>(max) - logit) * inv_t;
+  return units < kLastUnit ? static_cast<size_t>(units * kBucketsPerUnit) : kBuckets - 1;
+}
+// The bucket sums are in another order than the sorted candidates' running sum; a cut this much
+// past top-p holds the prefix that running sum reaches whatever the rounding.
+constexpr double kTopPMargin = 1e-9;
+
+}  // namespace
+
+int32_t ArgMax(std::span<const float> logits) {
+  // Two passes, the maximum (vectorized) and then its first index: one pass that reads the
+  // running best back through its index is a load-compare chain of ~7 cycles per element, which
+  // over a 151,936-entry vocabulary measured 0.7 ms, a tenth of a fast decode step.
+  if (logits.empty()) return 0;
+  const float m = MaxOf(logits);
+  for (size_t i = 0; i < logits.size(); ++i)
+    if (logits[i] == m) return static_cast<int32_t>(i);
   return 0;  // NaN logits: some index, never out of range
 }
 
@@ -101,44 +130,20 @@ Expected<int32_t> Sampler::Sample(std::span<const float> logits, std::span<const
   if (occurrence) ApplyOccurrencePenalties(generated);
   if (options_.temperature <= 0.0f) return ArgMax(l);
 
-  // Candidates ordered by logit, which is their order by logit / temperature too: the
-  // temperature enters only the probabilities below.
-  cand_.resize(l.size());
-  for (size_t i = 0; i < l.size(); ++i) cand_[i] = {l[i], static_cast<int32_t>(i)};
-  auto by_logit = [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first > b.first : a.second < b.second;
-  };
+  const double total = Candidates(l, 1.0 / static_cast<double>(options_.temperature));
   size_t n = cand_.size();
-  if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < n) {
-    std::nth_element(cand_.begin(), cand_.begin() + options_.top_k - 1, cand_.end(), by_logit);
-    const float kth = cand_[static_cast<size_t>(options_.top_k - 1)].first;
-    // Keep ties with the k-th logit, as Hugging Face's threshold does.
-    n = static_cast<size_t>(
-        std::partition(cand_.begin(), cand_.end(), [&](const auto& c) { return c.first >= kth; }) -
-        cand_.begin());
-  }
-  std::sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(n), by_logit);
-  // exp((l - l_max) / T) in double: every term lies in (0, 1] and the largest is exactly 1, so
-  // no temperature, however small (1e-40 overflows 1 / T in float), makes them inf or NaN; a
-  // tiny one only sends the others to 0, which is greedy.
-  probs_.resize(n);
-  const double inv_t = 1.0 / static_cast<double>(options_.temperature);
-  const double m = cand_[0].first;
-  for (size_t i = 0; i < n; ++i) probs_[i] = std::exp((cand_[i].first - m) * inv_t);
   if (options_.top_p < 1.0f) {
-    double sum = 0.0;
-    for (size_t i = 0; i < n; ++i) sum += probs_[i];
     // The smallest prefix whose probability reaches top_p (at least one token).
     double acc = 0.0;
     size_t keep = 0;
     while (keep < n) {
-      acc += probs_[keep] / sum;
+      acc += probs_[keep] / total;
       ++keep;
       if (acc >= options_.top_p) break;
     }
     n = keep;
   }
-  if (options_.min_p > 0.0f) {
+  if (options_.min_p > 0.0f) {  // the first candidate is the most likely, of weight 1
     const double floor = options_.min_p * probs_[0];
     size_t keep = 1;
     while (keep < n && probs_[keep] >= floor) ++keep;
@@ -155,6 +160,65 @@ Expected<int32_t> Sampler::Sample(std::span<const float> logits, std::span<const
     if (u < acc) return cand_[i].second;
   }
   return cand_[n - 1].second;
+}
+
+double Sampler::Candidates(std::span<const float> l, double inv_t) {
+  // Candidates ordered by logit, which is their order by logit / temperature too: the
+  // temperature enters only the weights.
+  auto by_logit = [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  };
+  const float max = MaxOf(l);
+  cand_.clear();
+  if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < l.size()) {
+    for (size_t i = 0; i < l.size(); ++i) cand_.emplace_back(l[i], static_cast<int32_t>(i));
+    std::nth_element(cand_.begin(), cand_.begin() + options_.top_k - 1, cand_.end(), by_logit);
+    const float kth = cand_[static_cast<size_t>(options_.top_k - 1)].first;
+    // Keep ties with the k-th logit, as Hugging Face's threshold does.
+    cand_.erase(
+        std::partition(cand_.begin(), cand_.end(), [&](const auto& c) { return c.first >= kth; }),
+        cand_.end());
+    std::sort(cand_.begin(), cand_.end(), by_logit);
+    probs_.resize(cand_.size());
+    double total = 0.0;
+    for (size_t i = 0; i < cand_.size(); ++i)
+      total += probs_[i] = Weight(cand_[i].first, max, inv_t);
+    return total;
+  }
+  // Every token may be drawn. Only top-p needs an order, and only down to where it stops; min-p
+  // drops the tokens under its floor (min_p times the largest weight, 1) at once.
+  const auto min_weight = static_cast<double>(options_.min_p);
+  double total = 0.0;
+  size_t last_bucket = kBuckets - 1;
+  if (options_.top_p < 1.0f) {
+    bucket_mass_.assign(kBuckets, 0.0);
+    for (float v : l) {
+      const double w = Weight(v, max, inv_t);
+      total += w;
+      bucket_mass_[BucketOf(v, max, inv_t)] += w;
+    }
+    const double reach = options_.top_p * total * (1 + kTopPMargin);
+    double acc = 0.0;
+    for (size_t b = 0; b < kBuckets; ++b) {
+      acc += bucket_mass_[b];
+      if (acc >= reach) {
+        last_bucket = b;
+        break;
+      }
+    }
+  }
+  for (size_t i = 0; i < l.size(); ++i) {
+    if (options_.top_p < 1.0f && BucketOf(l[i], max, inv_t) > last_bucket) continue;
+    if (min_weight > 0.0 && Weight(l[i], max, inv_t) < min_weight) continue;
+    cand_.emplace_back(l[i], static_cast<int32_t>(i));
+  }
+  // The most likely first: min-p's floor and top-p's prefix read the order; a plain draw does
+  // not, and skips the sort.
+  if (options_.top_p < 1.0f || min_weight > 0.0) std::sort(cand_.begin(), cand_.end(), by_logit);
+  probs_.resize(cand_.size());
+  double kept = 0.0;
+  for (size_t i = 0; i < cand_.size(); ++i) kept += probs_[i] = Weight(cand_[i].first, max, inv_t);
+  return options_.top_p < 1.0f ? total : kept;
 }
 
 }  // namespace moetier

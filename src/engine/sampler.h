@@ -46,11 +46,16 @@ class Sampler {
   std::mt19937_64 rng_;
   // Penalises work_ (a copy of the logits) for the generated ids.
   void ApplyOccurrencePenalties(std::span<const int32_t> generated);
+  // Fills cand_ with the tokens top-k, top-p and min-p may keep, the most likely first where
+  // those filters need the order, and probs_ with their weights (the largest 1); returns the
+  // weight top-p's share is of (every token's under top-k, else the whole vocabulary's).
+  double Candidates(std::span<const float> logits, double inv_t);
 
   std::vector<float> work_;                      // [vocab] penalised logits, reused
   std::vector<int32_t> sorted_;                  // generated ids, sorted (to count them), reused
   std::vector<std::pair<float, int32_t>> cand_;  // candidates (penalised logit, id), reused
-  std::vector<double> probs_;
+  std::vector<double> probs_;                    // the candidates' weights
+  std::vector<double> bucket_mass_;              // weight by bucket of -ln(weight) (top-p)
 };
 
 // Index of the largest logit (the lowest index among equals).

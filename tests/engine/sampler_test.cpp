@@ -92,6 +92,38 @@ TEST(Sampler, DrawsFollowTheReferenceDistribution) {
   }
 }
 
+// A vocabulary the size of a real one, a few likely tokens over a long tail: top-p cuts far down
+// an order the sampler finds without sorting every token, and a plain draw takes no order at all.
+TEST(Sampler, LargeVocabularyDrawsFollowTheReferenceDistribution) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> tail(0.0f, 1.5f), head(6.0f, 1.5f);
+  std::vector<float> logits(20000);
+  for (float& v : logits) v = tail(rng);
+  for (int i = 0; i < 25; ++i) logits[rng() % logits.size()] = head(rng);
+  const SamplerOptions cases[] = {
+      {1.0f, 0, 0.9f, 0.0f, 1.0f, 0},
+      {0.7f, 0, 0.5f, 0.02f, 1.0f, 0},
+      {1.0f, 0, 1.0f, 0.0f, 1.0f, 0},
+      {1.0f, 0, 1.0f, 0.05f, 1.0f, 0},
+  };
+  for (SamplerOptions o : cases) {
+    o.seed = rng();
+    const auto want = Reference(logits, o, {});
+    Sampler s(o);
+    std::map<int32_t, int> counts;
+    const int n = 5000;
+    for (int i = 0; i < n; ++i) ++counts[*s.Sample(logits)];
+    for (const auto& [id, c] : counts) ASSERT_TRUE(want.count(id)) << "drew excluded token " << id;
+    for (const auto& [id, p] : want) {
+      const double sd = std::sqrt(p * (1 - p) / n);
+      EXPECT_NEAR(static_cast<double>(counts[id]) / n, p, 5 * sd + 1e-3)
+          << "token " << id << " top_p " << o.top_p << " min_p " << o.min_p;
+    }
+  }
+}
+
 TEST(Sampler, GreedyAppliesTheRepetitionPenaltyAndSameSeedRepeats) {
   std::vector<float> l = {1.0f, 3.0f, 2.9f, -1.0f};
   Sampler greedy(SamplerOptions{});
