@@ -65,6 +65,10 @@ Engine::Engine(CausalLM& model, const text::Tokenizer* tokenizer, const EngineOp
       options_(options),
       pool_(std::move(pool)),
       blocks_(pool_.n_blocks(), pool_.block_size()) {
+  // Unpinned: the compute threads own the cores while a forward runs; these only run between.
+  const int sample_threads = std::min(options.max_running, ThreadPool::DefaultThreads());
+  if (sample_threads > 1) sample_pool_ = std::make_unique<ThreadPool>(sample_threads, false);
+  sample_scratch_.resize(static_cast<size_t>(std::max(sample_threads, 1)));
   // The pool rounds up to whole blocks; a sequence gets exactly the positions asked for.
   const int64_t pool_positions =
       std::min(options.kv_positions, pool_.n_blocks() * pool_.block_size());
@@ -473,7 +477,7 @@ void Engine::AfterForward(const std::vector<float>& logits) {
     s->n_computed += s->step_tokens;
     if (options_.prefix_cache) RegisterFullBlocks(*s);
   }
-  const size_t V = static_cast<size_t>(model_.config().vocab_size);
+  SampleRows(logits);
   for (size_t r = 0; r < logit_seq_.size(); ++r) {
     Sequence& s = *logit_seq_[r];
     if (s.finished) continue;
@@ -481,13 +485,34 @@ void Engine::AfterForward(const std::vector<float>& logits) {
       OnToken(s, s.req.forced_tokens[static_cast<size_t>(s.n_generated)]);
       continue;
     }
-    auto next = s.sampler->Sample(std::span<const float>(logits.data() + r * V, V), s.tokens,
-                                  static_cast<size_t>(s.n_prompt));
-    if (!next.ok()) {
-      Finish(s, StopReason::kCancelled, next.status());
+    if (!sample_status_[r].ok()) {
+      Finish(s, StopReason::kCancelled, sample_status_[r]);
       continue;
     }
-    OnToken(s, *next);
+    OnToken(s, sampled_[r]);
+  }
+}
+
+void Engine::SampleRows(const std::vector<float>& logits) {
+  const size_t V = static_cast<size_t>(model_.config().vocab_size);
+  const size_t n = logit_seq_.size();
+  sampled_.assign(n, 0);
+  sample_status_.assign(n, OkStatus());
+  auto draw = [&](size_t r, int thread) {
+    Sequence& s = *logit_seq_[r];
+    if (s.finished || s.n_generated < static_cast<int64_t>(s.req.forced_tokens.size())) return;
+    auto next = s.sampler->Sample(std::span<const float>(logits.data() + r * V, V), s.tokens,
+                                  static_cast<size_t>(s.n_prompt),
+                                  sample_scratch_[static_cast<size_t>(thread)]);
+    if (next.ok())
+      sampled_[r] = *next;
+    else
+      sample_status_[r] = next.status();
+  };
+  if (n > 1 && sample_pool_ != nullptr) {
+    sample_pool_->ParallelTasks(n, draw);
+  } else {
+    for (size_t r = 0; r < n; ++r) draw(r, 0);
   }
 }
 

@@ -34,6 +34,7 @@
 
 #include "backend/kv_cache.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 #include "engine/host_kv_tier.h"
 #include "engine/kv_blocks.h"
 #include "engine/sampler.h"
@@ -160,6 +161,10 @@ class Engine {
   bool PreemptOneBesides(const Sequence& s);
   void Preempt(Sequence& s);
   void AfterForward(const std::vector<float>& logits);
+  // Draws the next token of every logit row's sequence into sampled_ / sample_status_, rows of
+  // different sequences at once on sample_pool_ (each sequence has its own sampler, so a draw does
+  // not depend on the thread that made it).
+  void SampleRows(const std::vector<float>& logits);
   void RegisterFullBlocks(Sequence& s);
   void OnToken(Sequence& s, int32_t token);
   void Finish(Sequence& s, StopReason reason, Status status = OkStatus());
@@ -192,6 +197,12 @@ class Engine {
   std::vector<Sequence*> logit_seq_;              // per logit row
   std::vector<std::span<const int32_t>> tables_;  // per batch sequence
   std::vector<float> logits_;
+  // The sampling threads (none for one sequence at a time) and each logit row's draw. A draw over
+  // a real vocabulary takes ~1 ms: 16 sequences one after another would outlast a GPU's step.
+  std::unique_ptr<ThreadPool> sample_pool_;
+  std::vector<SamplerScratch> sample_scratch_;  // one per sampling thread
+  std::vector<int32_t> sampled_;
+  std::vector<Status> sample_status_;
   EngineStats stats_;
   mutable std::mutex stats_mu_;
   EngineStats published_stats_;  // under stats_mu_

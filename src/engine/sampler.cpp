@@ -82,15 +82,15 @@ int32_t ArgMax(std::span<const float> logits) {
   return 0;  // NaN logits: some index, never out of range
 }
 
-void Sampler::ApplyOccurrencePenalties(std::span<const int32_t> generated) {
-  sorted_.assign(generated.begin(), generated.end());
-  std::sort(sorted_.begin(), sorted_.end());
-  for (size_t i = 0; i < sorted_.size();) {
+void Sampler::ApplyOccurrencePenalties(std::span<const int32_t> generated, SamplerScratch& x) {
+  x.sorted.assign(generated.begin(), generated.end());
+  std::sort(x.sorted.begin(), x.sorted.end());
+  for (size_t i = 0; i < x.sorted.size();) {
     size_t j = i;
-    while (j < sorted_.size() && sorted_[j] == sorted_[i]) ++j;
-    const int32_t id = sorted_[i];
-    if (id >= 0 && static_cast<size_t>(id) < work_.size()) {
-      work_[static_cast<size_t>(id)] -=
+    while (j < x.sorted.size() && x.sorted[j] == x.sorted[i]) ++j;
+    const int32_t id = x.sorted[i];
+    if (id >= 0 && static_cast<size_t>(id) < x.work.size()) {
+      x.work[static_cast<size_t>(id)] -=
           options_.presence_penalty + options_.frequency_penalty * static_cast<float>(j - i);
     }
     i = j;
@@ -99,6 +99,11 @@ void Sampler::ApplyOccurrencePenalties(std::span<const int32_t> generated) {
 
 Expected<int32_t> Sampler::Sample(std::span<const float> logits, std::span<const int32_t> context,
                                   size_t n_prompt) {
+  return Sample(logits, context, n_prompt, own_);
+}
+
+Expected<int32_t> Sampler::Sample(std::span<const float> logits, std::span<const int32_t> context,
+                                  size_t n_prompt, SamplerScratch& x) {
   if (logits.empty()) return Status::Error("no logits to sample from (an empty vocabulary)");
   if (const int64_t bad =
           kernels::FirstNonFinite(logits.data(), static_cast<int64_t>(logits.size()));
@@ -114,75 +119,75 @@ Expected<int32_t> Sampler::Sample(std::span<const float> logits, std::span<const
       (options_.presence_penalty != 0.0f || options_.frequency_penalty != 0.0f) &&
       !generated.empty();
   if (repetition || occurrence) {
-    work_.assign(logits.begin(), logits.end());
-    l = work_;
+    x.work.assign(logits.begin(), logits.end());
+    l = x.work;
   }
   if (repetition) {
     const float p = options_.repetition_penalty;
     for (int32_t id : context) {
-      if (id < 0 || static_cast<size_t>(id) >= work_.size()) continue;
+      if (id < 0 || static_cast<size_t>(id) >= x.work.size()) continue;
       // Penalise each id once, however often it occurs (as Hugging Face's gather/scatter does):
       // the original logit decides the direction.
       const float orig = logits[static_cast<size_t>(id)];
-      work_[static_cast<size_t>(id)] = orig < 0 ? orig * p : orig / p;
+      x.work[static_cast<size_t>(id)] = orig < 0 ? orig * p : orig / p;
     }
   }
-  if (occurrence) ApplyOccurrencePenalties(generated);
+  if (occurrence) ApplyOccurrencePenalties(generated, x);
   if (options_.temperature <= 0.0f) return ArgMax(l);
 
-  const double total = Candidates(l, 1.0 / static_cast<double>(options_.temperature));
-  size_t n = cand_.size();
+  const double total = Candidates(l, 1.0 / static_cast<double>(options_.temperature), x);
+  size_t n = x.cand.size();
   if (options_.top_p < 1.0f) {
     // The smallest prefix whose probability reaches top_p (at least one token).
     double acc = 0.0;
     size_t keep = 0;
     while (keep < n) {
-      acc += probs_[keep] / total;
+      acc += x.probs[keep] / total;
       ++keep;
       if (acc >= options_.top_p) break;
     }
     n = keep;
   }
   if (options_.min_p > 0.0f) {  // the first candidate is the most likely, of weight 1
-    const double floor = options_.min_p * probs_[0];
+    const double floor = options_.min_p * x.probs[0];
     size_t keep = 1;
-    while (keep < n && probs_[keep] >= floor) ++keep;
+    while (keep < n && x.probs[keep] >= floor) ++keep;
     n = keep;
   }
   double sum = 0.0;
-  for (size_t i = 0; i < n; ++i) sum += probs_[i];
+  for (size_t i = 0; i < n; ++i) sum += x.probs[i];
   // u in [0, sum) from 53 random bits: the mapping from seed to token is fixed by this code,
   // not by a library's distribution implementation.
   const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * sum;
   double acc = 0.0;
   for (size_t i = 0; i < n; ++i) {
-    acc += probs_[i];
-    if (u < acc) return cand_[i].second;
+    acc += x.probs[i];
+    if (u < acc) return x.cand[i].second;
   }
-  return cand_[n - 1].second;
+  return x.cand[n - 1].second;
 }
 
-double Sampler::Candidates(std::span<const float> l, double inv_t) {
+double Sampler::Candidates(std::span<const float> l, double inv_t, SamplerScratch& x) {
   // Candidates ordered by logit, which is their order by logit / temperature too: the
   // temperature enters only the weights.
   auto by_logit = [](const auto& a, const auto& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   };
   const float max = MaxOf(l);
-  cand_.clear();
+  x.cand.clear();
   if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < l.size()) {
-    for (size_t i = 0; i < l.size(); ++i) cand_.emplace_back(l[i], static_cast<int32_t>(i));
-    std::nth_element(cand_.begin(), cand_.begin() + options_.top_k - 1, cand_.end(), by_logit);
-    const float kth = cand_[static_cast<size_t>(options_.top_k - 1)].first;
+    for (size_t i = 0; i < l.size(); ++i) x.cand.emplace_back(l[i], static_cast<int32_t>(i));
+    std::nth_element(x.cand.begin(), x.cand.begin() + options_.top_k - 1, x.cand.end(), by_logit);
+    const float kth = x.cand[static_cast<size_t>(options_.top_k - 1)].first;
     // Keep ties with the k-th logit, as Hugging Face's threshold does.
-    cand_.erase(
-        std::partition(cand_.begin(), cand_.end(), [&](const auto& c) { return c.first >= kth; }),
-        cand_.end());
-    std::sort(cand_.begin(), cand_.end(), by_logit);
-    probs_.resize(cand_.size());
+    x.cand.erase(
+        std::partition(x.cand.begin(), x.cand.end(), [&](const auto& c) { return c.first >= kth; }),
+        x.cand.end());
+    std::sort(x.cand.begin(), x.cand.end(), by_logit);
+    x.probs.resize(x.cand.size());
     double total = 0.0;
-    for (size_t i = 0; i < cand_.size(); ++i)
-      total += probs_[i] = Weight(cand_[i].first, max, inv_t);
+    for (size_t i = 0; i < x.cand.size(); ++i)
+      total += x.probs[i] = Weight(x.cand[i].first, max, inv_t);
     return total;
   }
   // Every token may be drawn. Only top-p needs an order, and only down to where it stops; min-p
@@ -191,16 +196,16 @@ double Sampler::Candidates(std::span<const float> l, double inv_t) {
   double total = 0.0;
   size_t last_bucket = kBuckets - 1;
   if (options_.top_p < 1.0f) {
-    bucket_mass_.assign(kBuckets, 0.0);
+    x.bucket_mass.assign(kBuckets, 0.0);
     for (float v : l) {
       const double w = Weight(v, max, inv_t);
       total += w;
-      bucket_mass_[BucketOf(v, max, inv_t)] += w;
+      x.bucket_mass[BucketOf(v, max, inv_t)] += w;
     }
     const double reach = options_.top_p * total * (1 + kTopPMargin);
     double acc = 0.0;
     for (size_t b = 0; b < kBuckets; ++b) {
-      acc += bucket_mass_[b];
+      acc += x.bucket_mass[b];
       if (acc >= reach) {
         last_bucket = b;
         break;
@@ -210,14 +215,15 @@ double Sampler::Candidates(std::span<const float> l, double inv_t) {
   for (size_t i = 0; i < l.size(); ++i) {
     if (options_.top_p < 1.0f && BucketOf(l[i], max, inv_t) > last_bucket) continue;
     if (min_weight > 0.0 && Weight(l[i], max, inv_t) < min_weight) continue;
-    cand_.emplace_back(l[i], static_cast<int32_t>(i));
+    x.cand.emplace_back(l[i], static_cast<int32_t>(i));
   }
   // The most likely first: min-p's floor and top-p's prefix read the order; a plain draw does
   // not, and skips the sort.
-  if (options_.top_p < 1.0f || min_weight > 0.0) std::sort(cand_.begin(), cand_.end(), by_logit);
-  probs_.resize(cand_.size());
+  if (options_.top_p < 1.0f || min_weight > 0.0) std::sort(x.cand.begin(), x.cand.end(), by_logit);
+  x.probs.resize(x.cand.size());
   double kept = 0.0;
-  for (size_t i = 0; i < cand_.size(); ++i) kept += probs_[i] = Weight(cand_[i].first, max, inv_t);
+  for (size_t i = 0; i < x.cand.size(); ++i)
+    kept += x.probs[i] = Weight(x.cand[i].first, max, inv_t);
   return options_.top_p < 1.0f ? total : kept;
 }
 

@@ -32,30 +32,38 @@ struct SamplerOptions {
 // Checks ranges; errors name the flag (--top-p etc.).
 Status ValidateSamplerOptions(const SamplerOptions& o);
 
+// A draw's working memory, vocabulary-sized: one per thread that samples (the engine keeps one
+// per sampling thread, so sequences come and go without allocating it), reused across draws.
+struct SamplerScratch {
+  std::vector<float> work;                      // [vocab] penalised logits
+  std::vector<int32_t> sorted;                  // generated ids, sorted (to count them)
+  std::vector<std::pair<float, int32_t>> cand;  // candidates (penalised logit, id)
+  std::vector<double> probs;                    // the candidates' weights
+  std::vector<double> bucket_mass;              // weight by bucket of -ln(weight) (top-p)
+};
+
 class Sampler {
  public:
   explicit Sampler(const SamplerOptions& options) : options_(options), rng_(options.seed) {}
   // `context`: the ids so far (prompt and generated), for the repetition penalty; its first
   // `n_prompt` are the prompt's, the rest were generated (presence and frequency penalties).
   // Logits that hold a NaN or an infinity are an error (a broken model), never a sample.
+  // The draw works in `scratch`, or in the sampler's own.
+  Expected<int32_t> Sample(std::span<const float> logits, std::span<const int32_t> context,
+                           size_t n_prompt, SamplerScratch& scratch);
   Expected<int32_t> Sample(std::span<const float> logits, std::span<const int32_t> context = {},
                            size_t n_prompt = 0);
 
  private:
   SamplerOptions options_;
   std::mt19937_64 rng_;
-  // Penalises work_ (a copy of the logits) for the generated ids.
-  void ApplyOccurrencePenalties(std::span<const int32_t> generated);
-  // Fills cand_ with the tokens top-k, top-p and min-p may keep, the most likely first where
-  // those filters need the order, and probs_ with their weights (the largest 1); returns the
+  SamplerScratch own_;  // empty until a draw without a scratch of its caller's
+  // Penalises x.work (a copy of the logits) for the generated ids.
+  void ApplyOccurrencePenalties(std::span<const int32_t> generated, SamplerScratch& x);
+  // Fills x.cand with the tokens top-k, top-p and min-p may keep, the most likely first where
+  // those filters need the order, and x.probs with their weights (the largest 1); returns the
   // weight top-p's share is of (every token's under top-k, else the whole vocabulary's).
-  double Candidates(std::span<const float> logits, double inv_t);
-
-  std::vector<float> work_;                      // [vocab] penalised logits, reused
-  std::vector<int32_t> sorted_;                  // generated ids, sorted (to count them), reused
-  std::vector<std::pair<float, int32_t>> cand_;  // candidates (penalised logit, id), reused
-  std::vector<double> probs_;                    // the candidates' weights
-  std::vector<double> bucket_mass_;              // weight by bucket of -ln(weight) (top-p)
+  double Candidates(std::span<const float> logits, double inv_t, SamplerScratch& x);
 };
 
 // Index of the largest logit (the lowest index among equals).

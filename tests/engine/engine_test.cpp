@@ -108,6 +108,31 @@ TEST_P(EngineBatching, ManyRequestsGiveWhatEachGivesAlone) {
   }
 }
 
+// Seeded sampling (each request its own seed and settings): drawn together on the engine's
+// sampling threads, each request's tokens equal its tokens alone.
+TEST_P(EngineBatching, SampledRequestsGiveWhatEachGivesAlone) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto requests = Requests(7, seed, model_->config().vocab_size);
+  std::mt19937 rng(seed);
+  for (auto& r : requests) {
+    r.sampler.temperature = 1.5f;
+    r.sampler.top_p = (rng() % 2) != 0 ? 0.9f : 1.0f;
+    r.sampler.seed = rng();
+  }
+  const auto alone = Alone(requests);
+  EngineOptions o;
+  o.kv_positions = 2048;
+  o.max_running = 7;
+  auto engine = Engine::Create(*model_, nullptr, o);
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  const auto together = RunAll(**engine, requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_TRUE(together[i].status.ok()) << together[i].status.message();
+    EXPECT_EQ(together[i].tokens, alone[i].tokens) << "request " << i;
+  }
+}
+
 // A pool too small for everyone at once: sequences are preempted and recomputed, and still
 // give what they give alone; one request that alone exceeds the pool is refused, the others go on.
 TEST_P(EngineBatching, PreemptionAndOversizedRequests) {
