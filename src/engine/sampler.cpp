@@ -72,7 +72,7 @@ constexpr double kTopPMargin = 1e-9;
 }  // namespace
 
 int32_t ArgMax(std::span<const float> logits) {
-  // Two passes, the maximum (vectorized) and then its first index: one pass that reads the
+  // The maximum (vectorized), then its first index: a single loop that reads the
   // running best back through its index is a load-compare chain of ~7 cycles per element, which
   // over a 151,936-entry vocabulary measured 0.7 ms, a tenth of a fast decode step.
   if (logits.empty()) return 0;

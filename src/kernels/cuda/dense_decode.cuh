@@ -240,17 +240,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
 // ---- Q8_0 / Q4_0 -------------------------------------------------------------------------
 
 // x [n_blocks_total * 32] float -> xq (int8, same layout) and dx [n_blocks_total], one warp per
-// 32-block, bit for bit the CPU's quantizer: amax = max|x|, dx = amax / 127,
-// q = round-half-even(clamp(x * (127 / amax), -127, 127)) (IEEE division and one multiply, as
-// there; no FMA can form).
+// 32-block, bit for bit the CPU's quantizer (QuantizeLane).
 __device__ __forceinline__ void QuantizeBlock(const float* x, int64_t b, int lane, int8_t* xq,
                                               float* dx) {
-  const float v = x[b * kWarp + lane];
-  const float amax = WarpMax(fabsf(v));
-  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-  const float q = fminf(127.0f, fmaxf(-127.0f, v * id));
-  xq[b * kWarp + lane] = static_cast<int8_t>(__float2int_rn(q));
-  if (lane == 0) dx[b] = amax / 127.0f;
+  float scale;
+  xq[b * kWarp + lane] = QuantizeLane(x[b * kWarp + lane], &scale);
+  if (lane == 0) dx[b] = scale;
 }
 
 __global__ void QuantizeActivationsKernel(const float* x, int64_t n_blocks_total, int8_t* xq,
@@ -269,6 +264,22 @@ constexpr int kChunkBytes = kChunkBlocks* kQBlockBytes<kD>;  // 2176 (Q8_0), 115
 static_assert(kChunkBytes<DType::kQ8_0> % 16 == 0 && kChunkBytes<DType::kQ4_0> % 16 == 0,
               "each warp's staging area must stay 16-byte aligned");
 
+// Copies n words of type V from global src to shared dst with the warp's lanes, at most kMax a
+// lane; all loads of a lane are issued before its stores. Returns the bytes copied.
+template <typename V, int kMax>
+__device__ __forceinline__ int CopyWords(const uint8_t* src, int n, uint8_t* dst, int lane) {
+  const auto* s = reinterpret_cast<const V*>(src);
+  auto* d = reinterpret_cast<V*>(dst);
+  V v[kMax];
+#pragma unroll
+  for (int k = 0; k < kMax; ++k)
+    if (lane + k * kWarp < n) v[k] = __ldg(s + lane + k * kWarp);
+#pragma unroll
+  for (int k = 0; k < kMax; ++k)
+    if (lane + k * kWarp < n) d[lane + k * kWarp] = v[k];
+  return n * static_cast<int>(sizeof(V));
+}
+
 // Copies `bytes` (even, <= kChunkBytes) from global src (2-byte aligned) to shared dst (16-byte
 // aligned) with the warp's lanes, using 16- or 4-byte loads when src allows. All loads of a lane
 // are issued before its stores, so a chunk's bytes are in flight together.
@@ -278,31 +289,10 @@ __device__ __forceinline__ void StageChunk(const uint8_t* src, int bytes, uint8_
   constexpr int kMaxVec4 = (kChunkBytes<kD> / 4 + kWarp - 1) / kWarp;
   const auto addr = reinterpret_cast<uintptr_t>(src);
   int done = 0;  // bytes copied by the wide loads
-  if ((addr & 15u) == 0) {
-    const int n = bytes / 16;
-    const auto* s = reinterpret_cast<const uint4*>(src);
-    auto* d = reinterpret_cast<uint4*>(dst);
-    uint4 v[kMaxVec16];
-#pragma unroll
-    for (int k = 0; k < kMaxVec16; ++k)
-      if (lane + k * kWarp < n) v[k] = __ldg(s + lane + k * kWarp);
-#pragma unroll
-    for (int k = 0; k < kMaxVec16; ++k)
-      if (lane + k * kWarp < n) d[lane + k * kWarp] = v[k];
-    done = n * 16;
-  } else if ((addr & 3u) == 0) {
-    const int n = bytes / 4;
-    const auto* s = reinterpret_cast<const uint32_t*>(src);
-    auto* d = reinterpret_cast<uint32_t*>(dst);
-    uint32_t v[kMaxVec4];
-#pragma unroll
-    for (int k = 0; k < kMaxVec4; ++k)
-      if (lane + k * kWarp < n) v[k] = __ldg(s + lane + k * kWarp);
-#pragma unroll
-    for (int k = 0; k < kMaxVec4; ++k)
-      if (lane + k * kWarp < n) d[lane + k * kWarp] = v[k];
-    done = n * 4;
-  }
+  if ((addr & 15u) == 0)
+    done = CopyWords<uint4, kMaxVec16>(src, bytes / 16, dst, lane);
+  else if ((addr & 3u) == 0)
+    done = CopyWords<uint32_t, kMaxVec4>(src, bytes / 4, dst, lane);
   const auto* s = reinterpret_cast<const uint16_t*>(src);
   auto* d = reinterpret_cast<uint16_t*>(dst);
   for (int i = done / 2 + lane; i < bytes / 2; i += kWarp) d[i] = __ldg(s + i);

@@ -38,6 +38,17 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
+// One lane's value of a warp's 32-value block quantized as the CPU's kernels do
+// (kernels/cpu/matmul_scalar.cpp): amax = max |v| over the warp, *scale = amax / 127, and the
+// code round-half-even(clamp(v * (127 / amax), -127, 127)), 0 when amax is 0. IEEE division and
+// one multiply, no contraction: the codes match the CPU's bit for bit.
+__device__ __forceinline__ int8_t QuantizeLane(float v, float* scale) {
+  const float amax = WarpMax(fabsf(v));
+  const float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+  *scale = amax / 127.0f;
+  return static_cast<int8_t>(__float2int_rn(fminf(127.0f, fmaxf(-127.0f, v * inv))));
+}
+
 // Exact integer dot of 32 weight codes (4 a word) with 32 activation quants (xa: quants 0-15,
 // xb: 16-31), in a fixed order.
 __device__ __forceinline__ int32_t Dot32(const int32_t q[8], int4 xa, int4 xb) {

@@ -328,9 +328,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) DecodeKernel(DecodeArgs p) 
 }
 
 // q [n_rows, q_stride] and d [n_rows, n_cols / 32] = x [n_rows, n_cols] quantized per 32-block
-// exactly as the CPU's kernels do (kernels/cpu/matmul_scalar.cpp): d = amax / 127,
-// q = round-half-even(clamp(x * (127 / amax), -127, 127)), amax = 0 giving d = 0 and q = 0.
-// IEEE division and no contraction, so the quants match the CPU's bit for bit. A warp a block.
+// exactly as the CPU's kernels do (QuantizeLane). A warp a block.
 __global__ void QuantizeRowsKernel(const float* x, int64_t n_rows, int64_t n_cols, int8_t* q,
                                    int64_t q_stride, float* d) {
   PdlWait();
@@ -339,12 +337,9 @@ __global__ void QuantizeRowsKernel(const float* x, int64_t n_rows, int64_t n_col
   if (blk >= n_rows * blocks_per_row) return;  // warp-uniform
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int64_t row = blk / blocks_per_row, col = (blk % blocks_per_row) * kQBlock + lane;
-  const float v = x[row * n_cols + col];
-  const float amax = WarpMax(fabsf(v));
-  const float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
-  const float scaled = fminf(127.0f, fmaxf(-127.0f, v * inv));
-  q[row * q_stride + col] = static_cast<int8_t>(rintf(scaled));
-  if (lane == 0) d[blk] = amax / 127.0f;
+  float scale;
+  q[row * q_stride + col] = QuantizeLane(x[row * n_cols + col], &scale);
+  if (lane == 0) d[blk] = scale;
 }
 
 }  // namespace moetier::cuda::expert_ffn
