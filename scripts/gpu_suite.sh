@@ -24,7 +24,8 @@
 #   prefill of 4,096 tokens with every expert locked (--moe-backend cpu) on the CPU executor,
 #   staged to the GPU, and as measured (bf16 with --weight-packing none: bf16c is CPU-only);
 #   BACKENDS=hybrid-ab: hybrid decode with and without recorded graph segments at a fixed split;
-#   BACKENDS=gpu-ab: all-VRAM decode with PDL and the fused launches on and off, twice;
+#   BACKENDS=gpu-ab: all-VRAM decode with PDL and the weight prefetch on and off, and attention
+#   splits of 16 and 32 positions (MOETIER_CUDA_ATTN_CHUNK), twice;
 #   KVTIER=1 times a 4,000-token prefix's second request after a filler evicted it from VRAM,
 #   with and without the host KV tier (bench/engine/prefix_ttft.sh), gpu and hybrid
 #   (KVTIER_DTYPES: which dtypes, default DTYPES);
@@ -168,14 +169,15 @@ if [ "${SYNTH:-0}" = 1 ]; then
             bench "gpu-par$n" "$dt" --moe-backend gpu --parallel "$n" --prompt-tokens 128 \
               --gen-tokens 32
           done ;;
-        gpu-ab)  # one sequence's decode with PDL and the fused launches on and off (all four),
-                 # two rounds interleaved: what each is worth, and the spread between rounds
+        gpu-ab)  # one sequence's decode with PDL and the weight prefetch on and off (all four),
+                 # and attention splits of 16 and 32 positions; two rounds interleaved: what
+                 # each is worth, and the spread between rounds
           for round in 1 2; do
-            for pdl in 1 0; do
-              for fuse in 1 0; do
-                MOETIER_CUDA_PDL=$pdl MOETIER_CUDA_FUSE=$fuse bench "ab-pdl$pdl-fuse$fuse-$round" \
-                  "$dt" --moe-backend gpu --prompt-tokens 512 --gen-tokens 256
-              done
+            for ab in "1 1 64" "1 0 64" "0 1 64" "0 0 64" "1 1 16" "1 1 32"; do
+              read -r pdl pf chunk <<< "$ab"
+              MOETIER_CUDA_PDL=$pdl MOETIER_CUDA_PREFETCH=$pf MOETIER_CUDA_ATTN_CHUNK=$chunk \
+                bench "ab-pdl$pdl-pf$pf-c$chunk-$round" "$dt" --moe-backend gpu \
+                --prompt-tokens 512 --gen-tokens 256
             done
           done ;;
         offload)  # every expert pinned, the cache at its minimum: prefill 4096, decode, 16 sequences
@@ -195,12 +197,19 @@ if [ "${SYNTH:-0}" = 1 ]; then
   # Where a decode step's device time goes, by kernel; without programmatic dependent launch, as
   # under it a kernel's time includes waiting for the one before it.
   for dt in ${PROFILE:-}; do
+    # One sequence as the decode rows bench it (512-token prompt), then 16 (32-token prompts).
     for n in 1 16; do
       MOETIER_CUDA_PDL=0 CUDA_INJECTION64_PATH=$B/libs/libmoetier_kernel_profile.so \
-        MOETIER_KPROF_OUT=$LOGS/kprof-$dt-$n.txt bench "kprof-$n" "$dt" --moe-backend gpu \
-        --parallel "$n" --prompt-tokens 32 --gen-tokens 256
-      head -28 "$LOGS/kprof-$dt-$n.txt" >> "$S"
+        MOETIER_KPROF_OUT=$LOGS/kprof-$dt-$n.txt MOETIER_KPROF_TOP=80 bench "kprof-$n" "$dt" \
+        --moe-backend gpu --parallel "$n" --prompt-tokens $((n == 1 ? 512 : 32)) --gen-tokens 256
+      head -$((n == 1 ? 45 : 25)) "$LOGS/kprof-$dt-$n.txt" >> "$S"
     done
+    # The attention kernels again with splits of 16 positions (MOETIER_CUDA_ATTN_CHUNK).
+    MOETIER_CUDA_PDL=0 MOETIER_CUDA_ATTN_CHUNK=16 \
+      CUDA_INJECTION64_PATH=$B/libs/libmoetier_kernel_profile.so \
+      MOETIER_KPROF_OUT=$LOGS/kprof-$dt-1-c16.txt MOETIER_KPROF_TOP=80 bench "kprof-1-c16" "$dt" \
+      --moe-backend gpu --prompt-tokens 512 --gen-tokens 256
+    { echo "attention with 16-position splits:"; grep "attention::" "$LOGS/kprof-$dt-1-c16.txt"; } >> "$S"
   done
   if [ "${LOAD:-0}" = 1 ]; then  # load with every bank pinned, against reading the files raw
     for dt in $DTYPES; do

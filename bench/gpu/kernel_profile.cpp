@@ -1,6 +1,7 @@
 // A CUDA injection library that times every kernel and copy the process runs on the GPU (CUPTI's
 // activity records, which include the kernels of replayed CUDA graphs) and prints, at exit, a
-// table of them by total device time: where a step's GPU time goes, without nsys.
+// table of them (by kernel and grid size) by total device time: where a step's GPU time goes,
+// without nsys.
 //
 //   CUDA_INJECTION64_PATH=build/bench/gpu/libmoetier_kernel_profile.so moetier bench ...
 //
@@ -56,7 +57,10 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
   while (cuptiActivityGetNextRecord(buffer, valid, &r) == CUPTI_SUCCESS) {
     if (r->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || r->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(r);
-      Totals& t = Table()[ShortName(k->name)];
+      // Keyed by the grid too: launches of one kernel over different shapes (a layer's
+      // projections and lm_head) are rows of their own.
+      const uint64_t blocks = static_cast<uint64_t>(k->gridX) * k->gridY * k->gridZ;
+      Totals& t = Table()[ShortName(k->name) + " <<<" + std::to_string(blocks) + ">>>"];
       ++t.count;
       t.ns += k->end - k->start;
     } else if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {

@@ -7,7 +7,7 @@
 
 namespace moetier {
 
-const std::array<TuningKnobSpec, 17> kTuningKnobSpecs = {{
+const std::array<TuningKnobSpec, 19> kTuningKnobSpecs = {{
     {"MOETIER_AMX_MIN_TOKENS", &TuningKnobs::amx_min_tokens, 1, 1 << 20,
      "smallest batch of tokens whose q8_0/bf16 matmuls use AMX tiles"},
     {"MOETIER_BF16C_EXPAND_MIN_TOKENS", &TuningKnobs::bf16c_expand_min_tokens, 1, 1 << 20,
@@ -41,8 +41,13 @@ const std::array<TuningKnobSpec, 17> kTuningKnobSpecs = {{
      "GPU: 1 (default) lets each kernel be scheduled while the one before it finishes "
      "(programmatic dependent launch); 0 waits for it to drain"},
     {"MOETIER_CUDA_FUSE", &TuningKnobs::cuda_fuse, 0, 1,
-     "GPU: 1 (default) fuses a decode step's launches (the products of one x, top-k with "
-     "grouping); 0 launches each apart"},
+     "GPU: 1 fuses a decode step's launches (the products of one x, top-k with grouping); 0 "
+     "(default) launches each apart"},
+    {"MOETIER_CUDA_PREFETCH", &TuningKnobs::cuda_prefetch, 0, 1,
+     "GPU: 1 (default) has decode kernels ask L2 for their weights before they wait for the "
+     "kernel before them; 0 does not"},
+    {"MOETIER_CUDA_ATTN_CHUNK", &TuningKnobs::cuda_attn_chunk, 16, 4096,
+     "GPU: fewest positions a split of the decode attention takes (the split granularity)"},
     {"MOETIER_STAGE_LOCKED", &TuningKnobs::stage_locked, 0, 1,
      "with a GPU: 1 stages locked layers' banks to the GPU for every long prefill step, 0 "
      "never (the CPU executor computes them); unset: the cheaper as measured"},

@@ -157,9 +157,12 @@ inline constexpr int kPrefillMinHeadDim = 16;
 // Blocks the decode kernel aims for: about 4 per SM of an H200 (132 SMs), enough loads in flight
 // to approach HBM bandwidth.
 inline constexpr int64_t kDecodeTargetBlocks = 528;
-// Fewest positions per split, and the split granularity: below 64 keys a block's fixed work
-// (q loads, the team merge, the partial state) rivals its K/V bytes.
-inline constexpr int64_t kMinChunk = 64;
+// Fewest positions per split, and the split granularity (MOETIER_CUDA_ATTN_CHUNK): short
+// contexts spread over more blocks, each a tile or two of keys, against fewer blocks that each
+// walk several tiles in turn (a block's fixed work: q loads, the team merge, the partial state).
+int64_t MinChunk() {
+  return AttentionMinChunk();
+}
 
 int64_t Context(const AttentionDims& dims, int64_t max_position) {
   const int64_t n = max_position + 1;
@@ -181,19 +184,20 @@ struct DecodePlan {
   int64_t splits = 0;
 };
 
-// Splits of each token's context: enough blocks for the GPU, no chunk under kMinChunk, and no
+// Splits of each token's context: enough blocks for the GPU, no chunk under MinChunk(), and no
 // more partial states than `scratch_bytes` holds.
 DecodePlan PlanDecode(const AttentionDims& dims, int64_t n_tokens, int64_t context,
                       int64_t scratch_bytes) {
   const int64_t units = n_tokens * dims.n_kv_heads * DecodeSlices(dims);
   int64_t splits = (kDecodeTargetBlocks + units - 1) / units;
-  splits = std::min(splits, (context + kMinChunk - 1) / kMinChunk);
+  const int64_t min_chunk = MinChunk();
+  splits = std::min(splits, (context + min_chunk - 1) / min_chunk);
   const int64_t fit = scratch_bytes / PartialBytes(dims, n_tokens, 1);
   if (splits > 1 && splits > fit) splits = fit;
   splits = std::max<int64_t>(splits, 1);
   DecodePlan plan;
   plan.chunk = (context + splits - 1) / splits;
-  plan.chunk = (plan.chunk + kMinChunk - 1) / kMinChunk * kMinChunk;
+  plan.chunk = (plan.chunk + min_chunk - 1) / min_chunk * min_chunk;
   plan.splits = (context + plan.chunk - 1) / plan.chunk;
   return plan;
 }

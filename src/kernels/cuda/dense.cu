@@ -28,6 +28,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -111,7 +112,7 @@ void LaunchFloatRows(const MatrixList& list, int64_t cols, const float* x, int64
                      cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>(CeilDiv(ListedRows(list, kRows), kDecodeWarps * kRows));
   Launch(FloatDecodeKernel<kD, kTok, kRows>, blocks, kDecodeThreads, 0, stream, list, cols, x,
-         n_tokens);
+         n_tokens, PrefetchWeights());
 }
 
 // Whether the vectorized float kernel can read w and x.
@@ -154,12 +155,25 @@ void LaunchFloatDecode(const DeviceMatrix& w, const float* x, int64_t n_tokens, 
   LaunchFloatList<kD, kTok>(one, w.cols, x, n_tokens, stream);
 }
 
+// Rows a warp of the quantized decode kernel takes: one, unless the matrix is long enough to
+// keep kQuantRowsBlocks blocks busy with more (lm_head: 8), each warp's rows prefetched at once.
+constexpr int64_t kQuantRowsBlocks = 528;  // 4 blocks of 8 warps an SM of a 132-SM H200
+constexpr int64_t kMaxQuantRowsPerWarp = 8;
+
+int QuantRowsPerWarp(int64_t rows) {
+  if (!PrefetchWeights()) return 1;
+  return static_cast<int>(
+      std::clamp<int64_t>(rows / (kQuantRowsBlocks * kDecodeWarps), 1, kMaxQuantRowsPerWarp));
+}
+
 template <DType kD, int kTok>
 void LaunchQuantDecode(const DeviceMatrix& w, const int8_t* xq, const float* dx, int64_t n_tokens,
                        float* y, cudaStream_t stream) {
-  const auto blocks = static_cast<unsigned>(CeilDiv(w.rows, kDecodeWarps));
+  const int per_warp = QuantRowsPerWarp(w.rows);
+  const auto blocks = static_cast<unsigned>(CeilDiv(w.rows, kDecodeWarps * per_warp));
   Launch(QuantDecodeKernel<kD, kTok>, blocks, kDecodeThreads, 0, stream,
-         static_cast<const uint8_t*>(w.data), w.rows, w.cols / 32, xq, dx, n_tokens, y);
+         static_cast<const uint8_t*>(w.data), w.rows, w.cols / 32, xq, dx, n_tokens, y, per_warp,
+         PrefetchWeights());
 }
 
 // Tokens per pass: the smallest of 1, 2, 4, 8 that holds n_tokens, else 8 (several passes).

@@ -138,17 +138,18 @@ __device__ __forceinline__ void WriteRow(float (&acc)[kTok], int n, int lane, fl
 // One warp per kRows rows of the listed matrices; cols % 8 == 0, rows and x 16-byte aligned.
 // y [n_tokens, rows] each. Each activation load (from L1/L2) feeds kRows rows: with several
 // tokens the L1 traffic of the activations, not the weight stream, is what bounds a one-row warp.
+// With `prefetch` each warp asks L2 for its rows before PdlWait.
 template <DType kD, int kTok, int kRows>
 __global__ void __launch_bounds__(kDecodeThreads)
-    FloatDecodeKernel(MatrixList list, int64_t cols, const float* x, int64_t n_tokens) {
-  PdlWait();
+    FloatDecodeKernel(MatrixList list, int64_t cols, const float* x, int64_t n_tokens,
+                      bool prefetch) {
   constexpr int kUnroll = kFloatUnroll / kRows > 0 ? kFloatUnroll / kRows : 1;
   const int lane = threadIdx.x % kWarp;
   int m = 0;
   int64_t r0 = 0;
   if (!Locate(list, (static_cast<int64_t>(blockIdx.x) * kDecodeWarps + threadIdx.x / kWarp) * kRows,
               kRows, &m, &r0))
-    return;  // whole warps leave; no block barrier below
+    return;  // whole warps leave, touching no memory; no block barrier below
   const uint8_t* w = list.w[m];
   const int64_t rows = list.rows[m];
   float* y = list.y[m];
@@ -156,6 +157,11 @@ __global__ void __launch_bounds__(kDecodeThreads)
 #pragma unroll
   for (int i = 0; i < kRows; ++i)  // rows past the end re-read the last one, unwritten
     row[i] = w + (r0 + i < rows ? r0 + i : rows - 1) * cols * kElemBytes<kD>;
+  if (prefetch) {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) PrefetchL2(row[i], cols * kElemBytes<kD>, lane);
+  }
+  PdlWait();
   constexpr int64_t kStep = 8 * kWarp;  // elements a warp covers per load step
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kTok) {
     const int nt = static_cast<int>(n_tokens - t0 < kTok ? n_tokens - t0 : kTok);
@@ -355,26 +361,34 @@ __device__ __forceinline__ void QuantRowDots(const uint8_t* row, int64_t n_block
   }
 }
 
-// One warp per row. xq [n_tokens, n_blocks * 32] int8 (rows 32-byte aligned), dx [n_tokens,
-// n_blocks]; y [n_tokens, rows].
+// One warp per `rows_per_warp` consecutive rows (the last warp's may be fewer). xq [n_tokens,
+// n_blocks * 32] int8 (rows 32-byte aligned), dx [n_tokens, n_blocks]; y [n_tokens, rows]. With
+// `prefetch` each warp asks L2 for all its rows before PdlWait: the reads of the later rows then
+// come from L2 while the earlier ones are computed, which keeps more of a long matrix (lm_head)
+// in flight than a warp's one staged row.
 template <DType kD, int kTok>
 __global__ void __launch_bounds__(kDecodeThreads)
     QuantDecodeKernel(const uint8_t* w, int64_t rows, int64_t n_blocks, const int8_t* xq,
-                      const float* dx, int64_t n_tokens, float* y) {
-  PdlWait();
+                      const float* dx, int64_t n_tokens, float* y, int rows_per_warp,
+                      bool prefetch) {
   __shared__ __align__(16) uint8_t stage[kDecodeWarps][kChunkBytes<kD>];
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + warp;
-  if (r >= rows) return;  // whole warps leave; only __syncwarp below
-  const uint8_t* row = w + r * n_blocks * kQBlockBytes<kD>;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kDecodeWarps + warp) * rows_per_warp;
+  if (r0 >= rows) return;  // whole warps leave, touching no memory; only __syncwarp below
+  const int64_t r1 = r0 + rows_per_warp < rows ? r0 + rows_per_warp : rows;
+  const int64_t row_bytes = n_blocks * kQBlockBytes<kD>;
+  if (prefetch) PrefetchL2(w + r0 * row_bytes, (r1 - r0) * row_bytes, lane);
+  PdlWait();
   const int64_t cols = n_blocks * 32;
-  for (int64_t t0 = 0; t0 < n_tokens; t0 += kTok) {
-    const int nt = static_cast<int>(n_tokens - t0 < kTok ? n_tokens - t0 : kTok);
-    float acc[kTok];
-    QuantRowDots<kD, kTok>(row, n_blocks, xq + t0 * cols, dx + t0 * n_blocks, nt, stage[warp], lane,
-                           acc);
-    WriteRow<kTok>(acc, nt, lane, y + t0 * rows, rows, r);
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += kTok) {
+      const int nt = static_cast<int>(n_tokens - t0 < kTok ? n_tokens - t0 : kTok);
+      float acc[kTok];
+      QuantRowDots<kD, kTok>(w + r * row_bytes, n_blocks, xq + t0 * cols, dx + t0 * n_blocks, nt,
+                             stage[warp], lane, acc);
+      WriteRow<kTok>(acc, nt, lane, y + t0 * rows, rows, r);
+    }
   }
 }
 

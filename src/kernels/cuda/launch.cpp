@@ -15,4 +15,14 @@ bool FusedLaunches() {
   return on;
 }
 
+bool PrefetchWeights() {
+  static const bool on = Tuning().cuda_prefetch.value_or(1) != 0;
+  return on;
+}
+
+int64_t AttentionMinChunk() {
+  static const int64_t chunk = Tuning().cuda_attn_chunk.value_or(64);
+  return chunk;
+}
+
 }  // namespace moetier::cuda

@@ -6,11 +6,14 @@
 // The rule that keeps it correct: every kernel launched by Launch calls PdlWait() before it
 // touches memory, which waits for the kernels before it to complete and their writes to be
 // visible, then lets the next kernel be scheduled. Kernels of others (cuBLAS) and copies keep
-// the stream's plain ordering.
+// the stream's plain ordering. The one thing a kernel does before PdlWait is PrefetchL2 of its
+// weights: a hint that reads nothing into the kernel, so that the fetch of its weights overlaps
+// the kernel before it (which is where PDL's gain lies in a chain of latency-bound kernels).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <utility>
 
 #include "kernels/cuda/launch.h"
@@ -22,6 +25,16 @@ __device__ __forceinline__ void PdlWait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// Asks L2 to fetch the lines of [p, p + bytes), one 128-byte line a lane, the 32 lanes of a warp
+// together. Only a hint: it changes no result, whatever p points at.
+__device__ __forceinline__ void PrefetchL2(const void* p, int64_t bytes, int lane) {
+  const auto begin = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t end = begin + static_cast<uintptr_t>(bytes);
+  for (uintptr_t a = (begin & ~uintptr_t{127}) + static_cast<uintptr_t>(lane) * 128; a < end;
+       a += 32 * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), with PDL when it is on. A refused launch (too

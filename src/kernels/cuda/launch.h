@@ -1,6 +1,8 @@
-// The host-side switches of how our CUDA kernels are launched, for code that is not compiled by
-// nvcc. Both are read once per process from the tuning knobs (core/tuning.h).
+// The host-side switches and sizes of how our CUDA kernels are launched, each read once per
+// process from the tuning knobs (core/tuning.h) in launch.cpp, which nvcc does not compile.
 #pragma once
+
+#include <cstdint>
 
 namespace moetier::cuda {
 
@@ -14,5 +16,13 @@ bool ProgrammaticLaunch();
 // 7-20 % slower for one q4_0 sequence in three of four same-call runs, and level for bf16
 // (docs/benchmarks.md).
 bool FusedLaunches();
+
+// Whether the dense decode kernels ask L2 for their weights before they wait for the kernel
+// before them (MOETIER_CUDA_PREFETCH, default on): with PDL the fetch overlaps that kernel.
+bool PrefetchWeights();
+
+// The fewest positions a split of the decode attention takes (MOETIER_CUDA_ATTN_CHUNK, default
+// 64; attention.cu's PlanDecode).
+int64_t AttentionMinChunk();
 
 }  // namespace moetier::cuda

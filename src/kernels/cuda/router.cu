@@ -1,6 +1,6 @@
 // The router's softmax + top-k (one warp per token) and the counting sort of a step's
-// assignments by expert (one block), on the device: experts/routing.cpp's SelectTopK and
-// Routing::Group, result for result.
+// assignments by expert (one block; for a decode step of at most 32 assignments, one warp), on
+// the device: experts/routing.cpp's SelectTopK and Routing::Group, result for result.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -35,17 +35,24 @@ __device__ __forceinline__ bool RanksBefore(float p, int id, float q, int jd) {
   return p > q || (p == q && id < jd);
 }
 
-// Token t's top-k by one warp.
-__device__ void TopKToken(const float* logits, int64_t t, int n_experts, int top_k, bool normalize,
-                          int32_t* ids, float* weights) {
+// A token's j-th choice, held by lane j < top_k of the warp that chose it.
+struct LaneChoice {
+  int32_t id = 0;
+  float weight = 0.0f;
+};
+
+// Token t's top-k by one warp, kPerLane probabilities a lane (n_experts <= kPerLane * 32).
+template <int kPerLane>
+__device__ LaneChoice TopKLanes(const float* logits, int64_t t, int n_experts, int top_k,
+                                bool normalize) {
   const int lane = threadIdx.x % kWarp;
   const float* row = logits + t * n_experts;
 
   // softmax as kernels::SoftmaxRow: e^(x - max), the sum in double, one reciprocal.
-  float p[kMaxPerLane];
+  float p[kPerLane];
   float m = -INFINITY;
 #pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) {
+  for (int i = 0; i < kPerLane; ++i) {
     const int e = lane + i * kWarp;
     p[i] = e < n_experts ? row[e] : -INFINITY;
     m = fmaxf(m, p[i]);
@@ -53,7 +60,7 @@ __device__ void TopKToken(const float* logits, int64_t t, int n_experts, int top
   m = WarpMax(m);
   double sum = 0.0;
 #pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) {
+  for (int i = 0; i < kPerLane; ++i) {
     const int e = lane + i * kWarp;
     p[i] = e < n_experts ? expf(p[i] - m) : 0.0f;
     sum += p[i];
@@ -62,7 +69,7 @@ __device__ void TopKToken(const float* logits, int64_t t, int n_experts, int top
   for (int o = kWarp / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   const float inv = static_cast<float>(1.0 / sum);
 #pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) {
+  for (int i = 0; i < kPerLane; ++i) {
     const int e = lane + i * kWarp;
     p[i] = e < n_experts ? (isnan(p[i] * inv) ? kNanRank : p[i] * inv) : kTaken;
   }
@@ -78,7 +85,7 @@ __device__ void TopKToken(const float* logits, int64_t t, int n_experts, int top
     float best = kTaken;
     int best_id = INT32_MAX;
 #pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) {  // ids ascend with i: strict > keeps the lower
+    for (int i = 0; i < kPerLane; ++i) {  // ids ascend with i: strict > keeps the lower
       if (p[i] > best) {
         best = p[i];
         best_id = lane + i * kWarp;
@@ -96,7 +103,7 @@ __device__ void TopKToken(const float* logits, int64_t t, int n_experts, int top
     chosen_p[j] = best;
     chosen_id[j] = best_id;
 #pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i)
+    for (int i = 0; i < kPerLane; ++i)
       if (best_id == lane + i * kWarp) p[i] = kTaken;
   }
 
@@ -105,22 +112,45 @@ __device__ void TopKToken(const float* logits, int64_t t, int n_experts, int top
 #pragma unroll
   for (int j = 0; j < kMaxTopK; ++j)
     if (j < top_k) chosen_sum += chosen_p[j];
+  LaneChoice mine;
 #pragma unroll
   for (int j = 0; j < kMaxTopK; ++j) {
     if (j < top_k && lane == j) {
-      ids[t * top_k + j] = chosen_id[j];
-      weights[t * top_k + j] =
-          normalize ? static_cast<float>(chosen_p[j] / chosen_sum) : chosen_p[j];
+      mine.id = chosen_id[j];
+      mine.weight = normalize ? static_cast<float>(chosen_p[j] / chosen_sum) : chosen_p[j];
     }
+  }
+  return mine;
+}
+
+// Token t's top-k into ids and weights [t, :top_k].
+template <int kPerLane>
+__device__ void TopKToken(const float* logits, int64_t t, int n_experts, int top_k, bool normalize,
+                          int32_t* ids, float* weights) {
+  const LaneChoice c = TopKLanes<kPerLane>(logits, t, n_experts, top_k, normalize);
+  const int lane = threadIdx.x % kWarp;
+  if (lane < top_k) {
+    ids[t * top_k + lane] = c.id;
+    weights[t * top_k + lane] = c.weight;
   }
 }
 
+// Calls f.template operator()<kPerLane>() with the fewest probabilities a lane that hold
+// n_experts (<= kMaxRouterExperts): 4 for 128 experts.
+template <typename F>
+void ByExpertsPerLane(int64_t n_experts, F&& f) {
+  if (n_experts <= 4 * kWarp) return f.template operator()<4>();
+  if (n_experts <= 8 * kWarp) return f.template operator()<8>();
+  return f.template operator()<kMaxPerLane>();
+}
+
+template <int kPerLane>
 __global__ void TopKKernel(const float* logits, int64_t n_tokens, int n_experts, int top_k,
                            bool normalize, int32_t* ids, float* weights) {
   PdlWait();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kTopKWarpsPerBlock + threadIdx.x / kWarp;
   if (t >= n_tokens) return;  // whole warps leave together
-  TopKToken(logits, t, n_experts, top_k, normalize, ids, weights);
+  TopKToken<kPerLane>(logits, t, n_experts, top_k, normalize, ids, weights);
 }
 
 // ---- grouping ------------------------------------------------------------------------------
@@ -293,6 +323,7 @@ __global__ void GroupKernel(const int32_t* ids, const float* weights, int n_assi
 // the block groups them (its own writes of ids and weights are visible after the barrier).
 // Launched with up to kMaxGroupWarps warps: the bound keeps its registers within what a block of
 // 1,024 threads may hold (unbounded, the top-k takes 80 registers: too many for 1,024 threads).
+template <int kPerLane>
 __global__ void __launch_bounds__(kMaxGroupWarps* kWarp)
     RouteKernel(const float* logits, int n_tokens, int n_experts, int top_k, bool normalize,
                 int32_t* ids, float* weights, int32_t* n_active_out, int32_t* experts,
@@ -301,10 +332,84 @@ __global__ void __launch_bounds__(kMaxGroupWarps* kWarp)
   extern __shared__ int4 shared_raw[];
   const int n_warps = blockDim.x / kWarp;
   for (int t = threadIdx.x / kWarp; t < n_tokens; t += n_warps)
-    TopKToken(logits, t, n_experts, top_k, normalize, ids, weights);
+    TopKToken<kPerLane>(logits, t, n_experts, top_k, normalize, ids, weights);
   __syncthreads();
   GroupAssignments(ids, weights, n_tokens * top_k, top_k, n_experts, n_active_out, experts, begin,
                    token_of, weight_of, assign_of, shared_raw);
+}
+
+// ---- a decode step's routing, one warp a token ---------------------------------------------
+
+// Steps of at most kWarp assignments (n_tokens * top_k): warp t chooses token t's experts, then
+// warp 0 groups them with a lane an assignment, without block-wide scans: the same results as
+// TopKKernel then GroupKernel.
+constexpr int kMaxWarpRouteTokens = 16;
+
+// Warp 0's grouping of the n_assign <= 32 assignments in id[] / weight[] (shared), lane i
+// holding assignment i. Assignment i's slot is the number of assignments of lower experts plus
+// those of its expert before it (stable, as Routing::Group); an expert's rank among the active
+// ones is the number of lower active experts.
+__device__ void WarpGroup(const int32_t* id, const float* weight, int n_assign, int top_k,
+                          int n_experts, int32_t* n_active_out, int32_t* experts, int32_t* begin,
+                          int32_t* token_of, float* weight_of, int32_t* assign_of) {
+  const int lane = threadIdx.x % kWarp;
+  const bool valid = lane < n_assign;
+  const int e = valid ? id[lane] : INT32_MAX;
+  const unsigned same = __match_any_sync(0xffffffffu, e);
+  const bool first = valid && __ffs(same) - 1 == lane;  // the expert's first assignment
+  int lower = 0;                                        // assignments of lower experts
+  int lower_active = 0;                                 // active experts below e
+  for (int j = 0; j < n_assign; ++j) {
+    const int ej = __shfl_sync(0xffffffffu, e, j);
+    const int fj = __shfl_sync(0xffffffffu, first ? 1 : 0, j);
+    lower += ej < e ? 1 : 0;
+    lower_active += fj != 0 && ej < e ? 1 : 0;
+  }
+  const int n_active = __popc(__ballot_sync(0xffffffffu, first));
+  if (first) {
+    experts[lower_active] = e;
+    begin[lower_active] = lower;
+  }
+  for (int a = n_active + lane; a <= n_experts; a += kWarp) begin[a] = n_assign;
+  if (lane == 0) *n_active_out = n_active;
+  if (!valid) return;
+  const int pos = lower + __popc(same & ((1u << lane) - 1u));
+  const int t = lane / top_k;
+  const int j = lane - t * top_k;
+  token_of[pos] = t;
+  weight_of[pos] = weight[lane];
+  // This assignment's place among token t's, experts ascending (ties: the earlier first).
+  int order = 0;
+  for (int k = 0; k < top_k; ++k) {
+    const int other = id[t * top_k + k];
+    order += other < e || (other == e && k < j) ? 1 : 0;
+  }
+  assign_of[t * top_k + order] = pos;
+}
+
+// n_tokens warps (<= kMaxWarpRouteTokens), n_tokens * top_k <= 32.
+template <int kPerLane>
+__global__ void __launch_bounds__(kMaxWarpRouteTokens* kWarp)
+    WarpRouteKernel(const float* logits, int n_tokens, int n_experts, int top_k, bool normalize,
+                    int32_t* ids, float* weights, int32_t* n_active_out, int32_t* experts,
+                    int32_t* begin, int32_t* token_of, float* weight_of, int32_t* assign_of) {
+  PdlWait();
+  __shared__ int32_t s_id[kWarp];
+  __shared__ float s_weight[kWarp];
+  const int t = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const LaneChoice c = TopKLanes<kPerLane>(logits, t, n_experts, top_k, normalize);
+  if (lane < top_k) {
+    const int i = t * top_k + lane;
+    ids[i] = c.id;
+    weights[i] = c.weight;
+    s_id[i] = c.id;
+    s_weight[i] = c.weight;
+  }
+  __syncthreads();
+  if (t == 0)
+    WarpGroup(s_id, s_weight, n_tokens * top_k, top_k, n_experts, n_active_out, experts, begin,
+              token_of, weight_of, assign_of);
 }
 
 }  // namespace
@@ -316,8 +421,11 @@ void LaunchTopK(const float* logits, int64_t n_tokens, int64_t n_experts, int64_
       top_k > kMaxTopK || top_k > n_experts)
     return;
   const int64_t blocks = (n_tokens + kTopKWarpsPerBlock - 1) / kTopKWarpsPerBlock;
-  Launch(TopKKernel, static_cast<unsigned>(blocks), kTopKWarpsPerBlock * kWarp, 0, stream, logits,
-         n_tokens, static_cast<int>(n_experts), static_cast<int>(top_k), normalize, ids, weights);
+  ByExpertsPerLane(n_experts, [&]<int kPerLane>() {
+    Launch(TopKKernel<kPerLane>, static_cast<unsigned>(blocks), kTopKWarpsPerBlock * kWarp, 0,
+           stream, logits, n_tokens, static_cast<int>(n_experts), static_cast<int>(top_k),
+           normalize, ids, weights);
+  });
 }
 
 void LaunchGroupByExpert(const int32_t* ids, const float* weights, const DeviceRouting& r,
@@ -340,16 +448,26 @@ void LaunchRoute(const float* logits, bool normalize, int32_t* ids, float* weigh
   if (r.n_tokens <= 0 || r.n_experts <= 0 || r.n_experts > kMaxTopKExperts || r.top_k <= 0 ||
       r.top_k > kMaxTopK || r.top_k > r.n_experts)
     return;
+  if (r.n_assignments() <= kWarp && r.n_tokens <= kMaxWarpRouteTokens) {
+    return ByExpertsPerLane(r.n_experts, [&]<int kPerLane>() {
+      Launch(WarpRouteKernel<kPerLane>, 1, static_cast<unsigned>(r.n_tokens) * kWarp, 0, stream,
+             logits, static_cast<int>(r.n_tokens), static_cast<int>(r.n_experts),
+             static_cast<int>(r.top_k), normalize, ids, weights, r.n_active, r.experts, r.begin,
+             r.token_of, r.weight_of, r.assign_of);
+    });
+  }
   const GroupLayout plan = PlanGroup(r.n_experts, r.n_assignments(), r.n_tokens);
   if (!FusedLaunches() || r.n_tokens > kMaxFusedRouteTokensPerWarp * plan.warps ||
       plan.shared_bytes > kDefaultSharedBytes) {
     LaunchTopK(logits, r.n_tokens, r.n_experts, r.top_k, normalize, ids, weights, stream);
     return LaunchGroupByExpert(ids, weights, r, stream);
   }
-  Launch(RouteKernel, 1, plan.warps * kWarp, plan.shared_bytes, stream, logits,
-         static_cast<int>(r.n_tokens), static_cast<int>(r.n_experts), static_cast<int>(r.top_k),
-         normalize, ids, weights, r.n_active, r.experts, r.begin, r.token_of, r.weight_of,
-         r.assign_of);
+  ByExpertsPerLane(r.n_experts, [&]<int kPerLane>() {
+    Launch(RouteKernel<kPerLane>, 1, plan.warps * kWarp, plan.shared_bytes, stream, logits,
+           static_cast<int>(r.n_tokens), static_cast<int>(r.n_experts), static_cast<int>(r.top_k),
+           normalize, ids, weights, r.n_active, r.experts, r.begin, r.token_of, r.weight_of,
+           r.assign_of);
+  });
 }
 
 }  // namespace moetier::cuda

@@ -114,13 +114,14 @@ TEST_P(DenseMatMulTest, MatchesCpuMatMul) {
   const DType dtype = GetParam();
   const bool quant = IsBlockQuantized(dtype);
   // Rows not multiples of the 8 rows a block takes (quantized: 17000 rows, more than the fused
-  // kernel's one wave of blocks takes at once); cols: tiny, one partial staging chunk
+  // kernel's one wave of blocks takes at once; 17003 rows at 4 a warp, the last warp's 3);
+  // cols: tiny, one partial staging chunk
   // (quantized: 96 = 3 blocks, 2080 = 65 blocks = one full chunk of 64 + 1), the per-element
   // path for float formats (50 and 4100: rows not 16-byte aligned), model-like widths, and
   // enough rows for the float kernels' 4-rows-a-warp (4100) and 2-rows-a-warp (2051) tilings.
   const std::vector<Shape> shapes =
       quant ? std::vector<Shape>{{1, 32},    {37, 96},   {133, 2048}, {61, 2080},
-                                 {19, 4096}, {4100, 64}, {17000, 32}}
+                                 {19, 4096}, {4100, 64}, {17000, 32}, {17003, 64}}
             : std::vector<Shape>{{1, 64},    {37, 48},   {13, 50},  {133, 2048},
                                  {19, 4100}, {4100, 64}, {2051, 48}};
   const std::vector<int64_t> token_counts = {1, 2, 3, 5, 16, 64, 65, 700};

@@ -210,13 +210,17 @@ struct RoutingBuffers {
   DeviceRouting r;
 };
 
-// LaunchRoute (one block for a few tokens, else the two kernels) fills every array exactly as
-// LaunchTopK then LaunchGroupByExpert do; those are checked against the CPU above.
+// LaunchRoute (one warp a token for at most 32 assignments, one block for a few tokens, else
+// the two kernels) fills every array exactly as LaunchTopK then LaunchGroupByExpert do; those
+// are checked against the CPU above. The cases: the warp path at 1-32 assignments (4 x 8 and
+// 16 x 2 fill a warp; 300 experts take 16 a lane), then the block and the two kernels.
 TEST(CudaRouteTest, GivesTheTopKAndGroupingResults) {
   MT_REQUIRE_GPU();
   std::mt19937 rng(testing::TestSeed());
-  const std::vector<TopKCase> cases = {{1, 128, 8},  {3, 8, 2},    {16, 128, 8}, {64, 128, 8},
-                                       {65, 128, 8}, {200, 64, 4}, {5, 512, 16}, {40, 60, 6}};
+  const std::vector<TopKCase> cases = {{1, 128, 8},  {3, 8, 2},    {4, 128, 8},  {16, 8, 2},
+                                       {2, 60, 6},   {1, 300, 16}, {11, 40, 3},  {16, 128, 8},
+                                       {64, 128, 8}, {65, 128, 8}, {200, 64, 4}, {5, 512, 16},
+                                       {40, 60, 6}};
   for (const TopKCase& c : cases) {
     for (bool normalize : {false, true}) {
       const std::vector<float> logits = MakeLogits(c.n_tokens, c.n_experts, c.top_k, true, rng);
