@@ -13,8 +13,8 @@
 // where results reach the host: Logits, and the router logits when asked for).
 //
 // A forward step: BeginStep(batch), Embed, per layer RmsNorm/MatMul/Attend/Moe/Add...,
-// ScanNonFinite after each layer, Logits, then EndStep, after which NonFiniteScans() and
-// TakeActiveExperts() hold the step's results.
+// ScanNonFinite after each layer, Logits (or ArgMaxLogits), then EndStep, after which the
+// logits, NonFiniteScans() and TakeActiveExperts() hold the step's results.
 #pragma once
 
 #include <cstdint>
@@ -132,6 +132,10 @@ struct ModelDims {
   std::vector<int64_t> moe_layers;  // the layers whose feed-forward is routed experts
 };
 
+// Which call ends a step: Logits (every row of logits to the host) or ArgMaxLogits (each row's
+// largest index only).
+enum class StepOutput { kLogits, kArgMax };
+
 class ComputeBackend {
  public:
   virtual ~ComputeBackend() = default;
@@ -149,9 +153,9 @@ class ComputeBackend {
   // Memory for a KV pool of n_bytes: host memory on the CPU, device memory on a GPU.
   virtual Expected<std::unique_ptr<KvMemory>> AllocateKv(uint64_t n_bytes) = 0;
   // The step's tokens, positions, sequences, block tables and logit rows, before its first
-  // operation (a GPU backend copies them to the device once), and the KV pool its Attend calls
-  // will name.
-  virtual void BeginStep(const Batch& batch, const KvPool& kv) = 0;
+  // operation (a GPU backend copies them to the device once), the KV pool its Attend calls
+  // will name, and which call ends it (a GPU records the two kinds of step apart).
+  virtual void BeginStep(const Batch& batch, const KvPool& kv, StepOutput output) = 0;
 
   // A buffer for `slot` of at least n_tokens x width floats (contents unspecified; kept and
   // reused, so steady-state steps allocate nothing).
@@ -205,8 +209,14 @@ class ComputeBackend {
   // error of the device during the step (a failed launch or allocation) is returned here.
   virtual Status EndStep() = 0;
 
-  // logits [n_rows, vocab] in host memory = x [n_rows, d_model] · lm_headᵀ.
+  // logits [n_rows, vocab] in host memory = x [n_rows, d_model] · lm_headᵀ, complete after
+  // EndStep.
   virtual void Logits(const float* x, int64_t n_rows, const TensorView& lm_head, float* logits) = 0;
+  // ids[r] (host memory, complete after EndStep) = kernels::ArgMax of row r of those logits,
+  // which stay where they are computed (a GPU hands back n_rows ids, not the rows). Their first
+  // non-finite element (row * vocab + column) goes to NonFiniteScans()[scan_slot].
+  virtual void ArgMaxLogits(const float* x, int64_t n_rows, const TensorView& lm_head, int32_t* ids,
+                            int64_t scan_slot) = 0;
 
   // Per-phase timing (bench --profile), or null.
   virtual void SetPhaseTimes(PhaseTimes* times) = 0;

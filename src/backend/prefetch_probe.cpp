@@ -99,12 +99,12 @@ PrefetchCounts PrefetchProbe::TakeCounts() {
   return taken;
 }
 
-void PrefetchProbe::BeginStep(const Batch& batch, const KvPool& kv) {
+void PrefetchProbe::BeginStep(const Batch& batch, const KvPool& kv, StepOutput output) {
   prev_.layer = -2;
   prev_.has_h = prev_.awaits_h = false;
   prev_.out = nullptr;
   last_norm_ = LastNorm{};
-  inner_->BeginStep(batch, kv);
+  inner_->BeginStep(batch, kv, output);
 }
 
 void PrefetchProbe::SeeResidualAdd(const float* x, int64_t n, const float* h) {

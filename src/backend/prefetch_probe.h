@@ -86,7 +86,7 @@ class PrefetchProbe final : public ComputeBackend {
   Expected<std::unique_ptr<KvMemory>> AllocateKv(uint64_t n_bytes) override {
     return inner_->AllocateKv(n_bytes);
   }
-  void BeginStep(const Batch& batch, const KvPool& kv) override;
+  void BeginStep(const Batch& batch, const KvPool& kv, StepOutput output) override;
   float* Activations(Act slot, int64_t n_tokens, int64_t width) override {
     return inner_->Activations(slot, n_tokens, width);
   }
@@ -117,6 +117,10 @@ class PrefetchProbe final : public ComputeBackend {
   Status EndStep() override { return inner_->EndStep(); }
   void Logits(const float* x, int64_t n_rows, const TensorView& lm_head, float* logits) override {
     inner_->Logits(x, n_rows, lm_head, logits);
+  }
+  void ArgMaxLogits(const float* x, int64_t n_rows, const TensorView& lm_head, int32_t* ids,
+                    int64_t scan_slot) override {
+    inner_->ArgMaxLogits(x, n_rows, lm_head, ids, scan_slot);
   }
   void SetPhaseTimes(PhaseTimes* times) override { inner_->SetPhaseTimes(times); }
   PhaseTimes* phase_times() const override { return inner_->phase_times(); }

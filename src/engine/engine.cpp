@@ -239,7 +239,9 @@ Status Engine::Step() {
   batch.seq_of = seq_of_;
   batch.block_tables = tables_;
   batch.logit_rows = logit_rows_;
-  const Status s = model_.Forward(batch, pool_, logits_);
+  const bool argmax = RowsDrawArgMax();
+  const Status s =
+      argmax ? model_.ForwardArgMax(batch, pool_, sampled_) : model_.Forward(batch, pool_, logits_);
   ++stats_.steps;
   if (!s.ok()) {
     // The step's K/V are undefined for every sequence in it: they end with the error.
@@ -247,7 +249,7 @@ Status Engine::Step() {
     RemoveFinished();
     return s;
   }
-  AfterForward(logits_);
+  AfterForward(argmax);
   RemoveFinished();
   return OkStatus();
 }
@@ -472,12 +474,23 @@ void Engine::ReleaseBlocks(Sequence& s) {
 
 // ---- after the forward ---------------------------------------------------------------------
 
-void Engine::AfterForward(const std::vector<float>& logits) {
+bool Engine::RowsDrawArgMax() const {
+  for (const Sequence* s : logit_seq_) {
+    const bool forced = s->n_generated < static_cast<int64_t>(s->req.forced_tokens.size());
+    if (!forced && !s->sampler->DrawsArgMax()) return false;
+  }
+  return true;
+}
+
+void Engine::AfterForward(bool argmax) {
   for (Sequence* s : in_batch_) {
     s->n_computed += s->step_tokens;
     if (options_.prefix_cache) RegisterFullBlocks(*s);
   }
-  SampleRows(logits);
+  if (argmax)
+    sample_status_.assign(logit_seq_.size(), OkStatus());
+  else
+    SampleRows(logits_);
   for (size_t r = 0; r < logit_seq_.size(); ++r) {
     Sequence& s = *logit_seq_[r];
     if (s.finished) continue;

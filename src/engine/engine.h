@@ -160,7 +160,11 @@ class Engine {
   bool MakeWritable(Sequence& s, int64_t position);
   bool PreemptOneBesides(const Sequence& s);
   void Preempt(Sequence& s);
-  void AfterForward(const std::vector<float>& logits);
+  // Whether every logit row's draw is its logits' arg-max (greedy without penalties, or forced):
+  // the step then asks the model for those indices alone (CausalLM::ForwardArgMax).
+  bool RowsDrawArgMax() const;
+  // After the step: sampled_ from the model's arg-max ids or drawn from logits_.
+  void AfterForward(bool argmax);
   // Draws the next token of every logit row's sequence into sampled_ / sample_status_, rows of
   // different sequences at once on sample_pool_ (each sequence has its own sampler, so a draw does
   // not depend on the thread that made it).
@@ -201,7 +205,7 @@ class Engine {
   // a real vocabulary takes ~1 ms: 16 sequences one after another would outlast a GPU's step.
   std::unique_ptr<ThreadPool> sample_pool_;
   std::vector<SamplerScratch> sample_scratch_;  // one per sampling thread
-  std::vector<int32_t> sampled_;
+  std::vector<int32_t> sampled_;  // per logit row: its token (the arg-max ids, when the step asked)
   std::vector<Status> sample_status_;
   EngineStats stats_;
   mutable std::mutex stats_mu_;

@@ -53,6 +53,9 @@ class Sampler {
                            size_t n_prompt, SamplerScratch& scratch);
   Expected<int32_t> Sample(std::span<const float> logits, std::span<const int32_t> context = {},
                            size_t n_prompt = 0);
+  // Whether every draw is the logits' first largest index whatever the context (greedy, no
+  // penalty): a caller may then ask the model for that index alone (CausalLM::ForwardArgMax).
+  bool DrawsArgMax() const;
 
  private:
   SamplerOptions options_;
@@ -65,8 +68,5 @@ class Sampler {
   // weight top-p's share is of (every token's under top-k, else the whole vocabulary's).
   double Candidates(std::span<const float> logits, double inv_t, SamplerScratch& x);
 };
-
-// Index of the largest logit (the lowest index among equals).
-int32_t ArgMax(std::span<const float> logits);
 
 }  // namespace moetier

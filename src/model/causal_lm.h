@@ -36,6 +36,10 @@ class CausalLM {
   // Errors (an id outside the vocabulary, a block table too short, a non-finite activation) leave
   // the K/V rows of the step's positions undefined.
   virtual Status Forward(const Batch& batch, KvPool& kv, std::vector<float>& logits) = 0;
+  // The same step for a caller that reads only each logit row's largest index (greedy sampling
+  // without penalties): ids [batch.logit_rows.size()] = kernels::ArgMax of each row of the
+  // logits Forward gives, the same errors; a GPU hands back the ids instead of the rows.
+  virtual Status ForwardArgMax(const Batch& batch, KvPool& kv, std::vector<int32_t>& ids) = 0;
 
   // One sequence on its own cache: runs `tokens` at positions cache.n_past() + t, appends their
   // K/V and writes logits: [1, vocab] for kLastToken, [tokens.size(), vocab] for kAllTokens.

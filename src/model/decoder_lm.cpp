@@ -131,6 +131,15 @@ Status DecoderLM::CheckBatch(const Batch& b, const KvPool& kv) const {
 }
 
 Status DecoderLM::Forward(const Batch& batch, KvPool& kv, std::vector<float>& logits) {
+  return Step(batch, kv, &logits, nullptr);
+}
+
+Status DecoderLM::ForwardArgMax(const Batch& batch, KvPool& kv, std::vector<int32_t>& ids) {
+  return Step(batch, kv, nullptr, &ids);
+}
+
+Status DecoderLM::Step(const Batch& batch, KvPool& kv, std::vector<float>* logits,
+                       std::vector<int32_t>* ids) {
   MT_RETURN_IF_ERROR(CheckBatch(batch, kv));
   ComputeBackend& be = *backend_;
   const int64_t T = batch.n_tokens();
@@ -140,7 +149,7 @@ Status DecoderLM::Forward(const Batch& batch, KvPool& kv, std::vector<float>& lo
   ScopedPhase forward_phase(be.phase_times(), Phase::kForward);
   bytes_streamed_ += DenseBytesPerStep(T, n_out);
 
-  be.BeginStep(batch, kv);
+  be.BeginStep(batch, kv, ids != nullptr ? StepOutput::kArgMax : StepOutput::kLogits);
   float* h = be.Activations(Act::kResidual, T, H);
   float* xn = be.Activations(Act::kNormed, std::max(T, n_out), H);
   float* delta = be.Activations(Act::kDelta, T, H);
@@ -174,20 +183,26 @@ Status DecoderLM::Forward(const Batch& batch, KvPool& kv, std::vector<float>& lo
   }
 
   ScopedPhase lm_head_phase(be.phase_times(), Phase::kLmHead);
-  logits.resize(static_cast<size_t>(n_out * V));
+  if (logits != nullptr) logits->resize(static_cast<size_t>(n_out * V));
+  if (ids != nullptr) ids->resize(static_cast<size_t>(n_out));
   if (n_out > 0) {
     be.RmsNorm(h, T, batch.logit_rows, w_.final_norm, eps, H, xn);
-    be.Logits(xn, n_out, w_.lm_head, logits.data());
+    if (ids != nullptr)
+      be.ArgMaxLogits(xn, n_out, w_.lm_head, ids->data(), LogitsSlot());
+    else
+      be.Logits(xn, n_out, w_.lm_head, logits->data());
   }
   MT_RETURN_IF_ERROR(be.EndStep());
   bytes_streamed_ += static_cast<uint64_t>(be.TakeActiveExperts()) * expert_bytes_;
-  MT_RETURN_IF_ERROR(CheckScans(batch));
-  const int64_t bad = kernels::FirstNonFinite(logits.data(), n_out * V);
-  if (bad >= 0)
-    return NonFiniteError(
-        "the lm_head",
-        batch.positions[static_cast<size_t>(batch.logit_rows[static_cast<size_t>(bad / V)])]);
-  return OkStatus();
+  MT_RETURN_IF_ERROR(CheckScans(batch));  // ArgMaxLogits' scan of the logits among them
+  if (logits == nullptr) return OkStatus();
+  const int64_t bad = kernels::FirstNonFinite(logits->data(), n_out * V);
+  return bad < 0 ? OkStatus() : LogitsNonFinite(batch, bad);
+}
+
+Status DecoderLM::LogitsNonFinite(const Batch& batch, int64_t index) const {
+  const auto row = static_cast<size_t>(index / config_.vocab_size);
+  return NonFiniteError("the lm_head", batch.positions[static_cast<size_t>(batch.logit_rows[row])]);
 }
 
 Status DecoderLM::NonFiniteError(const std::string& where, int64_t position) const {
@@ -208,8 +223,11 @@ Status DecoderLM::ScanFinite(const float* h, const Batch& batch, int64_t slot) c
 
 Status DecoderLM::CheckScans(const Batch& batch) const {
   const std::span<const int64_t> scans = backend_->NonFiniteScans();
-  for (size_t slot = 0; slot < scans.size(); ++slot)
-    if (scans[slot] >= 0) return NonFiniteAt(batch, static_cast<int64_t>(slot), scans[slot]);
+  for (size_t slot = 0; slot < scans.size(); ++slot) {
+    if (scans[slot] < 0) continue;
+    if (static_cast<int64_t>(slot) == LogitsSlot()) return LogitsNonFinite(batch, scans[slot]);
+    return NonFiniteAt(batch, static_cast<int64_t>(slot), scans[slot]);
+  }
   return OkStatus();
 }
 

@@ -47,6 +47,7 @@ class DecoderLM final : public CausalLM {
   const ModelConfig& config() const override { return config_; }
   using CausalLM::Forward;
   Status Forward(const Batch& batch, KvPool& kv, std::vector<float>& logits) override;
+  Status ForwardArgMax(const Batch& batch, KvPool& kv, std::vector<int32_t>& ids) override;
   uint64_t DecodeBytesPerToken() const override;
   uint64_t DecodeWeightsPerToken() const override;
   DType expert_dtype() const override;
@@ -78,9 +79,16 @@ class DecoderLM final : public CausalLM {
   // sampler cannot use. One vectorized pass, ~1/1000 of a layer's work. Scan slot 0 is the
   // embedding's, slot l + 1 layer l's; a GPU answers after the logits (CheckScans).
   Status ScanFinite(const float* h, const Batch& batch, int64_t slot) const;
+  // Forward's step, ending with the logits or (ids not null) their arg-max.
+  Status Step(const Batch& batch, KvPool& kv, std::vector<float>* logits,
+              std::vector<int32_t>* ids);
+  // The non-finite scan slot of the logits (after every layer's).
+  int64_t LogitsSlot() const { return config_.n_layers + 1; }
   Status CheckScans(const Batch& batch) const;
   Status NonFiniteAt(const Batch& batch, int64_t slot, int64_t index) const;
   Status NonFiniteError(const std::string& where, int64_t position) const;
+  // The error of a non-finite logit at `index` (row * vocab + column of the step's logits).
+  Status LogitsNonFinite(const Batch& batch, int64_t index) const;
   // Sums size(view) over what a decode step streams (DecodeBytesPerToken's list).
   uint64_t SumPerToken(FunctionRef<uint64_t(const TensorView&)> size) const;
   // The weight bytes a step of n_tokens with n_logits logit rows reads, but for the experts.

@@ -252,25 +252,5 @@ TEST(Sampler, OptionRangesAreCheckedAndNamed) {
 }  // namespace moetier
 
 namespace moetier {
-namespace {
-
-// The greedy pick is the first index of the largest logit, like std::max_element, on vocabulary
-// sized inputs with many exact ties (values drawn from a small set).
-TEST(ArgMax, FirstIndexOfTheMaximum) {
-  const uint32_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));  // a failure replays with this seed
-  std::mt19937 rng(seed);
-  for (size_t n : {size_t{1}, size_t{2}, size_t{7}, size_t{33}, size_t{151936}}) {
-    std::uniform_int_distribution<int> small(-20, 20);
-    std::vector<float> v(n);
-    for (int rep = 0; rep < 5; ++rep) {
-      for (float& x : v) x = static_cast<float>(small(rng)) * 0.25f;
-      const auto want = std::max_element(v.begin(), v.end()) - v.begin();
-      ASSERT_EQ(ArgMax(v), want) << "n " << n;
-    }
-  }
-  EXPECT_EQ(ArgMax(std::vector<float>{}), 0);
-}
-
-}  // namespace
+namespace {}  // namespace
 }  // namespace moetier

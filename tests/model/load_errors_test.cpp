@@ -184,6 +184,36 @@ TEST_F(LoadErrors, NonFiniteActivationsNameTheLayer) {
   EXPECT_NE(s.message().find("config.json"), std::string::npos) << s.message();
 }
 
+// A NaN in the final norm reaches only the logits: Forward and ForwardArgMax (which never hands
+// the logits back) both fail naming the lm_head.
+TEST_F(LoadErrors, NonFiniteLogitsNameTheLmHead) {
+  auto tensors = testing::ReadSafetensors(weights());
+  TensorSpec& norm = tensors.at("model.norm.weight");
+  ASSERT_TRUE(norm.dtype == "BF16" || norm.dtype == "F32") << norm.dtype;
+  const std::string nan =
+      norm.dtype == "BF16" ? std::string("\xc0\x7f", 2) : std::string("\x00\x00\xc0\x7f", 4);
+  norm.bytes.replace(0, nan.size(), nan);
+  testing::WriteSafetensors(weights(), tensors);
+  auto m = LoadCausalLM(dir_, testing::WithThreads(1));
+  ASSERT_TRUE(m.ok()) << m.message();
+  auto pool = (*m)->NewKvPool(4, 16, DType::kF32);
+  ASSERT_TRUE(pool.ok()) << pool.message();
+  const std::vector<int32_t> table = {0};
+  const std::vector<std::span<const int32_t>> tables = {table};
+  const std::vector<int32_t> tokens = {1, 2, 3}, positions = {0, 1, 2}, seq_of = {0, 0, 0};
+  const std::vector<int32_t> last = {2};
+  const Batch batch{tokens, positions, seq_of, tables, last};
+  std::vector<float> logits;
+  std::vector<int32_t> ids;
+  for (const Status& s :
+       {(*m)->Forward(batch, *pool, logits), (*m)->ForwardArgMax(batch, *pool, ids)}) {
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("the lm_head produced a non-finite value"), std::string::npos)
+        << s.message();
+    EXPECT_NE(s.message().find("at position 2;"), std::string::npos) << s.message();
+  }
+}
+
 TEST_F(LoadErrors, ConfigIsNotJson) {
   testing::WriteFile(dir_ / "config.json", "{ \"architectures\": [");
   ExpectLoadError({"config.json", "not valid JSON"});

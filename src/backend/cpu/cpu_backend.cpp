@@ -118,6 +118,16 @@ void CpuBackend::Logits(const float* x, int64_t n_rows, const TensorView& lm_hea
   MatMul(x, n_rows, head);
 }
 
+void CpuBackend::ArgMaxLogits(const float* x, int64_t n_rows, const TensorView& lm_head,
+                              int32_t* ids, int64_t scan_slot) {
+  const int64_t vocab = lm_head.dim(0);
+  argmax_logits_.resize(static_cast<size_t>(n_rows * vocab));
+  Logits(x, n_rows, lm_head, argmax_logits_.data());
+  for (int64_t r = 0; r < n_rows; ++r)
+    ids[r] = static_cast<int32_t>(kernels::ArgMax(argmax_logits_.data() + r * vocab, vocab));
+  ScanNonFinite(argmax_logits_.data(), n_rows * vocab, scan_slot);
+}
+
 void CpuBackend::SetPhaseTimes(PhaseTimes* times) {
   times_ = times;
   ws_.set_times(times);

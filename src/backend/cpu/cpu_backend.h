@@ -30,7 +30,7 @@ class CpuBackend final : public ComputeBackend {
   Expected<std::unique_ptr<KvMemory>> AllocateKv(uint64_t n_bytes) override {
     return AllocateHostKv(n_bytes);
   }
-  void BeginStep(const Batch&, const KvPool&) override { non_finite_.clear(); }
+  void BeginStep(const Batch&, const KvPool&, StepOutput) override { non_finite_.clear(); }
   float* Activations(Act slot, int64_t n_tokens, int64_t width) override;
   void Embed(const TensorView& table, std::span<const int32_t> tokens, float* h) override;
   void RmsNorm(const float* x, int64_t n_rows, std::span<const int32_t> rows,
@@ -48,6 +48,8 @@ class CpuBackend final : public ComputeBackend {
   std::span<const int64_t> NonFiniteScans() override { return non_finite_; }
   Status EndStep() override { return OkStatus(); }
   void Logits(const float* x, int64_t n_rows, const TensorView& lm_head, float* logits) override;
+  void ArgMaxLogits(const float* x, int64_t n_rows, const TensorView& lm_head, int32_t* ids,
+                    int64_t scan_slot) override;
 
   // The router alone: logits, softmax, top-k, and the tokens grouped by expert in `routing`
   // (what the executor schedules from). router_logits as in Moe.
@@ -68,7 +70,8 @@ class CpuBackend final : public ComputeBackend {
   ExpertStats* stats_ = nullptr;
   Routing routing_;  // the current MoE layer's, refilled each call
   int64_t active_experts_ = 0;
-  std::vector<int64_t> non_finite_;  // by slot
+  std::vector<int64_t> non_finite_;   // by slot
+  std::vector<float> argmax_logits_;  // ArgMaxLogits' rows, kept between steps
   std::array<std::vector<float>, static_cast<size_t>(Act::kCount)> acts_;
 };
 

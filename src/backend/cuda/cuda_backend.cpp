@@ -208,12 +208,14 @@ Expected<std::unique_ptr<KvMemory>> CudaBackend::AllocateKv(uint64_t n_bytes) {
   return std::unique_ptr<KvMemory>(new DeviceKvMemory(std::move(b), stream_));
 }
 
-void CudaBackend::BeginStep(const Batch& batch, const KvPool& kv) {
+void CudaBackend::BeginStep(const Batch& batch, const KvPool& kv, StepOutput output) {
   if (graph_mode_ == cuda::StepGraphs::Mode::kCapture)  // a step that never reached EndStep
     (void)graphs_.FinishCapture(stream_, true);
   graph_mode_ = cuda::StepGraphs::Mode::kEager;
   step_recorded_ = false;
   error_.clear();
+  logits_out_ = nullptr;
+  argmax_out_ = nullptr;
   // The runtime's last error is where a refused kernel launch (too many threads or registers,
   // too much shared memory) shows: EndStep reads it. One left by calls outside the step, which
   // reported theirs, is not this step's.
@@ -271,10 +273,10 @@ void CudaBackend::BeginStep(const Batch& batch, const KvPool& kv) {
   n_scans_ = 0;
   moe_calls_ = 0;
   if (Status s = offload_->BeginStep(T, stream_); !s.ok()) error_ = s.message();
-  ChooseGraphMode(batch, kv);
+  ChooseGraphMode(batch, kv, output);
 }
 
-void CudaBackend::ChooseGraphMode(const Batch& batch, const KvPool& kv) {
+void CudaBackend::ChooseGraphMode(const Batch& batch, const KvPool& kv, StepOutput output) {
   const int64_t T = batch.n_tokens();
   const bool decode = T <= kMaxGraphTokens &&
                       T == static_cast<int64_t>(batch.block_tables.size()) &&
@@ -292,7 +294,8 @@ void CudaBackend::ChooseGraphMode(const Batch& batch, const KvPool& kv) {
                                        kv.base(),
                                        kv.n_blocks(),
                                        kv.block_size(),
-                                       static_cast<int>(kv.dtype())};
+                                       static_cast<int>(kv.dtype()),
+                                       static_cast<int>(output)};
   step_recorded_ = true;
   BeginSegment();
 }
@@ -576,6 +579,14 @@ Status CudaBackend::EndStep() {
   }
   timed_expert_layers_.clear();
   if (!error_.empty()) return Status::Error("GPU: " + error_);
+  if (logits_out_ != nullptr)
+    std::memcpy(logits_out_, logits_host_.data(),
+                static_cast<size_t>(out_rows_ * dims_.vocab) * sizeof(float));
+  if (argmax_out_ != nullptr)
+    for (int64_t r = 0; r < out_rows_; ++r)
+      argmax_out_[r] = cuda::ArgMaxKeyIndex(argmax_host_.data()[r]);
+  logits_out_ = nullptr;
+  argmax_out_ = nullptr;
   scans_.assign(static_cast<size_t>(n_scans_), -1);
   for (int64_t i = 0; i < n_scans_; ++i) {
     const unsigned long long v = scans_host_.data()[i];
@@ -601,28 +612,63 @@ int64_t CudaBackend::TakeActiveExperts() {
   return std::exchange(active_experts_, 0) + offload_->TakeActiveExperts();
 }
 
-void CudaBackend::Logits(const float* x, int64_t n_rows, const TensorView& lm_head, float* logits) {
+bool CudaBackend::LmHead(const float* x, int64_t n_rows, const TensorView& lm_head) {
   const auto n = static_cast<size_t>(n_rows * dims_.vocab);
   if (logits_dev_.size() < n) {
     BuffersMoving();
     auto made = cuda::DeviceBuffer<float>::Create(n, "the logits");
     if (!made.ok()) {
       if (error_.empty()) error_ = made.status().message();
-      return;
+      return false;
     }
     logits_dev_ = std::move(*made);
   }
+  if (!Replaying()) dense_.Run(weights_.Matrix(lm_head), x, n_rows, logits_dev_.data(), stream_);
+  out_rows_ = n_rows;
+  return true;
+}
+
+void CudaBackend::Logits(const float* x, int64_t n_rows, const TensorView& lm_head, float* logits) {
+  const auto n = static_cast<size_t>(n_rows * dims_.vocab);
   if (Status s = logits_host_.Reserve(n, "the logits"); !s.ok()) {
     if (error_.empty()) error_ = s.message();
     return;
   }
-  if (!Replaying()) dense_.Run(weights_.Matrix(lm_head), x, n_rows, logits_dev_.data(), stream_);
+  if (!LmHead(x, n_rows, lm_head)) return;
   if (graph_mode_ == cuda::StepGraphs::Mode::kCapture) FinishCapture();
   Check(cudaMemcpyAsync(logits_host_.data(), logits_dev_.data(), n * sizeof(float),
                         cudaMemcpyDeviceToHost, stream_),
         "copying the logits");
-  Check(cudaStreamSynchronize(stream_), "the step on the GPU");
-  if (error_.empty()) std::memcpy(logits, logits_host_.data(), n * sizeof(float));
+  logits_out_ = logits;
+}
+
+void CudaBackend::ArgMaxLogits(const float* x, int64_t n_rows, const TensorView& lm_head,
+                               int32_t* ids, int64_t scan_slot) {
+  const auto rows = static_cast<size_t>(n_rows);
+  if (argmax_dev_.size() < rows) {
+    BuffersMoving();
+    auto made = cuda::DeviceBuffer<unsigned long long>::Create(rows, "the logits' arg-max");
+    if (!made.ok()) {
+      if (error_.empty()) error_ = made.status().message();
+      return;
+    }
+    argmax_dev_ = std::move(*made);
+  }
+  if (Status s = argmax_host_.Reserve(rows, "the logits' arg-max"); !s.ok()) {
+    if (error_.empty()) error_ = s.message();
+    return;
+  }
+  if (!LmHead(x, n_rows, lm_head)) return;
+  const bool scanned = scan_slot >= 0 && scan_slot < kNonFiniteSlots;
+  if (!Replaying())
+    cuda::LaunchArgMaxRows(logits_dev_.data(), n_rows, dims_.vocab, argmax_dev_.data(),
+                           scanned ? scans_dev_.data() + scan_slot : nullptr, stream_);
+  if (scanned) n_scans_ = std::max(n_scans_, scan_slot + 1);
+  if (graph_mode_ == cuda::StepGraphs::Mode::kCapture) FinishCapture();
+  Check(cudaMemcpyAsync(argmax_host_.data(), argmax_dev_.data(), rows * sizeof(unsigned long long),
+                        cudaMemcpyDeviceToHost, stream_),
+        "copying the logits' arg-max");
+  argmax_out_ = ids;
 }
 
 }  // namespace moetier

@@ -49,7 +49,7 @@ class CudaBackend final : public ComputeBackend, private ComputeSegments {
               std::span<const std::vector<float>* const> vectors) override;
   uint64_t KvMemoryFree() const override;
   Expected<std::unique_ptr<KvMemory>> AllocateKv(uint64_t n_bytes) override;
-  void BeginStep(const Batch& batch, const KvPool& kv) override;
+  void BeginStep(const Batch& batch, const KvPool& kv, StepOutput output) override;
   float* Activations(Act slot, int64_t n_tokens, int64_t width) override;
   void Embed(const TensorView& table, std::span<const int32_t> tokens, float* h) override;
   void RmsNorm(const float* x, int64_t n_rows, std::span<const int32_t> rows,
@@ -69,6 +69,8 @@ class CudaBackend final : public ComputeBackend, private ComputeSegments {
   std::span<const int64_t> NonFiniteScans() override { return scans_; }
   Status EndStep() override;
   void Logits(const float* x, int64_t n_rows, const TensorView& lm_head, float* logits) override;
+  void ArgMaxLogits(const float* x, int64_t n_rows, const TensorView& lm_head, int32_t* ids,
+                    int64_t scan_slot) override;
   // With times, the expert kernels and copies are timed on the GPU too (CUDA events).
   void SetPhaseTimes(PhaseTimes* times) override;
   PhaseTimes* phase_times() const override { return times_; }
@@ -92,7 +94,7 @@ class CudaBackend final : public ComputeBackend, private ComputeSegments {
   // Whether the step just begun is replayed, recorded or launched call by call (after its
   // indices were queued): decode steps are recorded, unless they are timed, hand router logits
   // out or stream banks.
-  void ChooseGraphMode(const Batch& batch, const KvPool& kv);
+  void ChooseGraphMode(const Batch& batch, const KvPool& kv, StepOutput output);
   // The segment's graph is running: the calls keep their host bookkeeping and launch nothing.
   bool Replaying() const { return graph_mode_ == cuda::StepGraphs::Mode::kReplay; }
   // Records, replays or launches the segment of segment_key_.
@@ -164,8 +166,17 @@ class CudaBackend final : public ComputeBackend, private ComputeSegments {
   int64_t n_scans_ = 0;
   std::vector<int64_t> scans_;
 
+  // The lm_head's rows, computed into logits_dev_ by Logits or ArgMaxLogits; what reaches the
+  // host (after EndStep's one wait): every row, or each row's arg-max key.
   cuda::DeviceBuffer<float> logits_dev_;
+  // lm_head's product into logits_dev_ (unless replaying); false when it could not be sized.
+  bool LmHead(const float* x, int64_t n_rows, const TensorView& lm_head);
   cuda::PinnedBuffer<float> logits_host_;
+  float* logits_out_ = nullptr;  // Logits' destination, filled at EndStep
+  cuda::DeviceBuffer<unsigned long long> argmax_dev_;
+  cuda::PinnedBuffer<unsigned long long> argmax_host_;
+  int32_t* argmax_out_ = nullptr;  // ArgMaxLogits' destination, filled at EndStep
+  int64_t out_rows_ = 0;           // rows of the two
 };
 
 }  // namespace moetier

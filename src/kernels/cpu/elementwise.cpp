@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace moetier::kernels {
 
@@ -48,6 +49,33 @@ int64_t FirstNonFinite(const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     if (!std::isfinite(x[i])) return i;
   return -1;
+}
+
+// Eight running maxima, lane by lane: compilers vectorize that without reassociating anything (a
+// max reduction pragma is refused by clang, which keeps NaN semantics, and -Werror stops it).
+float MaxOf(const float* x, int64_t n) {
+  constexpr int64_t kLanes = 8;
+  constexpr float kBelowAll = -std::numeric_limits<float>::infinity();
+  float lane[kLanes];
+  for (float& v : lane) v = kBelowAll;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+  float m = kBelowAll;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  for (float v : lane) m = v > m ? v : m;
+  return m;
+}
+
+// The maximum, then its first index: a single loop that reads the running best back through its
+// index is a load-compare chain of ~7 cycles per element, which over a 151,936-entry vocabulary
+// measured 0.7 ms, a tenth of a fast decode step.
+int64_t ArgMax(const float* x, int64_t n) {
+  if (n <= 0) return 0;
+  const float m = MaxOf(x, n);
+  for (int64_t i = 0; i < n; ++i)
+    if (x[i] == m) return i;
+  return 0;  // every element NaN
 }
 
 }  // namespace moetier::kernels

@@ -21,4 +21,11 @@ void Axpy(float a, const float* x, int64_t n, float* y);
 // vectorized pass over the bits (exponent all ones) in the common all-finite case.
 int64_t FirstNonFinite(const float* x, int64_t n);
 
+// The largest of x[0, n), vectorized; NaN never wins (-inf when nothing else is there).
+float MaxOf(const float* x, int64_t n);
+
+// The index of the largest of x[0, n), the lowest among equal ones (greedy sampling's pick); 0
+// when n is 0 or every element is NaN.
+int64_t ArgMax(const float* x, int64_t n);
+
 }  // namespace moetier::kernels

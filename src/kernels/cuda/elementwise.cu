@@ -3,6 +3,7 @@
 // bandwidth tricks.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/dtype.h"
@@ -172,6 +173,63 @@ __global__ void FirstNonFiniteKernel(const float* x, int64_t n, unsigned long lo
   if (threadIdx.x % kWarp == 0 && mine != ~0ull) atomicMin(first, mine);
 }
 
+// An element's arg-max key: larger values give larger keys (the value's bits in an order that
+// compares as unsigned), and on equal values the lower index the larger key (its complement in
+// the low word). 0 is below every key.
+__device__ __forceinline__ unsigned long long ArgMaxKey(float v, int64_t i) {
+  const uint32_t bits = __float_as_uint(v);
+  const uint32_t ordered = (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+  return (static_cast<unsigned long long>(ordered) << 32) | ~static_cast<uint32_t>(i);
+}
+
+// Elements of a row a block of the arg-max takes, at least: one row spreads over a few dozen
+// blocks (a 151,936-entry vocabulary: 18), so that a single row is not one SM's read.
+constexpr int64_t kArgMaxBlockElems = 8192;
+constexpr int64_t kMaxArgMaxBlocksPerRow = 64;
+
+// grid (blocks a row, rows): each block reduces its stride of the row to one key and takes the
+// row's maximum with one atomicMax; non-finite elements never win and are reported as
+// FirstNonFiniteKernel reports them.
+__global__ void ArgMaxRowsKernel(const float* x, int64_t n, unsigned long long* keys,
+                                 unsigned long long* first) {
+  PdlWait();
+  __shared__ unsigned long long warp_best[kThreads / kWarp];
+  constexpr uint32_t kExponent = 0x7f800000u;  // all ones: inf or NaN
+  const int64_t row = blockIdx.y;
+  const float* xr = x + row * n;
+  unsigned long long best = 0;
+  unsigned long long bad = ~0ull;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = xr[i];
+    if ((__float_as_uint(v) & kExponent) == kExponent) {
+      bad = min(bad, static_cast<unsigned long long>(row * n + i));
+      continue;
+    }
+    const unsigned long long key = ArgMaxKey(v, i);
+    best = key > best ? key : best;
+  }
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) {
+    const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
+    best = other > best ? other : best;
+    const unsigned long long other_bad = __shfl_xor_sync(0xffffffffu, bad, o);
+    bad = other_bad < bad ? other_bad : bad;
+  }
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  if (lane == 0) {
+    warp_best[warp] = best;
+    if (bad != ~0ull && first != nullptr) atomicMin(first, bad);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < static_cast<int>(blockDim.x) / kWarp; ++w)
+      best = warp_best[w] > best ? warp_best[w] : best;  // best: warp 0's already
+    if (best != 0) atomicMax(keys + row, best);
+  }
+}
+
 template <DType kD>
 void Embed(const DeviceMatrix& table, const int32_t* tokens, int64_t n_tokens, float* h,
            cudaStream_t stream) {
@@ -230,6 +288,16 @@ void LaunchFirstNonFinite(const float* x, int64_t n, unsigned long long* first,
                           cudaStream_t stream) {
   if (n <= 0) return;
   Launch(FirstNonFiniteKernel, GridFor(n), kThreads, 0, stream, x, n, first);
+}
+
+void LaunchArgMaxRows(const float* x, int64_t n_rows, int64_t n, unsigned long long* keys,
+                      unsigned long long* first, cudaStream_t stream) {
+  if (n_rows <= 0) return;
+  cudaMemsetAsync(keys, 0, static_cast<size_t>(n_rows) * sizeof(unsigned long long), stream);
+  if (n <= 0) return;
+  const int64_t per_row = std::clamp<int64_t>(n / kArgMaxBlockElems, 1, kMaxArgMaxBlocksPerRow);
+  Launch(ArgMaxRowsKernel, dim3(static_cast<unsigned>(per_row), static_cast<unsigned>(n_rows)),
+         kThreads, 0, stream, x, n, keys, first);
 }
 
 }  // namespace moetier::cuda

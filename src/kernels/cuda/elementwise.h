@@ -1,7 +1,8 @@
 // Element-wise and per-row CUDA kernels of the forward pass: the embedding gather, RMSNorm, the
-// residual add, SwiGLU's gate, and the non-finite scan. Each mirrors the CPU kernel it replaces
-// (kernels/cpu/elementwise.h, the CPU backend); tests/kernels/cuda/elementwise_test.cpp states
-// the tolerances. All pointers are device addresses; work is queued on `stream`.
+// residual add, SwiGLU's gate, the non-finite scan and greedy sampling's arg-max. Each mirrors the
+// CPU kernel it replaces (kernels/cpu/elementwise.h, the CPU backend);
+// tests/kernels/cuda/elementwise_test.cpp states the tolerances. All pointers are device addresses;
+// work is queued on `stream`.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -36,5 +37,18 @@ void LaunchSiluMul(float* gate, const float* up, int64_t n, cudaStream_t stream)
 // to INT64_MAX (as unsigned long long: ~0ull >> 1) before, and reads it after the stream syncs.
 void LaunchFirstNonFinite(const float* x, int64_t n, unsigned long long* first,
                           cudaStream_t stream);
+
+// For each row r < n_rows of x [n_rows, n]: keys[r] = the arg-max key of its largest element
+// (the lowest index among equal ones; NaN never wins), for ArgMaxKeyIndex; and, as
+// LaunchFirstNonFinite, *first = min(*first, index in x of the first NaN or infinity) unless
+// first is null. keys is cleared on the stream first.
+void LaunchArgMaxRows(const float* x, int64_t n_rows, int64_t n, unsigned long long* keys,
+                      unsigned long long* first, cudaStream_t stream);
+
+// The column an arg-max key names: kernels::ArgMax of the row where it is finite (0 for a row of
+// NaN).
+inline int32_t ArgMaxKeyIndex(unsigned long long key) {
+  return key == 0 ? 0 : static_cast<int32_t>(~static_cast<uint32_t>(key));
+}
 
 }  // namespace moetier::cuda

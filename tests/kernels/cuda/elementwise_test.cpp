@@ -4,11 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -236,6 +238,49 @@ TEST(CudaFirstNonFiniteTest, FindsTheFirstAsTheCpuDoes) {
       EXPECT_EQ(got, kNone) << "clean input";
     } else {
       EXPECT_EQ(got, static_cast<unsigned long long>(want));
+    }
+  }
+}
+
+// Each row's arg-max is kernels::ArgMax's pick, on rows with many exact ties (values from a
+// small set, so the lowest index among equal maxima decides), at lengths from one element to a
+// real vocabulary (split over many blocks a row), one to sixteen rows; a row of equal values
+// gives index 0. A non-finite element is reported as LaunchFirstNonFinite does (its index in x)
+// and never wins its row.
+TEST(CudaArgMaxRowsTest, PicksAsTheCpuAndFindsNonFinite) {
+  MT_REQUIRE_GPU();
+  std::mt19937 rng(testing::TestSeed());
+  constexpr unsigned long long kNone = ~0ull >> 1;
+  std::uniform_int_distribution<int> small(-20, 20);
+  for (int64_t n : {int64_t{1}, int64_t{33}, int64_t{8195}, int64_t{151936}}) {
+    for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{16}}) {
+      std::vector<float> x(static_cast<size_t>(n * rows));
+      for (float& v : x) v = static_cast<float>(small(rng)) * 0.25f;
+      if (rows > 1) std::fill(x.begin() + n, x.begin() + 2 * n, 1.5f);  // row 1: all equal
+      for (bool poison : {false, true}) {
+        std::vector<float> y = x;
+        if (poison) {  // a NaN at the front of the last row, an infinity above every value
+          y[static_cast<size_t>((rows - 1) * n)] = std::numeric_limits<float>::quiet_NaN();
+          y[static_cast<size_t>(rows * n - 1)] = std::numeric_limits<float>::infinity();
+        }
+        const DeviceBuffer<float> d_x = Upload(y);
+        DeviceBuffer<unsigned long long> d_keys =
+            DeviceBuffer<unsigned long long>::Create(static_cast<size_t>(rows), "keys").value();
+        DeviceBuffer<unsigned long long> d_first = Upload(std::vector<unsigned long long>{kNone});
+        LaunchArgMaxRows(d_x.data(), rows, n, d_keys.data(), d_first.data(), nullptr);
+        const std::vector<unsigned long long> keys = Download(d_keys, static_cast<size_t>(rows));
+        const std::string where = "n " + std::to_string(n) + " rows " + std::to_string(rows) +
+                                  (poison ? " poisoned" : "");
+        for (int64_t r = 0; r < rows; ++r) {
+          std::vector<float> row(y.begin() + r * n, y.begin() + (r + 1) * n);
+          for (float& v : row) v = std::isfinite(v) ? v : -1e30f;  // never wins
+          const int64_t want = kernels::ArgMax(row.data(), n);
+          EXPECT_EQ(ArgMaxKeyIndex(keys[static_cast<size_t>(r)]), want) << where << " row " << r;
+        }
+        const int64_t bad = kernels::FirstNonFinite(y.data(), n * rows);
+        EXPECT_EQ(Download(d_first, 1)[0], bad < 0 ? kNone : static_cast<unsigned long long>(bad))
+            << where;
+      }
     }
   }
 }

@@ -1,0 +1,52 @@
+// The CPU's row reductions of kernels/cpu/elementwise.h that greedy sampling and the non-finite
+// checks read.
+#include "kernels/cpu/elementwise.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace moetier::kernels {
+namespace {
+
+// The greedy pick is the first index of the largest logit, like std::max_element, on vocabulary
+// sized inputs with many exact ties (values drawn from a small set).
+TEST(ArgMax, FirstIndexOfTheMaximum) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));  // a failure replays with this seed
+  std::mt19937 rng(seed);
+  for (size_t n : {size_t{1}, size_t{2}, size_t{7}, size_t{33}, size_t{151936}}) {
+    std::uniform_int_distribution<int> small(-20, 20);
+    std::vector<float> v(n);
+    for (int rep = 0; rep < 5; ++rep) {
+      for (float& x : v) x = static_cast<float>(small(rng)) * 0.25f;
+      const auto want = std::max_element(v.begin(), v.end()) - v.begin();
+      ASSERT_EQ(ArgMax(v.data(), static_cast<int64_t>(n)), want) << "n " << n;
+      ASSERT_EQ(MaxOf(v.data(), static_cast<int64_t>(n)), v[static_cast<size_t>(want)]);
+    }
+  }
+  EXPECT_EQ(ArgMax(nullptr, 0), 0);
+}
+
+// A NaN never wins, wherever it sits (the eight running maxima start from the first element).
+TEST(ArgMax, NaNNeverWins) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> v(37, -1.0f);
+  v[20] = 3.0f;
+  for (size_t at : {size_t{0}, size_t{5}, size_t{21}, size_t{36}}) {
+    std::vector<float> w = v;
+    w[at] = nan;
+    EXPECT_EQ(ArgMax(w.data(), static_cast<int64_t>(w.size())), 20) << "NaN at " << at;
+  }
+  const std::vector<float> all(9, nan);
+  EXPECT_EQ(ArgMax(all.data(), static_cast<int64_t>(all.size())), 0);
+}
+
+}  // namespace
+}  // namespace moetier::kernels
