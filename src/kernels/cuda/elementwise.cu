@@ -183,8 +183,8 @@ __device__ __forceinline__ unsigned long long ArgMaxKey(float v, int64_t i) {
 }
 
 // Elements of a row a block of the arg-max takes, at least: one row spreads over a few dozen
-// blocks (a 151,936-entry vocabulary: 18), so that a single row is not one SM's read.
-constexpr int64_t kArgMaxBlockElems = 8192;
+// blocks (a 151,936-entry vocabulary: 64), so that a single row is not one SM's read.
+constexpr int64_t kArgMaxBlockElems = 2048;
 constexpr int64_t kMaxArgMaxBlocksPerRow = 64;
 
 // grid (blocks a row, rows): each block reduces its stride of the row to one key and takes the
@@ -197,18 +197,21 @@ __global__ void ArgMaxRowsKernel(const float* x, int64_t n, unsigned long long* 
   constexpr uint32_t kExponent = 0x7f800000u;  // all ones: inf or NaN
   const int64_t row = blockIdx.y;
   const float* xr = x + row * n;
-  unsigned long long best = 0;
+  // A thread's indices ascend: a strictly larger value is a better one, an equal one is not.
+  float best_v = -INFINITY;
+  int64_t best_i = -1;
   unsigned long long bad = ~0ull;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float v = xr[i];
     if ((__float_as_uint(v) & kExponent) == kExponent) {
       bad = min(bad, static_cast<unsigned long long>(row * n + i));
-      continue;
+    } else if (best_i < 0 || v > best_v) {
+      best_v = v;
+      best_i = i;
     }
-    const unsigned long long key = ArgMaxKey(v, i);
-    best = key > best ? key : best;
   }
+  unsigned long long best = best_i < 0 ? 0 : ArgMaxKey(best_v, best_i);
 #pragma unroll
   for (int o = kWarp / 2; o > 0; o >>= 1) {
     const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);

@@ -30,9 +30,13 @@ constexpr float kTaken = -1.0f;
 // valid expert and the grouping that indexes by it stays in bounds.
 constexpr float kNanRank = -0.5f;
 
-// (p, id) ranks before (q, jd): higher probability first, on a tie the lower id.
-__device__ __forceinline__ bool RanksBefore(float p, int id, float q, int jd) {
-  return p > q || (p == q && id < jd);
+// A float's bits in an order that compares as unsigned as the floats do (no NaN), and back.
+__device__ __forceinline__ uint32_t OrderedBits(float v) {
+  const uint32_t b = __float_as_uint(v);
+  return (b & 0x80000000u) != 0 ? ~b : b | 0x80000000u;
+}
+__device__ __forceinline__ float FromOrderedBits(uint32_t o) {
+  return __uint_as_float((o & 0x80000000u) != 0 ? o & 0x7fffffffu : ~o);
 }
 
 // A token's j-th choice, held by lane j < top_k of the warp that chose it.
@@ -91,15 +95,12 @@ __device__ LaneChoice TopKLanes(const float* logits, int64_t t, int n_experts, i
         best_id = lane + i * kWarp;
       }
     }
-#pragma unroll
-    for (int o = kWarp / 2; o > 0; o >>= 1) {
-      const float q = __shfl_xor_sync(0xffffffffu, best, o);
-      const int qid = __shfl_xor_sync(0xffffffffu, best_id, o);
-      if (RanksBefore(q, qid, best, best_id)) {
-        best = q;
-        best_id = qid;
-      }
-    }
+    // The warp's highest probability, then the lowest id that holds it (on equal probability
+    // the lower id ranks first): two warp reductions, not a shuffle tree of pairs.
+    const uint32_t top = __reduce_max_sync(0xffffffffu, OrderedBits(best));
+    best_id = static_cast<int>(__reduce_min_sync(
+        0xffffffffu, OrderedBits(best) == top ? static_cast<uint32_t>(best_id) : UINT32_MAX));
+    best = FromOrderedBits(top);
     chosen_p[j] = best;
     chosen_id[j] = best_id;
 #pragma unroll
