@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 
 #include "kernels/cpu/elementwise.h"
@@ -113,7 +114,11 @@ Expected<int32_t> Sampler::Sample(std::span<const float> logits, std::span<const
   if (options_.temperature <= 0.0f)
     return static_cast<int32_t>(kernels::ArgMax(l.data(), static_cast<int64_t>(l.size())));
 
-  const double total = Candidates(l, 1.0 / static_cast<double>(options_.temperature), x);
+  const double inv_t = 1.0 / static_cast<double>(options_.temperature);
+  const bool every_token = options_.top_k <= 0 || static_cast<size_t>(options_.top_k) >= l.size();
+  if (every_token && options_.top_p >= 1.0f && options_.min_p <= 0.0f)
+    return DrawInTokenOrder(l, inv_t, x);
+  const double total = Candidates(l, inv_t, x);
   size_t n = x.cand.size();
   if (options_.top_p < 1.0f) {
     // The smallest prefix whose probability reaches top_p (at least one token).
@@ -154,13 +159,10 @@ double Sampler::Candidates(std::span<const float> l, double inv_t, SamplerScratc
   const float max = kernels::MaxOf(l.data(), static_cast<int64_t>(l.size()));
   x.cand.clear();
   if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < l.size()) {
-    for (size_t i = 0; i < l.size(); ++i) x.cand.emplace_back(l[i], static_cast<int32_t>(i));
-    std::nth_element(x.cand.begin(), x.cand.begin() + options_.top_k - 1, x.cand.end(), by_logit);
-    const float kth = x.cand[static_cast<size_t>(options_.top_k - 1)].first;
+    const float kth = KthLargest(l, static_cast<size_t>(options_.top_k), x);
     // Keep ties with the k-th logit, as Hugging Face's threshold does.
-    x.cand.erase(
-        std::partition(x.cand.begin(), x.cand.end(), [&](const auto& c) { return c.first >= kth; }),
-        x.cand.end());
+    for (size_t i = 0; i < l.size(); ++i)
+      if (l[i] >= kth) x.cand.emplace_back(l[i], static_cast<int32_t>(i));
     std::sort(x.cand.begin(), x.cand.end(), by_logit);
     x.probs.resize(x.cand.size());
     double total = 0.0;
@@ -171,14 +173,15 @@ double Sampler::Candidates(std::span<const float> l, double inv_t, SamplerScratc
   // Every token may be drawn. Only top-p needs an order, and only down to where it stops; min-p
   // drops the tokens under its floor (min_p times the largest weight, 1) at once.
   const auto min_weight = static_cast<double>(options_.min_p);
+  TokenWeights(l, max, inv_t, x);
   double total = 0.0;
   size_t last_bucket = kBuckets - 1;
   if (options_.top_p < 1.0f) {
     x.bucket_mass.assign(kBuckets, 0.0);
-    for (float v : l) {
-      const double w = Weight(v, max, inv_t);
+    for (size_t i = 0; i < l.size(); ++i) {
+      const double w = x.weights[i];
       total += w;
-      x.bucket_mass[BucketOf(v, max, inv_t)] += w;
+      x.bucket_mass[BucketOf(l[i], max, inv_t)] += w;
     }
     const double reach = options_.top_p * total * (1 + kTopPMargin);
     double acc = 0.0;
@@ -192,7 +195,7 @@ double Sampler::Candidates(std::span<const float> l, double inv_t, SamplerScratc
   }
   for (size_t i = 0; i < l.size(); ++i) {
     if (options_.top_p < 1.0f && BucketOf(l[i], max, inv_t) > last_bucket) continue;
-    if (min_weight > 0.0 && Weight(l[i], max, inv_t) < min_weight) continue;
+    if (min_weight > 0.0 && x.weights[i] < min_weight) continue;
     x.cand.emplace_back(l[i], static_cast<int32_t>(i));
   }
   // The most likely first: min-p's floor and top-p's prefix read the order; a plain draw does
@@ -201,8 +204,56 @@ double Sampler::Candidates(std::span<const float> l, double inv_t, SamplerScratc
   x.probs.resize(x.cand.size());
   double kept = 0.0;
   for (size_t i = 0; i < x.cand.size(); ++i)
-    kept += x.probs[i] = Weight(x.cand[i].first, max, inv_t);
+    kept += x.probs[i] = x.weights[static_cast<size_t>(x.cand[i].second)];
   return options_.top_p < 1.0f ? total : kept;
+}
+
+float Sampler::KthLargest(std::span<const float> l, size_t k, SamplerScratch& x) {
+  // The k largest so far in a min-heap: one comparison with its top for most logits.
+  auto& heap = x.largest;
+  heap.assign(l.begin(), l.begin() + static_cast<std::ptrdiff_t>(k));
+  std::make_heap(heap.begin(), heap.end(), std::greater<>());
+  for (size_t i = k; i < l.size(); ++i) {
+    if (l[i] <= heap.front()) continue;
+    std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+    heap.back() = l[i];
+    std::push_heap(heap.begin(), heap.end(), std::greater<>());
+  }
+  return heap.front();
+}
+
+void Sampler::TokenWeights(std::span<const float> l, float max, double inv_t,
+                           SamplerScratch& x) const {
+  x.weights.resize(l.size());
+  kernels::ScaledExp(l.data(), static_cast<int64_t>(l.size()), max, inv_t, x.weights.data());
+}
+
+int32_t Sampler::DrawInTokenOrder(std::span<const float> l, double inv_t, SamplerScratch& x) {
+  const auto n = static_cast<int64_t>(l.size());
+  TokenWeights(l, kernels::MaxOf(l.data(), n), inv_t, x);
+  // The weights' sums by chunk (vectorized within one), then the draw walks the chunks and
+  // scans the one it falls in: the same token as one running sum, but for rounding.
+  constexpr int64_t kChunk = 256;
+  x.chunk_mass.resize(static_cast<size_t>((n + kChunk - 1) / kChunk));
+  double total = 0.0;
+  for (size_t c = 0; c < x.chunk_mass.size(); ++c) {
+    const int64_t begin = static_cast<int64_t>(c) * kChunk;
+    total += x.chunk_mass[c] =
+        kernels::SumOf(x.weights.data() + begin, std::min(kChunk, n - begin));
+  }
+  const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
+  double acc = 0.0;
+  size_t c = 0;
+  while (c + 1 < x.chunk_mass.size() && acc + x.chunk_mass[c] <= u) acc += x.chunk_mass[c++];
+  int64_t last = -1;  // the last token with weight, should rounding leave u past the chunk's sum
+  for (int64_t i = static_cast<int64_t>(c) * kChunk;
+       i < std::min(n, static_cast<int64_t>(c + 1) * kChunk); ++i) {
+    if (x.weights[static_cast<size_t>(i)] <= 0.0f) continue;
+    acc += x.weights[static_cast<size_t>(i)];
+    last = i;
+    if (u < acc) return static_cast<int32_t>(i);
+  }
+  return static_cast<int32_t>(last >= 0 ? last : kernels::ArgMax(l.data(), n));
 }
 
 }  // namespace moetier

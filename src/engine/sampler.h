@@ -40,6 +40,9 @@ struct SamplerScratch {
   std::vector<std::pair<float, int32_t>> cand;  // candidates (penalised logit, id)
   std::vector<double> probs;                    // the candidates' weights
   std::vector<double> bucket_mass;              // weight by bucket of -ln(weight) (top-p)
+  std::vector<float> weights;                   // [vocab] every token's weight, when all may win
+  std::vector<double> chunk_mass;               // their sums by chunk (a plain draw)
+  std::vector<float> largest;                   // top-k's heap of the k largest logits
 };
 
 class Sampler {
@@ -67,6 +70,14 @@ class Sampler {
   // those filters need the order, and x.probs with their weights (the largest 1); returns the
   // weight top-p's share is of (every token's under top-k, else the whole vocabulary's).
   double Candidates(std::span<const float> logits, double inv_t, SamplerScratch& x);
+  // The k-th largest of l (k <= l.size()), counting equal values apart.
+  static float KthLargest(std::span<const float> l, size_t k, SamplerScratch& x);
+  // x.weights = every token's weight, e^((logit - max) / T), the largest 1.
+  void TokenWeights(std::span<const float> logits, float max, double inv_t,
+                    SamplerScratch& x) const;
+  // A draw in which every token may win in proportion to its weight (temperature alone): no
+  // order needed, the weights walked in token order.
+  int32_t DrawInTokenOrder(std::span<const float> logits, double inv_t, SamplerScratch& x);
 };
 
 }  // namespace moetier

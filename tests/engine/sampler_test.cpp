@@ -103,10 +103,9 @@ TEST(Sampler, LargeVocabularyDrawsFollowTheReferenceDistribution) {
   for (float& v : logits) v = tail(rng);
   for (int i = 0; i < 25; ++i) logits[rng() % logits.size()] = head(rng);
   const SamplerOptions cases[] = {
-      {1.0f, 0, 0.9f, 0.0f, 1.0f, 0},
-      {0.7f, 0, 0.5f, 0.02f, 1.0f, 0},
-      {1.0f, 0, 1.0f, 0.0f, 1.0f, 0},
-      {1.0f, 0, 1.0f, 0.05f, 1.0f, 0},
+      {1.0f, 0, 0.9f, 0.0f, 1.0f, 0},  {0.7f, 0, 0.5f, 0.02f, 1.0f, 0},
+      {1.0f, 0, 1.0f, 0.0f, 1.0f, 0},  {1.0f, 0, 1.0f, 0.05f, 1.0f, 0},
+      {0.8f, 30, 1.0f, 0.0f, 1.0f, 0},
   };
   for (SamplerOptions o : cases) {
     o.seed = rng();
@@ -121,6 +120,30 @@ TEST(Sampler, LargeVocabularyDrawsFollowTheReferenceDistribution) {
       EXPECT_NEAR(static_cast<double>(counts[id]) / n, p, 5 * sd + 1e-3)
           << "token " << id << " top_p " << o.top_p << " min_p " << o.min_p;
     }
+  }
+}
+
+// Top-k keeps every token tied with the k-th largest logit (Hugging Face's threshold): logits
+// from a small set over a large vocabulary put dozens of tokens at the cut.
+TEST(Sampler, TopKKeepsEveryTieOfTheKthLogit) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> level(0, 40);
+  std::vector<float> logits(20000);
+  for (float& v : logits) v = static_cast<float>(level(rng)) * 0.25f;
+  SamplerOptions o{2.0f, 12, 1.0f, 0.0f, 1.0f, 0};
+  o.seed = rng();
+  const auto want = Reference(logits, o, {});
+  ASSERT_GT(want.size(), 12u) << "the case needs ties at the k-th logit";
+  Sampler s(o);
+  std::map<int32_t, int> counts;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) ++counts[*s.Sample(logits)];
+  for (const auto& [id, c] : counts) ASSERT_TRUE(want.count(id)) << "drew excluded token " << id;
+  for (const auto& [id, p] : want) {
+    const double sd = std::sqrt(p * (1 - p) / n);
+    EXPECT_NEAR(static_cast<double>(counts[id]) / n, p, 5 * sd + 1e-3) << "token " << id;
   }
 }
 

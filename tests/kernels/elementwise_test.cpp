@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <random>
 #include <string>
@@ -46,6 +47,43 @@ TEST(ArgMax, NaNNeverWins) {
   }
   const std::vector<float> all(9, nan);
   EXPECT_EQ(ArgMax(all.data(), static_cast<int64_t>(all.size())), 0);
+}
+
+// The sampler's weights against exp in long double on fresh random logits, shifts and scales
+// (temperatures from 0.05 to 5, and one so small that 1/T overflows float): within 2e-7
+// relative where the exact value is a normal float (above e^-87), at most e^-87 below that,
+// exactly 1 at the shift.
+TEST(ScaledExp, MatchesExpWithinItsTolerance) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> logit(0.0f, 6.0f);
+  for (double temperature : {0.05, 0.7, 1.0, 5.0, 1e-40}) {
+    const size_t n = 100003;
+    std::vector<float> x(n);
+    for (float& v : x) v = logit(rng);
+    const float shift = MaxOf(x.data(), static_cast<int64_t>(n));
+    std::vector<float> y(n);
+    ScaledExp(x.data(), static_cast<int64_t>(n), shift, 1.0 / temperature, y.data());
+    double worst = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+      const long double arg =
+          (static_cast<long double>(x[i]) - shift) / static_cast<long double>(temperature);
+      const long double want = std::exp(arg);
+      if (arg > -87.0L) {
+        const double rel = static_cast<double>(std::fabs((y[i] - want) / want));
+        worst = std::max(worst, rel);
+        ASSERT_LE(rel, 2e-7) << "T " << temperature << " x " << x[i] << " shift " << shift;
+      } else {
+        ASSERT_LE(y[i], 1.7e-38f) << "T " << temperature << " x " << x[i];
+        ASSERT_GE(y[i], 0.0f);
+      }
+      if (x[i] == shift) {
+        ASSERT_EQ(y[i], 1.0f);
+      }
+    }
+    std::printf("T %g: worst relative error %.3g\n", temperature, worst);
+  }
 }
 
 }  // namespace

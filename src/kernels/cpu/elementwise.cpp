@@ -1,9 +1,12 @@
 #include "kernels/cpu/elementwise.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
+
+#include "kernels/cpu/cpu_isa.h"
 
 namespace moetier::kernels {
 
@@ -65,6 +68,73 @@ float MaxOf(const float* x, int64_t n) {
   for (; i < n; ++i) m = x[i] > m ? x[i] : m;
   for (float v : lane) m = v > m ? v : m;
   return m;
+}
+
+double SumOf(const float* x, int64_t n) {
+  constexpr int64_t kLanes = 8;
+  double lane[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) lane[j] += x[i + j];
+  double s = 0.0;
+  for (double v : lane) s += v;
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+
+namespace {
+
+// e^a = 2^k * e^r, k = round(a / ln 2), r = a - k ln 2 in double (|r| <= ln 2 / 2, exact to
+// double rounding), e^r by its Taylor series to degree 7 in float (truncation below 6e-9
+// relative), 2^k built in the exponent bits. Arguments below kLowest (e^kLowest is under the
+// smallest normal float) give 0. The selects vectorize because this file is compiled with
+// -fno-trapping-math (src/kernels/cpu/CMakeLists.txt); always inlined into each ISA's copy.
+__attribute__((always_inline)) inline void ScaledExpLoop(const float* x, int64_t n, float shift,
+                                                         double scale, float* y) {
+  constexpr double kLowest = -87.0;
+  constexpr double kLog2e = 1.4426950408889634;
+  constexpr double kLn2 = 0.6931471805599453;
+  constexpr double kRound = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
+  constexpr float c2 = 1.0f / 2, c3 = 1.0f / 6, c4 = 1.0f / 24, c5 = 1.0f / 120, c6 = 1.0f / 720,
+                  c7 = 1.0f / 5040;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const double arg = (static_cast<double>(x[i]) - static_cast<double>(shift)) * scale;
+    const double a = arg > kLowest ? arg : kLowest;
+    const double k = (a * kLog2e + kRound) - kRound;
+    const auto r = static_cast<float>(a - k * kLn2);
+    const float p =
+        1.0f + r * (1.0f + r * (c2 + r * (c3 + r * (c4 + r * (c5 + r * (c6 + r * c7))))));
+    const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+    const float two_k = std::bit_cast<float>(bits);
+    y[i] = arg > kLowest ? p * two_k : 0.0f;
+  }
+}
+
+#if defined(MOETIER_X86_KERNELS)
+__attribute__((target("avx512f,avx512dq"))) void ScaledExpAvx512(const float* x, int64_t n,
+                                                                 float shift, double scale,
+                                                                 float* y) {
+  ScaledExpLoop(x, n, shift, scale, y);
+}
+__attribute__((target("avx2,fma"))) void ScaledExpAvx2(const float* x, int64_t n, float shift,
+                                                       double scale, float* y) {
+  ScaledExpLoop(x, n, shift, scale, y);
+}
+#endif
+
+}  // namespace
+
+void ScaledExp(const float* x, int64_t n, float shift, double scale, float* y) {
+#if defined(MOETIER_X86_KERNELS)
+  const CpuIsa isa = ActiveCpuIsa();
+  if (isa != CpuIsa::kScalar && isa != CpuIsa::kAvx2 && isa != CpuIsa::kAvxVnni &&
+      CpuSupports(CpuIsa::kAvx512))
+    return ScaledExpAvx512(x, n, shift, scale, y);
+  if (isa != CpuIsa::kScalar && CpuSupports(CpuIsa::kAvx2))
+    return ScaledExpAvx2(x, n, shift, scale, y);
+#endif
+  ScaledExpLoop(x, n, shift, scale, y);
 }
 
 // The maximum, then its first index: a single loop that reads the running best back through its

@@ -24,6 +24,15 @@ int64_t FirstNonFinite(const float* x, int64_t n);
 // The largest of x[0, n), vectorized; NaN never wins (-inf when nothing else is there).
 float MaxOf(const float* x, int64_t n);
 
+// y[i] = e^((x[i] - shift) * scale) for x[i] <= shift and scale >= 0 (the sampler's weights:
+// shift the largest logit, scale 1 / temperature), the product taken in double so that no scale
+// overflows; within 2e-7 of the exact value relative, 0 where that is below e^-87 (~1.6e-38).
+// Vectorized (its own exponential, not libm's).
+void ScaledExp(const float* x, int64_t n, float shift, double scale, float* y);
+
+// The sum of x[0, n) in double, eight running sums lane by lane (vectorized), then theirs.
+double SumOf(const float* x, int64_t n);
+
 // The index of the largest of x[0, n), the lowest among equal ones (greedy sampling's pick); 0
 // when n is 0 or every element is NaN.
 int64_t ArgMax(const float* x, int64_t n);
