@@ -37,9 +37,7 @@ struct Placement {
 // cache.
 std::vector<Placement> Placements(const std::filesystem::path& dir) {
   std::vector<Placement> runs;
-  LoadOptions cpu = testing::WithThreads(2);
-  cpu.residency.use_gpu = false;
-  runs.push_back({"cpu", cpu});
+  runs.push_back({"cpu", testing::WithThreads(2)});
   if (!HaveGpu()) return runs;
   LoadOptions gpu;
   gpu.residency.backend = Backend::kGpu;
@@ -54,9 +52,10 @@ std::vector<Placement> Placements(const std::filesystem::path& dir) {
 
 class ArgMaxSteps : public ::testing::TestWithParam<std::string> {};
 
-// Three sequences' prompts (20, 7 and 250 tokens), then 10 steps in which each decodes one
-// token. Every step runs twice, Forward then ForwardArgMax over the same batch (the second
-// rewrites the step's K/V rows with the same values): the ids are the logits' arg-max.
+// Three sequences' prompts, then 10 steps in which each decodes one token
+// (testing::ForEachThreeSequenceStep). Every step runs twice, Forward then ForwardArgMax over the
+// same batch (the second rewrites the step's K/V rows with the same values): the ids are the
+// logits' arg-max.
 TEST_P(ArgMaxSteps, IdsAreTheLogitsArgMax) {
   const auto dir = testing::HfFixture(GetParam());
   if (!HaveGpu()) std::printf("note: no CUDA device; the GPU runs of this test are skipped\n");
@@ -66,45 +65,18 @@ TEST_P(ArgMaxSteps, IdsAreTheLogitsArgMax) {
     ASSERT_TRUE(m.ok()) << m.message();
     CausalLM& lm = **m;
     const int64_t V = lm.config().vocab_size;
-    const int64_t B = 16;
-    const int64_t n_steps = 10;
-    auto pool = lm.NewKvPool(64, B, DType::kF32);
+    auto pool = lm.NewKvPool(64, 16, DType::kF32);
     ASSERT_TRUE(pool.ok()) << pool.message();
-    const std::vector<int32_t> lengths = {20, 7, 250};
-    std::vector<std::vector<int32_t>> tables(lengths.size());
-    for (size_t s = 0, next = 0; s < lengths.size(); ++s)
-      for (int64_t b = 0; b * B < lengths[s] + n_steps; ++b)
-        tables[s].push_back(static_cast<int32_t>(next++));
-    const std::vector<std::span<const int32_t>> spans(tables.begin(), tables.end());
     std::vector<float> logits;
     std::vector<int32_t> ids;
-    auto both = [&](const Batch& batch, const std::string& where) {
-      ASSERT_TRUE(lm.Forward(batch, *pool, logits).ok()) << where;
-      ASSERT_TRUE(lm.ForwardArgMax(batch, *pool, ids).ok()) << where;
-      ASSERT_EQ(ids.size(), batch.logit_rows.size()) << where;
+    testing::ForEachThreeSequenceStep(16, 10, [&](const Batch& batch, bool, const std::string& at) {
+      ASSERT_TRUE(lm.Forward(batch, *pool, logits).ok()) << at;
+      ASSERT_TRUE(lm.ForwardArgMax(batch, *pool, ids).ok()) << at;
+      ASSERT_EQ(ids.size(), batch.logit_rows.size()) << at;
       for (size_t r = 0; r < ids.size(); ++r)
         EXPECT_EQ(ids[r], kernels::ArgMax(logits.data() + static_cast<int64_t>(r) * V, V))
-            << where << ", row " << r;
-    };
-    for (size_t s = 0; s < lengths.size(); ++s) {
-      std::vector<int32_t> tokens, positions, seq_of;
-      for (int32_t p = 0; p < lengths[s]; ++p) {
-        tokens.push_back((p * 37 + 11 * static_cast<int32_t>(s) + 5) % 200);
-        positions.push_back(p);
-        seq_of.push_back(static_cast<int32_t>(s));
-      }
-      const std::vector<int32_t> last = {lengths[s] - 1};
-      both(Batch{tokens, positions, seq_of, spans, last}, "prompt " + std::to_string(s));
-    }
-    const std::vector<int32_t> seq_of = {0, 1, 2};
-    for (int32_t step = 0; step < n_steps; ++step) {
-      std::vector<int32_t> tokens, positions;
-      for (size_t s = 0; s < lengths.size(); ++s) {
-        tokens.push_back((step * 53 + 7 * static_cast<int32_t>(s) + 3) % 200);
-        positions.push_back(lengths[s] + step);
-      }
-      both(Batch{tokens, positions, seq_of, spans, seq_of}, "step " + std::to_string(step));
-    }
+            << at << ", row " << r;
+    });
     // On a GPU each kind of decode step, per shape (the longest sequence crosses the context
     // bucket at position 256: 6 steps, then 4), runs once, is recorded once and is replayed
     // after that: 4 + 2 replayed of each kind.

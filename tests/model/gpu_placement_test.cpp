@@ -152,9 +152,7 @@ struct Placement {
   double fetch_share = -1;
 };
 
-// Three sequences: their prompts (20, 7 and 250 tokens) in a step each, then 12 steps in which
-// each decodes one token. The longest crosses the attention plan's context bucket at position
-// 256: the steps take two shapes.
+// testing::ForEachThreeSequenceStep with 12 decode steps, their logits kept.
 Decoded DecodeTogether(const std::filesystem::path& dir, const Placement& p, bool cuda_graphs) {
   LoadOptions o;
   o.residency.backend = p.backend;
@@ -167,38 +165,15 @@ Decoded DecodeTogether(const std::filesystem::path& dir, const Placement& p, boo
   Decoded r;
   if (!m.ok()) return r;
   CausalLM& lm = **m;
-  const int64_t B = 16;
-  const int64_t n_steps = 12;
-  auto pool = lm.NewKvPool(64, B, DType::kF32);
+  auto pool = lm.NewKvPool(64, 16, DType::kF32);
   EXPECT_TRUE(pool.ok()) << pool.message();
   if (!pool.ok()) return r;
-  const std::vector<int32_t> lengths = {20, 7, 250};
-  std::vector<std::vector<int32_t>> tables(lengths.size());
-  for (size_t s = 0, next = 0; s < lengths.size(); ++s)
-    for (int64_t b = 0; b * B < lengths[s] + n_steps; ++b)
-      tables[s].push_back(static_cast<int32_t>(next++));
-  const std::vector<std::span<const int32_t>> spans(tables.begin(), tables.end());
   std::vector<float> logits;
-  for (size_t s = 0; s < lengths.size(); ++s) {
-    std::vector<int32_t> tokens, positions, seq_of;
-    for (int32_t p = 0; p < lengths[s]; ++p) {
-      tokens.push_back((p * 37 + 11 * static_cast<int32_t>(s) + 5) % 200);
-      positions.push_back(p);
-      seq_of.push_back(static_cast<int32_t>(s));
-    }
-    const std::vector<int32_t> last = {lengths[s] - 1};
-    EXPECT_TRUE(lm.Forward(Batch{tokens, positions, seq_of, spans, last}, *pool, logits).ok());
-  }
-  const std::vector<int32_t> seq_of = {0, 1, 2};
-  for (int32_t step = 0; step < n_steps; ++step) {
-    std::vector<int32_t> tokens, positions;
-    for (size_t s = 0; s < lengths.size(); ++s) {
-      tokens.push_back((step * 53 + 7 * static_cast<int32_t>(s) + 3) % 200);
-      positions.push_back(lengths[s] + step);
-    }
-    EXPECT_TRUE(lm.Forward(Batch{tokens, positions, seq_of, spans, seq_of}, *pool, logits).ok());
-    r.logits.insert(r.logits.end(), logits.begin(), logits.end());
-  }
+  testing::ForEachThreeSequenceStep(
+      16, 12, [&](const Batch& batch, bool decoding, const std::string&) {
+        EXPECT_TRUE(lm.Forward(batch, *pool, logits).ok());
+        if (decoding) r.logits.insert(r.logits.end(), logits.begin(), logits.end());
+      });
   r.replayed = lm.ReplayedSteps();
   return r;
 }

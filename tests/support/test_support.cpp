@@ -83,6 +83,36 @@ std::unique_ptr<Engine> MakeEngine(CausalLM& model, int64_t kv_positions,
 fs::path FixturesDir() {
   return fs::path(MOETIER_FIXTURES_DIR);
 }
+void ForEachThreeSequenceStep(
+    int64_t block_size, int64_t n_steps,
+    const std::function<void(const Batch&, bool decoding, const std::string& label)>& step) {
+  const std::vector<int32_t> lengths = {20, 7, 250};
+  std::vector<std::vector<int32_t>> tables(lengths.size());
+  for (size_t s = 0, next = 0; s < lengths.size(); ++s)
+    for (int64_t b = 0; b * block_size < lengths[s] + n_steps; ++b)
+      tables[s].push_back(static_cast<int32_t>(next++));
+  const std::vector<std::span<const int32_t>> spans(tables.begin(), tables.end());
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    std::vector<int32_t> tokens, positions, seq_of;
+    for (int32_t p = 0; p < lengths[s]; ++p) {
+      tokens.push_back((p * 37 + 11 * static_cast<int32_t>(s) + 5) % 200);
+      positions.push_back(p);
+      seq_of.push_back(static_cast<int32_t>(s));
+    }
+    const std::vector<int32_t> last = {lengths[s] - 1};
+    step(Batch{tokens, positions, seq_of, spans, last}, false, "prompt " + std::to_string(s));
+  }
+  const std::vector<int32_t> seq_of = {0, 1, 2};
+  for (int32_t i = 0; i < n_steps; ++i) {
+    std::vector<int32_t> tokens, positions;
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      tokens.push_back((i * 53 + 7 * static_cast<int32_t>(s) + 3) % 200);
+      positions.push_back(lengths[s] + static_cast<int32_t>(i));
+    }
+    step(Batch{tokens, positions, seq_of, spans, seq_of}, true, "step " + std::to_string(i));
+  }
+}
+
 fs::path HfFixture(const std::string& rel) {
   return FixturesDir() / "hf" / rel;
 }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -27,6 +28,13 @@ LoadOptions WithThreads(int n);
 // An engine for `model` with a KV pool of `kv_positions` (f32) and up to `parallel` sequences.
 std::unique_ptr<Engine> MakeEngine(CausalLM& model, int64_t kv_positions,
                                    const text::Tokenizer* tokenizer = nullptr, int parallel = 1);
+// Three sequences sharing a pool of blocks of `block_size` positions: their prompts (20, 7 and
+// 250 tokens) in a step each, then `n_steps` steps in which each decodes one token (the longest
+// crosses the GPU attention's context bucket at position 256, so the decode steps take two
+// shapes). Calls step(batch, decoding, label) for each step in turn.
+void ForEachThreeSequenceStep(
+    int64_t block_size, int64_t n_steps,
+    const std::function<void(const Batch&, bool decoding, const std::string& label)>& step);
 // An int64 tensor's values as int32 (the fixtures' token ids).
 std::vector<int32_t> IntsOf(const TensorView& t);
 // Greedy continuations of a fixture's prompt0..2 by `model` equal the reference's
