@@ -18,7 +18,9 @@
 #   after llama.cpp's build as they use the CPU); CROSS=1 adds offload prefill at 32-256
 #   tokens (CROSS_SIZES="512 1024": those) streamed and not (the crossover); LOAD=1 times a load with every bank pinned against a raw read;
 #   PROFILE="bf16 q4_0" times every kernel of a gpu decode run per dtype, without PDL
-#   (bench/gpu/kernel_profile.cpp; the top rows in the summary);
+#   (bench/gpu/kernel_profile.cpp; the top rows in the summary); PROFILE_PREFILL="q4_0" the
+#   same for a 512-token prefill; EXPERT_TIMING=1 runs the expert kernels' timing test (ms by
+#   path and tokens: the prefill crossover); BACKENDS=gpu1: gpu's first row alone;
 #   RECALL=1 measures the prefetch predictor's recall on the synthetic bf16 model
 #   (bench/engine/prefetch_recall); STAGING=1 runs bench/gpu/staging_bench; BACKENDS=staged:
 #   prefill of 4,096 tokens with every expert locked (--moe-backend cpu) on the CPU executor,
@@ -96,6 +98,12 @@ $(grep -c 'SKIPPED' "$LOGS/$name.log") skipped"
   grep -E '^\[  FAILED  \]' "$LOGS/$name.log" | head -20 >> "$S"
   [ $rc -ne 0 ] && tail -5 "$LOGS/$name.log" >> "$S"
 done
+# The expert kernels' timing by path and tokens (the prefill crossover), when asked.
+if [ "${EXPERT_TIMING:-0}" = 1 ]; then
+  run_timed 120 "$B/tests/cuda_expert_ffn_tests" --gtest_also_run_disabled_tests \
+    --gtest_filter='ExpertFfnBench.*' > "$LOGS/expert-timing.log" 2>&1
+  say "expert timing: exit $?"; grep '^experts' "$LOGS/expert-timing.log" >> "$S"
+fi
 # Logits of five tokens under each placement, against the CPU engine's.
 logits() {  # model-dir out-name moetier-args...
   local m=$1 name=$2; shift 2
@@ -169,6 +177,8 @@ if [ "${SYNTH:-0}" = 1 ]; then
             bench "gpu-par$n" "$dt" --moe-backend gpu --parallel "$n" --prompt-tokens 128 \
               --gen-tokens 32
           done ;;
+        gpu1)  # the first row of gpu alone: prefill of 512 tokens, then decode
+          bench gpu "$dt" --moe-backend gpu --prompt-tokens 512 --gen-tokens 128 ;;
         gpu-ab)  # one sequence's decode with PDL and the weight prefetch on and off (all four),
                  # and attention splits of 16 and 32 positions; two rounds interleaved: what
                  # each is worth, and the spread between rounds
@@ -210,6 +220,12 @@ if [ "${SYNTH:-0}" = 1 ]; then
       MOETIER_KPROF_OUT=$LOGS/kprof-$dt-1-c16.txt MOETIER_KPROF_TOP=80 bench "kprof-1-c16" "$dt" \
       --moe-backend gpu --prompt-tokens 512 --gen-tokens 256
     { echo "attention with 16-position splits:"; grep "attention::" "$LOGS/kprof-$dt-1-c16.txt"; } >> "$S"
+  done
+  for dt in ${PROFILE_PREFILL:-}; do  # the same for a 512-token prefill (then one token)
+    MOETIER_CUDA_PDL=0 CUDA_INJECTION64_PATH=$B/libs/libmoetier_kernel_profile.so \
+      MOETIER_KPROF_OUT=$LOGS/kprof-prefill-$dt.txt MOETIER_KPROF_TOP=40 bench "kprof-prefill" "$dt" \
+      --moe-backend gpu --prompt-tokens 512 --gen-tokens 1
+    { echo "prefill 512 kernels ($dt):"; head -30 "$LOGS/kprof-prefill-$dt.txt"; } >> "$S"
   done
   if [ "${LOAD:-0}" = 1 ]; then  # load with every bank pinned, against reading the files raw
     for dt in $DTYPES; do

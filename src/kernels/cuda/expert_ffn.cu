@@ -16,9 +16,12 @@
 // one token) stream at 1.9 (Q4_0), 2.3 (Q8_0) and 3.1 (bf16) TB/s, and a Qwen3-30B-A3B decode token
 // (8 experts of 2048 x 768, 7-24 MiB) takes 39-50 µs for the whole call.
 //
-// Prefill (GemmKernel): per active expert a grouped GEMM on tensor cores (WMMA 16x16x16, bf16
-// operands, fp32 accumulation), 64 tokens x 64 rows a block, the expert's token rows gathered
-// (token_of) and rounded to bf16, Q8_0/Q4_0 weights dequantized to bf16 in shared memory.
+// Prefill: per active expert a grouped GEMM on tensor cores, the expert's token rows gathered
+// (token_of). bf16 weights (GemmKernel): WMMA 16x16x16, bf16 operands split in two parts, fp32
+// accumulation, 64 tokens x 64 rows a block. Q8_0/Q4_0 weights (Int8GemmKernel): the decode
+// path's quantized activations against the weight codes on int8 MMAs (m16n8k32, one block's dot
+// exact in int32), scaled and summed in fp32, 32 assignments x 128 weight rows a block; the
+// weight blocks are staged in shared memory as they lie and unpacked into MMA fragments there.
 //
 // Both write per-assignment outputs (h, then y); RoutedSumKernel adds each token's y rows in its
 // assign_of order (experts ascending) with fp32 FMA: fixed order, no atomics.
@@ -36,6 +39,7 @@
 #include "kernels/cuda/expert_ffn.h"
 #include "kernels/cuda/expert_ffn_common.cuh"
 #include "kernels/cuda/expert_ffn_decode.cuh"
+#include "kernels/cuda/expert_ffn_int8.cuh"
 #include "kernels/cuda/expert_ffn_prefill.cuh"
 #include "kernels/cuda/launch.cuh"
 
@@ -215,20 +219,37 @@ void RunDecode(Scratch& s, const DeviceRouting& r, const ExpertPointers* table, 
          DecodeSmemBytes(F, 1), stream, down);
 }
 
-// Gate+up then down as tensor-core grouped GEMMs: h, then y.
+// Gate+up then down as tensor-core grouped GEMMs: h, then y. Q8_0/Q4_0 quantize their
+// activations once each, as the decode path does (x before gate+up, h before down).
 template <Fmt F>
 void RunPrefill(Scratch& s, const DeviceRouting& r, const ExpertPointers* table, const float* x,
                 cudaStream_t stream) {
   const int64_t d_model = s.shape.d_model, width = s.shape.width;
-  // No expert has more assignments than there are tokens (a token picks an expert once).
-  const auto m_tiles = static_cast<unsigned>(CeilDiv(r.n_tokens, kGemmM));
   const auto n_active = static_cast<unsigned>(r.max_active());
-  GemmArgs up{r.n_active, r.experts, r.begin, r.token_of, table, width, d_model, x, s.h};
-  Launch(GemmKernel<F, 2>, dim3(static_cast<unsigned>(CeilDiv(width, kGemmN)), m_tiles, n_active),
-         kGemmThreads, 0, stream, up);
-  GemmArgs down{r.n_active, r.experts, r.begin, nullptr, table, d_model, width, s.h, s.y};
-  Launch(GemmKernel<F, 1>, dim3(static_cast<unsigned>(CeilDiv(d_model, kGemmN)), m_tiles, n_active),
-         kGemmThreads, 0, stream, down);
+  if constexpr (F == Fmt::kBF16) {
+    // No expert has more assignments than there are tokens (a token picks an expert once).
+    const auto m_tiles = static_cast<unsigned>(CeilDiv(r.n_tokens, kGemmM));
+    GemmArgs up{r.n_active, r.experts, r.begin, r.token_of, table, width, d_model, x, s.h};
+    Launch(GemmKernel<2>, dim3(static_cast<unsigned>(CeilDiv(width, kGemmN)), m_tiles, n_active),
+           kGemmThreads, 0, stream, up);
+    GemmArgs down{r.n_active, r.experts, r.begin, nullptr, table, d_model, width, s.h, s.y};
+    Launch(GemmKernel<1>, dim3(static_cast<unsigned>(CeilDiv(d_model, kGemmN)), m_tiles, n_active),
+           kGemmThreads, 0, stream, down);
+  } else {
+    const auto m_tiles = static_cast<unsigned>(CeilDiv(r.n_tokens, kI8M));
+    QuantizeRows(x, r.n_tokens, d_model, s.x_q, s.x_q_stride, s.x_d, stream);
+    const Int8GemmArgs up{r.n_active, r.experts, r.begin, r.token_of,   table, width,
+                          d_model,    s.x_q,     s.x_d,   s.x_q_stride, s.h};
+    Launch(Int8GemmKernel<F, 2>,
+           dim3(static_cast<unsigned>(CeilDiv(width, kI8BRows / 2)), m_tiles, n_active), kI8Threads,
+           0, stream, up);
+    QuantizeRows(s.h, r.n_assignments(), width, s.h_q, s.h_q_stride, s.h_d, stream);
+    const Int8GemmArgs down{r.n_active, r.experts, r.begin, nullptr,      table, d_model,
+                            width,      s.h_q,     s.h_d,   s.h_q_stride, s.y};
+    Launch(Int8GemmKernel<F, 1>,
+           dim3(static_cast<unsigned>(CeilDiv(d_model, kI8BRows)), m_tiles, n_active), kI8Threads,
+           0, stream, down);
+  }
 }
 
 // Carves s's buffers out of one allocation for max_tokens tokens, n_assign assignments.

@@ -10,7 +10,8 @@
 //
 // Decode (few tokens per expert) runs one launch over all active experts for gate+up+SwiGLU
 // and one for down, each weight row read once per 8 of the expert's tokens; many tokens per
-// expert (prefill) run tensor-core grouped GEMMs (bf16 operands, fp32 accumulation) — chosen
+// expert (prefill) run tensor-core grouped GEMMs (bf16 operands for bf16 weights; for Q8_0/Q4_0
+// the decode path's 8-bit activations on int8 MMAs, the same integer block dots) — chosen
 // inside Run by the step's tokens per expert (ExpertFfnOptions can force either). The routed sum
 // adds in a fixed order (no atomics): a token's output does not depend on which other tokens share
 // the step (within one path: kAuto picks the path by the step's size), nor on which memory an

@@ -1,12 +1,12 @@
-// The prefill path of the expert FFN (expert_ffn.cu says how it works): per active expert a
-// grouped GEMM on tensor cores (WMMA, bf16 operands, fp32 accumulation).
+// The prefill path of bf16 experts (expert_ffn.cu says how it works): per active expert a
+// grouped GEMM on tensor cores (WMMA, bf16 operands, fp32 accumulation). Q8_0/Q4_0 experts take
+// the int8 GEMM of expert_ffn_int8.cuh.
 //
 // Precision: an activation x is split into x_hi = bf16(x) and x_lo = bf16(x - x_hi), and each
 // weight tile meets both (two products per step), so the activations keep about 16 bits of their
-// mantissa instead of bf16's 8: the products of bf16 weights are then as close to the CPU's fp32
-// arithmetic as the decode path's (the Hugging Face fixtures' 1e-3 tolerance holds; with x_hi
-// alone it did not). Q8_0/Q4_0 weights are dequantized to bf16 (q * d rounded: about 2^-9
-// relative), within what the CPU's own Q8_0-quantized activations differ by.
+// mantissa instead of bf16's 8: the products are then as close to the CPU's fp32 arithmetic as
+// the decode path's (the Hugging Face fixtures' 1e-3 tolerance holds; with x_hi alone it did
+// not).
 #pragma once
 
 #include <mma.h>
@@ -20,7 +20,7 @@ namespace moetier::cuda::expert_ffn {
 
 constexpr int kGemmM = 64;         // tokens a block
 constexpr int kGemmN = 64;         // rows of each matrix a block
-constexpr int kGemmK = 32;         // columns a step: one Q8_0/Q4_0 block a row
+constexpr int kGemmK = 32;         // columns a step
 constexpr int kGemmThreads = 128;  // 4 warps, 2 x 2, each 32 x 32 outputs of each matrix
 // Shared-memory row pitch of the bf16 tiles: 80 bytes keeps every 16x16 fragment's start 32-byte
 // aligned (WMMA's requirement) and rows off the same banks.
@@ -87,53 +87,24 @@ __device__ __forceinline__ void LoadActTile(const float* row, int64_t c, int64_t
   ol[1] = make_uint4(l[4], l[5], l[6], l[7]);
 }
 
-// dst[0..16) (bf16, 16-byte aligned shared memory) = weights [c, c + 16) of `row` (c a multiple
-// of 16; half = (c / 16) % 2 picks a Q8_0/Q4_0 block's half), dequantized to bf16; zeros past
-// n_cols or for a null row.
-template <Fmt F>
+// dst[0..16) (bf16, 16-byte aligned shared memory) = the bf16 weights [c, c + 16) of `row`;
+// zeros past n_cols or for a null row.
 __device__ __forceinline__ void LoadWeightTile(const unsigned char* row, int64_t c, int64_t n_cols,
                                                uint16_t* dst) {
   uint32_t w[8];
-  if (row == nullptr) {
+  const unsigned char* src = row != nullptr ? row + 2 * c : nullptr;
+  if (src == nullptr) {
 #pragma unroll
     for (int k = 0; k < 8; ++k) w[k] = 0;
-  } else if constexpr (F == Fmt::kBF16) {
-    const unsigned char* src = row + 2 * c;
-    if (c + 16 <= n_cols && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
-      const auto* v = reinterpret_cast<const uint4*>(src);
-      const uint4 a = v[0], b = v[1];
-      w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
-      w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
-    } else {  // rows of an even number of bf16: pairs are 4-byte aligned and whole
+  } else if (c + 16 <= n_cols && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+    const auto* v = reinterpret_cast<const uint4*>(src);
+    const uint4 a = v[0], b = v[1];
+    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
+    w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+  } else {  // rows of an even number of bf16: pairs are 4-byte aligned and whole
 #pragma unroll
-      for (int k = 0; k < 8; ++k)
-        w[k] = c + 2 * k < n_cols ? reinterpret_cast<const uint32_t*>(src)[k] : 0u;
-    }
-  } else {
-    constexpr int kBlockBytes = F == Fmt::kQ8_0 ? kQ8Bytes : kQ4Bytes;
-    const unsigned char* blk = row + (c / kQBlock) * kBlockBytes;
-    const int half = static_cast<int>((c / 16) % 2);
-    const float d = F16BitsToFloat(*reinterpret_cast<const uint16_t*>(blk));
-    const auto* qs = reinterpret_cast<const uint16_t*>(blk + 2);  // 2-byte aligned
-    float f[16];
-    if constexpr (F == Fmt::kQ8_0) {
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const uint16_t two = qs[half * 8 + k];
-        f[2 * k] = static_cast<float>(static_cast<int8_t>(two & 0xFF)) * d;
-        f[2 * k + 1] = static_cast<float>(static_cast<int8_t>(two >> 8)) * d;
-      }
-    } else {  // weights 0-15: low nibbles of the 16 bytes; 16-31: high nibbles
-      const int nib = half * 4;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const uint16_t two = qs[k];
-        f[2 * k] = static_cast<float>(((two >> nib) & 0xF) - 8) * d;
-        f[2 * k + 1] = static_cast<float>(((two >> (8 + nib)) & 0xF) - 8) * d;
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) w[k] = PackBf16(f[2 * k], f[2 * k + 1]);
+    for (int k = 0; k < 8; ++k)
+      w[k] = c + 2 * k < n_cols ? reinterpret_cast<const uint32_t*>(src)[k] : 0u;
   }
   auto* out = reinterpret_cast<uint4*>(dst);
   out[0] = make_uint4(w[0], w[1], w[2], w[3]);
@@ -142,7 +113,7 @@ __device__ __forceinline__ void LoadWeightTile(const unsigned char* row, int64_t
 
 // As DecodeKernel, on tensor cores: the assignments [blockIdx.y * 64, +64) of active expert
 // blockIdx.z against rows [blockIdx.x * 64, +64) of its matrices.
-template <Fmt F, int kMats>
+template <int kMats>
 __global__ void __launch_bounds__(kGemmThreads) GemmKernel(GemmArgs p) {
   PdlWait();
   namespace wmma = nvcuda::wmma;
@@ -173,7 +144,7 @@ __global__ void __launch_bounds__(kGemmThreads) GemmKernel(GemmArgs p) {
 #pragma unroll
   for (int mat = 0; mat < kMats; ++mat)
     b_row[mat] = n0 + ld_row < p.rows ? static_cast<const unsigned char*>(mat_ptr[mat]) +
-                                            (n0 + ld_row) * FmtBytes(F, p.cols)
+                                            (n0 + ld_row) * FmtBytes(Fmt::kBF16, p.cols)
                                       : nullptr;
 
   const int warp = tid / kWarp, wm = warp / 2, wn = warp % 2;
@@ -192,8 +163,8 @@ __global__ void __launch_bounds__(kGemmThreads) GemmKernel(GemmArgs p) {
                 sa + (kGemmM + ld_row) * kGemmLd + ld_col);
 #pragma unroll
     for (int mat = 0; mat < kMats; ++mat)
-      LoadWeightTile<F>(b_row[mat], k0 + ld_col, p.cols,
-                        sb + (mat * kGemmN + ld_row) * kGemmLd + ld_col);
+      LoadWeightTile(b_row[mat], k0 + ld_col, p.cols,
+                     sb + (mat * kGemmN + ld_row) * kGemmLd + ld_col);
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < kGemmK; kk += 16) {
