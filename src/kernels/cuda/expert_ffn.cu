@@ -47,17 +47,17 @@ namespace moetier::cuda {
 
 namespace {
 
-// The kernels and formats of expert_ffn_{common,decode,prefill}.cuh.
+// The kernels and formats of expert_ffn_{common,decode,prefill,int8}.cuh.
 using namespace expert_ffn;  // NOLINT(google-build-using-namespace)
 
 // The step's tokens per expert (n_tokens * top_k / n_experts) from which Run takes the
-// tensor-core path: where the GEMMs (64-token tiles) overtook the decode kernels (one pass over
-// an expert's rows per 8 tokens, CUDA-core multiply-adds) on the H200 with Qwen3-30B-A3B shapes
-// (128 experts of 2048 x 768, top-8): between 8 and 16 tokens per expert for Q8_0/Q4_0
-// (1.0 vs 1.1 ms at 8, 1.9 vs 1.1 ms at 16), at 4 already for bf16 (0.74 vs 0.70 ms), whose
-// decode kernel does 8 fp32 FMAs per 16 weight bytes.
-constexpr double kPrefillMinTokensPerExpertQuant = 10.0;
-constexpr double kPrefillMinTokensPerExpertBf16 = 4.0;
+// tensor-core path: where the GEMMs overtook the decode kernels (one pass over an expert's rows
+// per 8 tokens, CUDA-core multiply-adds) on the H200 with Qwen3-30B-A3B shapes (128 experts of
+// 2048 x 768, top-8; ExpertFfnBench in tests/kernels/cuda/expert_ffn_test.cpp), ms a call,
+// decode / GEMM: Q4_0 0.214 / 0.221 at 1 token per expert, 0.328 / 0.282 at 2; Q8_0 0.250 /
+// 0.239 and 0.390 / 0.324; bf16 0.723 / 0.955 at 4, 1.297 / 0.982 at 8.
+constexpr double kPrefillMinTokensPerExpertQuant = 1.5;
+constexpr double kPrefillMinTokensPerExpertBf16 = 6.0;
 
 // ---------------------------------------------------------------------------------------------
 // The routed sum.
