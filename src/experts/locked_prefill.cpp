@@ -1,5 +1,7 @@
 #include "experts/locked_prefill.h"
 
+#include <algorithm>
+
 namespace moetier {
 
 namespace {
@@ -19,8 +21,14 @@ LockedPrefill::Way LockedPrefill::Choose(int64_t n_tokens) {
   if (!stage_ns_) return Way::kStage;
   const Way cheaper =
       static_cast<double>(n_tokens) * *cpu_ns_per_token_ <= *stage_ns_ ? Way::kCpu : Way::kStage;
-  if (++steps_since_other_ > kRetryAfter) {
+  if (preferred_ != cheaper) {  // first decision, or the last retry changed the preference
+    preferred_ = cheaper;
+    retry_after_ = kRetryAfter;
     steps_since_other_ = 0;
+  }
+  if (++steps_since_other_ > retry_after_) {
+    steps_since_other_ = 0;
+    retry_after_ = std::min(2 * retry_after_, kMaxRetryAfter);
     return cheaper == Way::kCpu ? Way::kStage : Way::kCpu;
   }
   return cheaper;
