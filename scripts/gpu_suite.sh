@@ -21,6 +21,7 @@
 #   (bench/gpu/kernel_profile.cpp; the top rows in the summary); PROFILE_PREFILL="q4_0" the
 #   same for a 512-token prefill; EXPERT_TIMING=1 runs the expert kernels' timing test (ms by
 #   path and tokens: the prefill crossover); BACKENDS=gpu1: gpu's first row alone;
+#   BACKENDS=gpu-sampled: gpu decode greedy and sampled (the host's draw), 1 and 16 sequences;
 #   RECALL=1 measures the prefetch predictor's recall on the synthetic bf16 model
 #   (bench/engine/prefetch_recall); STAGING=1 runs bench/gpu/staging_bench; BACKENDS=staged:
 #   prefill of 4,096 tokens with every expert locked (--moe-backend cpu) on the CPU executor,
@@ -179,6 +180,19 @@ if [ "${SYNTH:-0}" = 1 ]; then
           done ;;
         gpu1)  # the first row of gpu alone: prefill of 512 tokens, then decode
           bench gpu "$dt" --moe-backend gpu --prompt-tokens 512 --gen-tokens 128 ;;
+        gpu-sampled)  # what drawing on the host costs: Qwen3's sampling defaults (top-k 20,
+                      # top-p 0.95, temperature 0.6) and top-p alone, against greedy, at 1 and
+                      # 16 sequences
+          SAMPLED=(--temperature 0.6 --top-k 20 --top-p 0.95)
+          bench gpu-greedy "$dt" --moe-backend gpu --prompt-tokens 512 --gen-tokens 128
+          bench gpu-qwen3-sampling "$dt" --moe-backend gpu --prompt-tokens 512 --gen-tokens 128 \
+            "${SAMPLED[@]}"
+          bench gpu-top-p "$dt" --moe-backend gpu --prompt-tokens 512 --gen-tokens 128 \
+            --temperature 0.6 --top-p 0.95
+          bench gpu-par16-greedy "$dt" --moe-backend gpu --parallel 16 --prompt-tokens 128 \
+            --gen-tokens 32
+          bench gpu-par16-qwen3-sampling "$dt" --moe-backend gpu --parallel 16 \
+            --prompt-tokens 128 --gen-tokens 32 "${SAMPLED[@]}" ;;
         gpu-ab)  # one sequence's decode with PDL and the weight prefetch on and off (all four),
                  # and attention splits of 16 and 32 positions; two rounds interleaved: what
                  # each is worth, and the spread between rounds

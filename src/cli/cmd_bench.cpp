@@ -33,6 +33,8 @@ struct Opts {
   bool json = false;
   bool profile = false;
   double bandwidth_mib = static_cast<double>(kBandwidthBufferBytes >> 20);
+  // How every sequence draws its tokens (greedy unless set); sequence i's seed is i + 1.
+  SamplerOptions sampling;
 };
 
 // The most of the available RAM the bandwidth buffer may take.
@@ -88,12 +90,14 @@ LayerExpertStats ExpertTotals(const CausalLM& lm) {
   return t;
 }
 
-// Submits one greedy request per prompt, each generating max_new tokens, and drives the engine
-// until all have finished. Returns each request's tokens; `error` is the first failure.
-// `on_all_started`, when set, runs once every request has its first token (inside that step).
+// Submits one request per prompt, each generating max_new tokens drawn as `sampling` says (seed
+// i + 1 for prompt i), and drives the engine until all have finished. Returns each request's
+// tokens; `error` is the first failure. `on_all_started`, when set, runs once every request has
+// its first token (inside that step).
 std::vector<std::vector<int32_t>> RunRequests(Engine& engine,
                                               const std::vector<std::vector<int32_t>>& prompts,
-                                              int64_t max_new, Status& error,
+                                              int64_t max_new, const SamplerOptions& sampling,
+                                              Status& error,
                                               const std::function<void()>& on_all_started = {}) {
   std::vector<std::vector<int32_t>> out(prompts.size());
   size_t started = 0;
@@ -101,6 +105,8 @@ std::vector<std::vector<int32_t>> RunRequests(Engine& engine,
     RequestOptions r;
     r.prompt = prompts[i];
     r.max_new_tokens = max_new;
+    r.sampler = sampling;
+    r.sampler.seed = i + 1;
     engine.Submit(std::move(r), [&, i](const RequestEvent& ev) {
       if (ev.kind == RequestEvent::Kind::kToken) {
         out[i].push_back(ev.token);
@@ -147,7 +153,7 @@ Expected<RunFigures> BenchRun(const Opts& o, CausalLM& lm, int run, PhaseTimes* 
   Status error;
   lm.SetPhaseTimes(prefill_times);
   const Clock::time_point t0 = Clock::now();
-  const auto first = RunRequests(*engine, prompts, 1, error);
+  const auto first = RunRequests(*engine, prompts, 1, o.sampling, error);
   const Clock::time_point t1 = Clock::now();
   lm.SetPhaseTimes(nullptr);
   MT_RETURN_IF_ERROR(error);
@@ -155,7 +161,7 @@ Expected<RunFigures> BenchRun(const Opts& o, CausalLM& lm, int run, PhaseTimes* 
   Clock::time_point decoding;
   uint64_t bytes0 = 0;
   LayerExpertStats h2d0;
-  const auto decoded = RunRequests(*engine, prompts, o.gen_tokens + 1, error, [&] {
+  const auto decoded = RunRequests(*engine, prompts, o.gen_tokens + 1, o.sampling, error, [&] {
     decoding = Clock::now();
     bytes0 = lm.WeightBytesStreamed();
     h2d0 = ExpertTotals(lm);
@@ -248,6 +254,10 @@ int Run(const Opts& o) {
   j["gen_tokens"] = o.gen_tokens;
   j["repeats"] = o.repeats;
   j["parallel"] = o.parallel;
+  j["sampling"] = {{"temperature", o.sampling.temperature},
+                   {"top_k", o.sampling.top_k},
+                   {"top_p", o.sampling.top_p},
+                   {"min_p", o.sampling.min_p}};
   j["prefill_tokens_per_s"] = prefill;
   j["decode_tokens_per_s"] = decode;  // all sequences together
   j["decode_tokens_per_s_per_sequence"] = per_sequence;
@@ -367,6 +377,21 @@ Command AddBenchCommand(CLI::App& root) {
                   "Buffer for the read-bandwidth measurement, MiB (far past any cache, so the "
                   "figure is DRAM's; at most half of the RAM available)")
       ->check(FiniteNumber(1, 1 << 24));
+  auto* sampling = cmd->add_option_group(
+      "Sampling",
+      "How the sequences draw their tokens (greedy by default; seed i + 1 for "
+      "sequence i). A greedy step hands back each row's arg-max alone; a sampled one "
+      "copies the logits to the host and draws there: these measure the difference");
+  sampling->add_option("--temperature", o->sampling.temperature, "0 picks the most likely token")
+      ->check(FiniteNumber(0));
+  sampling->add_option("--top-k", o->sampling.top_k, "Keep the k most likely tokens (0 = off)")
+      ->check(WholeNumber(0, std::numeric_limits<int32_t>::max(), "off"));
+  sampling->add_option("--top-p", o->sampling.top_p, "Keep the smallest set reaching p (1 = off)")
+      ->check(FiniteNumber(0, 1, /*min_open=*/true));
+  sampling
+      ->add_option("--min-p", o->sampling.min_p,
+                   "Drop tokens less likely than min-p times the most likely (0 = off)")
+      ->check(FiniteNumber(0, 1));
   cmd->add_flag("--profile", o->profile,
                 "Also time each phase of the decode step and of the prefill (attention, router, "
                 "experts, lm_head, ...) and report milliseconds per decoded token and per prompt "

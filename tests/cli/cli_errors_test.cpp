@@ -67,6 +67,8 @@ TEST(CliErrors, NumericFlagsStateTheirRangeAndRefuseNanAndInf) {
       {"bench " + Model() + " --bandwidth-mib nan", "--bandwidth-mib"},
       {"bench " + Model() + " --bandwidth-mib 1048576", "--bandwidth-mib"},
       {"bench " + Model() + " --repeats 0", "--repeats"},
+      {"bench " + Model() + " --top-p 0", "--top-p"},
+      {"bench " + Model() + " --temperature -1", "--temperature"},
   };
   for (const auto& c : cases) {
     const auto r = RunCli(c.args);

@@ -302,6 +302,27 @@ TEST(Cli, BenchJsonHasTheKeysAndConsistentFigures) {
   }
 }
 
+// bench --temperature/--top-k/--top-p/--min-p: sampled decode runs and the JSON says how the
+// tokens were drawn (greedy by default).
+TEST(Cli, BenchSamplesWhenAsked) {
+  const std::string run = "bench " + Model() +
+                          " --prompt-tokens 5 --gen-tokens 4 --repeats 1 --threads 2 --json"
+                          " --bandwidth-mib 64";
+  const auto greedy = testing::RunCli(run);
+  ASSERT_EQ(greedy.exit_code, 0) << greedy.err;
+  const auto g = nlohmann::json::parse(LastLine(greedy.out));
+  EXPECT_EQ(g["sampling"]["temperature"].get<double>(), 0.0);
+  const auto sampled =
+      testing::RunCli(run + " --temperature 0.7 --top-k 20 --top-p 0.9 --min-p 0.05");
+  ASSERT_EQ(sampled.exit_code, 0) << sampled.err;
+  const auto j = nlohmann::json::parse(LastLine(sampled.out));
+  EXPECT_FLOAT_EQ(j["sampling"]["temperature"].get<float>(), 0.7f);
+  EXPECT_EQ(j["sampling"]["top_k"].get<int>(), 20);
+  EXPECT_FLOAT_EQ(j["sampling"]["top_p"].get<float>(), 0.9f);
+  EXPECT_FLOAT_EQ(j["sampling"]["min_p"].get<float>(), 0.05f);
+  EXPECT_GT(j["decode_tokens_per_s"].get<double>(), 0.0);
+}
+
 // bench's KV cache is in --kv-dtype (its default the other commands'), and its size follows from
 // the run: the flags that size it elsewhere are refused, not ignored.
 TEST(Cli, BenchUsesKvDTypeAndRefusesTheKvSizeFlags) {
