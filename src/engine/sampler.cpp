@@ -53,6 +53,20 @@ size_t BucketOf(float logit, float max, double inv_t) {
 // past top-p holds the prefix that running sum reaches whatever the rounding.
 constexpr double kTopPMargin = 1e-9;
 
+// Calls body(begin, end) for the chunks of l[from, size) (kScanChunk elements, the last maybe
+// fewer) that hold a value >= t, in order; t is read anew before each chunk, so a body may raise
+// it. The chunks without one, most of a vocabulary when t is near its top, cost one vectorized
+// test each (kernels::AnyAtLeast).
+constexpr size_t kScanChunk = 64;
+template <typename Body>
+void ForChunksAtLeast(std::span<const float> l, size_t from, const float& t, Body&& body) {
+  for (size_t begin = from; begin < l.size(); begin += kScanChunk) {
+    const size_t end = std::min(l.size(), begin + kScanChunk);
+    if (kernels::AnyAtLeast(l.data() + begin, static_cast<int64_t>(end - begin), t))
+      body(begin, end);
+  }
+}
+
 }  // namespace
 
 void Sampler::ApplyOccurrencePenalties(std::span<const int32_t> generated, SamplerScratch& x) {
@@ -161,8 +175,10 @@ double Sampler::Candidates(std::span<const float> l, double inv_t, SamplerScratc
   if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < l.size()) {
     const float kth = KthLargest(l, static_cast<size_t>(options_.top_k), x);
     // Keep ties with the k-th logit, as Hugging Face's threshold does.
-    for (size_t i = 0; i < l.size(); ++i)
-      if (l[i] >= kth) x.cand.emplace_back(l[i], static_cast<int32_t>(i));
+    ForChunksAtLeast(l, 0, kth, [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i)
+        if (l[i] >= kth) x.cand.emplace_back(l[i], static_cast<int32_t>(i));
+    });
     std::sort(x.cand.begin(), x.cand.end(), by_logit);
     x.probs.resize(x.cand.size());
     double total = 0.0;
@@ -213,12 +229,17 @@ float Sampler::KthLargest(std::span<const float> l, size_t k, SamplerScratch& x)
   auto& heap = x.largest;
   heap.assign(l.begin(), l.begin() + static_cast<std::ptrdiff_t>(k));
   std::make_heap(heap.begin(), heap.end(), std::greater<>());
-  for (size_t i = k; i < l.size(); ++i) {
-    if (l[i] <= heap.front()) continue;
-    std::pop_heap(heap.begin(), heap.end(), std::greater<>());
-    heap.back() = l[i];
-    std::push_heap(heap.begin(), heap.end(), std::greater<>());
-  }
+  // Chunks with nothing above the heap's top (most, once it holds large values) are skipped
+  // after one vectorized test; a chunk that passes is walked element by element, its top
+  // re-read as it rises.
+  ForChunksAtLeast(l, k, heap.front(), [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      if (l[i] <= heap.front()) continue;
+      std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+      heap.back() = l[i];
+      std::push_heap(heap.begin(), heap.end(), std::greater<>());
+    }
+  });
   return heap.front();
 }
 

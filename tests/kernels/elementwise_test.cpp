@@ -47,6 +47,37 @@ TEST(ArgMax, NaNNeverWins) {
   }
   const std::vector<float> all(9, nan);
   EXPECT_EQ(ArgMax(all.data(), static_cast<int64_t>(all.size())), 0);
+  // Over many chunks: NaNs before the maximum, and a row of -inf and NaN only.
+  std::vector<float> long_row(1000, -2.0f);
+  for (size_t i = 0; i < long_row.size(); i += 3) long_row[i] = nan;
+  long_row[701] = 5.0f;
+  long_row[950] = 5.0f;
+  EXPECT_EQ(ArgMax(long_row.data(), static_cast<int64_t>(long_row.size())), 701);
+  std::vector<float> low(300, -std::numeric_limits<float>::infinity());
+  for (size_t i = 0; i < 130; ++i) low[i] = nan;
+  EXPECT_EQ(ArgMax(low.data(), static_cast<int64_t>(low.size())), 130);
+}
+
+// AnyAtLeast against a plain loop on fresh random rows of every length up to 200, with the
+// threshold one of the row's values (>= counts it), just above the largest, and NaNs mixed in.
+TEST(AnyAtLeast, MatchesAPlainLoop) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (size_t n = 0; n <= 200; ++n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = rng() % 7 == 0 ? nan : dist(rng);
+    const float largest = MaxOf(v.data(), static_cast<int64_t>(n));
+    std::vector<float> thresholds = {std::nextafter(largest, 1e30f), 0.0f, -1e30f, nan};
+    if (n > 0) thresholds.push_back(v[rng() % n]);
+    for (float t : thresholds) {
+      bool want = false;
+      for (float x : v) want = want || x >= t;
+      ASSERT_EQ(AnyAtLeast(v.data(), static_cast<int64_t>(n), t), want) << "n " << n << ", t " << t;
+    }
+  }
 }
 
 // The sampler's weights against exp in long double on fresh random logits, shifts and scales

@@ -70,6 +70,12 @@ float MaxOf(const float* x, int64_t n) {
   return m;
 }
 
+bool AnyAtLeast(const float* x, int64_t n, float t) {
+  int any = 0;
+  for (int64_t i = 0; i < n; ++i) any |= x[i] >= t ? 1 : 0;
+  return any != 0;
+}
+
 double SumOf(const float* x, int64_t n) {
   constexpr int64_t kLanes = 8;
   double lane[kLanes] = {};
@@ -143,8 +149,15 @@ void ScaledExp(const float* x, int64_t n, float shift, double scale, float* y) {
 int64_t ArgMax(const float* x, int64_t n) {
   if (n <= 0) return 0;
   const float m = MaxOf(x, n);
-  for (int64_t i = 0; i < n; ++i)
-    if (x[i] == m) return i;
+  // The first element equal to m is the first at least m (nothing is above it, NaN is never
+  // either): chunks without one are skipped after a vectorized test.
+  constexpr int64_t kChunk = 64;
+  for (int64_t b = 0; b < n; b += kChunk) {
+    const int64_t e = std::min(n, b + kChunk);
+    if (!AnyAtLeast(x + b, e - b, m)) continue;
+    for (int64_t i = b; i < e; ++i)
+      if (x[i] == m) return i;
+  }
   return 0;  // every element NaN
 }
 

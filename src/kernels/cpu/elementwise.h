@@ -24,6 +24,10 @@ int64_t FirstNonFinite(const float* x, int64_t n);
 // The largest of x[0, n), vectorized; NaN never wins (-inf when nothing else is there).
 float MaxOf(const float* x, int64_t n);
 
+// Whether some x[i] >= t in [0, n) (NaN never is), one vectorized pass without an early exit:
+// for scanning a long row in short chunks, most of which hold nothing at or above t.
+bool AnyAtLeast(const float* x, int64_t n, float t);
+
 // y[i] = e^((x[i] - shift) * scale) for x[i] <= shift and scale >= 0 (the sampler's weights:
 // shift the largest logit, scale 1 / temperature), the product taken in double so that no scale
 // overflows; within 2e-7 of the exact value relative, 0 where that is below e^-87 (~1.6e-38).
