@@ -554,22 +554,12 @@ TEST(CudaAttention, DISABLED_Timing) {
                             static_cast<int32_t>(sh.ctx - 1)};
     const size_t scratch_bytes = cuda::PagedAttentionScratchBytes(dims, T, sh.ctx);
     Dev scratch(scratch_bytes);
-    std::vector<float> ms;
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    for (int it = 0; it < 21; ++it) {
-      cudaEventRecord(e0);
-      cuda::LaunchPagedAttention(dims, batch, 0, kv, q.as<float>(), out.as<float>(),
-                                 scratch.as<void>(), scratch_bytes, nullptr);
-      cudaEventRecord(e1);
-      ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
-      float t = 0;
-      cudaEventElapsedTime(&t, e0, e1);
-      ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    const double sec = ms[ms.size() / 2] * 1e-3;
+    const double sec =
+        testing::MedianGpuMs([&] {
+          cuda::LaunchPagedAttention(dims, batch, 0, kv, q.as<float>(), out.as<float>(),
+                                     scratch.as<void>(), scratch_bytes, nullptr);
+        }) *
+        1e-3;
     const double kv_bytes = static_cast<double>(sh.n_seqs * sh.ctx * row * 2 * 2);
     const double flops = 4.0 * dims.n_heads * dims.head_dim * sh.n_seqs *
                          (sh.chunk * (sh.ctx - sh.chunk) + sh.chunk * (sh.chunk + 1) / 2.0);

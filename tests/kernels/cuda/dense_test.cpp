@@ -312,9 +312,6 @@ TEST(DenseMatMulBench, DISABLED_Bandwidth) {
     const std::vector<float> x = RandomFloats(2048 * 4096, rng);
     ASSERT_EQ(cudaMemcpy(d_x.data(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   }
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
   for (DType dtype : {DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kF16, DType::kF32}) {
     for (const Mat& m : mats) {
       const size_t bytes = DTypeRowBytes(dtype, m.cols) * static_cast<size_t>(m.rows);
@@ -322,19 +319,9 @@ TEST(DenseMatMulBench, DISABLED_Bandwidth) {
       ASSERT_EQ(cudaMemset(d_w.data(), 0x11, bytes), cudaSuccess);  // small finite values
       const DeviceMatrix dm{dtype, m.rows, m.cols, d_w.data()};
       for (int64_t n_tokens : token_counts) {
-        std::vector<float> ms;
-        for (int rep = 0; rep < 23; ++rep) {
-          cudaEventRecord(e0);
-          mm->Run(dm, d_x.data(), n_tokens, d_y.data(), nullptr);
-          cudaEventRecord(e1);
-          cudaEventSynchronize(e1);
-          float v = 0;
-          cudaEventElapsedTime(&v, e0, e1);
-          if (rep >= 3) ms.push_back(v);
-        }
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        std::sort(ms.begin(), ms.end());
-        const double sec = ms[ms.size() / 2] * 1e-3;
+        const double sec =
+            testing::MedianGpuMs([&] { mm->Run(dm, d_x.data(), n_tokens, d_y.data(), nullptr); }) *
+            1e-3;
         const double gbs = static_cast<double>(bytes) / sec * 1e-9;
         const double tflops = 2.0 * m.rows * m.cols * n_tokens / sec * 1e-12;
         std::printf(
@@ -345,8 +332,6 @@ TEST(DenseMatMulBench, DISABLED_Bandwidth) {
       }
     }
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
 }
 
 }  // namespace

@@ -627,9 +627,6 @@ TEST(ExpertFfnBench, DISABLED_PathsByTokens) {
   MT_REQUIRE_GPU();
   constexpr int64_t kExperts = 128, kTopK = 8, kMaxTokens = 4096;
   std::mt19937 rng(1);
-  cudaEvent_t e0, e1;
-  ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
-  ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
   const std::vector<float> x = RandomInput(kMaxTokens, 2048, rng);
   DeviceBuffer<float> x_dev = Upload(x);
   DeviceBuffer<float> out = DeviceBuffer<float>::Create(x.size(), "out").value();
@@ -650,28 +647,16 @@ TEST(ExpertFfnBench, DISABLED_PathsByTokens) {
       ASSERT_TRUE(ffn.ok()) << ffn.message();
       for (int64_t n_tokens : {1, 4, 8, 16, 32, 64, 128, 512, 4096}) {
         DeviceRoutingBuffers routing = UploadRouting(MakeRouting(n_tokens, kExperts, kTopK, rng));
-        std::vector<float> ms;
-        for (int rep = 0; rep < 23; ++rep) {
-          cudaEventRecord(e0);
-          ffn->Run(routing.view, table_dev.data(), x_dev.data(), out.data(), nullptr);
-          cudaEventRecord(e1);
-          cudaEventSynchronize(e1);
-          float v = 0;
-          cudaEventElapsedTime(&v, e0, e1);
-          if (rep >= 3) ms.push_back(v);
-        }
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        std::sort(ms.begin(), ms.end());
+        const double ms = testing::MedianGpuMs(
+            [&] { ffn->Run(routing.view, table_dev.data(), x_dev.data(), out.data(), nullptr); });
         std::printf("experts %-5s %-7s %5lld tokens (%6.2f an expert): %8.3f ms\n",
                     std::string(DTypeName(dtype)).c_str(),
                     path == ExpertFfnPath::kDecode ? "decode" : "prefill",
                     static_cast<long long>(n_tokens),
-                    static_cast<double>(n_tokens * kTopK) / kExperts, ms[ms.size() / 2]);
+                    static_cast<double>(n_tokens * kTopK) / kExperts, ms);
       }
     }
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
 }
 
 }  // namespace
