@@ -112,6 +112,32 @@ __device__ __forceinline__ void LoadQuantBlock(const unsigned char* blk, int32_t
   }
 }
 
+// A grouped-GEMM block's share: active expert blockIdx.z (its assignments [first, first +
+// n_assign) of the routing's expert-major order), its assignments [m0, m0 + tile_m) and its
+// matrices' rows from n0 = blockIdx.x * tile_n. Args: GemmArgs or Int8GemmArgs.
+struct GemmTile {
+  int32_t first = 0;
+  int n_assign = 0;
+  int m0 = 0;
+  int64_t n0 = 0;
+  ExpertPointers e;
+};
+
+// The block's tile, or false when it has none (an inactive expert, or past the expert's
+// assignments): the whole block then returns before touching shared memory.
+template <typename Args>
+__device__ __forceinline__ bool BlockTile(const Args& p, int tile_m, int tile_n, GemmTile* t) {
+  const int a = static_cast<int>(blockIdx.z);
+  if (a >= *p.n_active) return false;
+  t->first = p.begin[a];
+  t->n_assign = p.begin[a + 1] - t->first;
+  t->m0 = static_cast<int>(blockIdx.y) * tile_m;
+  if (t->m0 >= t->n_assign) return false;
+  t->n0 = static_cast<int64_t>(blockIdx.x) * tile_n;
+  t->e = p.table[p.experts[a]];
+  return true;
+}
+
 __device__ __forceinline__ float Silu(float g) {
   return g / (1.0f + expf(-g));
 }

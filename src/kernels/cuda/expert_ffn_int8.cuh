@@ -142,17 +142,14 @@ __global__ void __launch_bounds__(kI8Threads) Int8GemmKernel(Int8GemmArgs p) {
   constexpr int kWarpN = kNPerMat / kI8Warps;  // rows of each matrix a warp
   constexpr int kJ = kWarpN / 8;               // 8-row MMA tiles of each matrix a warp
   PdlWait();
-  const int a = static_cast<int>(blockIdx.z);
-  if (a >= *p.n_active) return;
-  const int32_t first = p.begin[a];
-  const int n_assign = p.begin[a + 1] - first;
-  const int m0 = static_cast<int>(blockIdx.y) * kI8M;
-  if (m0 >= n_assign) return;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kNPerMat;
-  const ExpertPointers e = p.table[p.experts[a]];
+  GemmTile tile;
+  if (!BlockTile(p, kI8M, kNPerMat, &tile)) return;
+  const int32_t first = tile.first;
+  const int n_assign = tile.n_assign, m0 = tile.m0;
+  const int64_t n0 = tile.n0;
   const unsigned char* mat[kMats];
-  mat[0] = static_cast<const unsigned char*>(kMats == 2 ? e.gate : e.down);
-  if constexpr (kMats == 2) mat[1] = static_cast<const unsigned char*>(e.up);
+  mat[0] = static_cast<const unsigned char*>(kMats == 2 ? tile.e.gate : tile.e.down);
+  if constexpr (kMats == 2) mat[1] = static_cast<const unsigned char*>(tile.e.up);
 
   __shared__ __align__(16) unsigned char smem[Int8GemmSmemBytes<F>()];
   __shared__ int32_t a_src[kI8M];  // activation row of each tile row, -1 past the assignments

@@ -117,15 +117,12 @@ template <int kMats>
 __global__ void __launch_bounds__(kGemmThreads) GemmKernel(GemmArgs p) {
   PdlWait();
   namespace wmma = nvcuda::wmma;
-  const int a = static_cast<int>(blockIdx.z);
-  if (a >= *p.n_active) return;
-  const int32_t first = p.begin[a];
-  const int n_assign = p.begin[a + 1] - first;
-  const int m0 = static_cast<int>(blockIdx.y) * kGemmM;
-  if (m0 >= n_assign) return;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kGemmN;
-  const ExpertPointers e = p.table[p.experts[a]];
-  const void* mat_ptr[2] = {kMats == 2 ? e.gate : e.down, e.up};
+  GemmTile tile;
+  if (!BlockTile(p, kGemmM, kGemmN, &tile)) return;
+  const int32_t first = tile.first;
+  const int n_assign = tile.n_assign, m0 = tile.m0;
+  const int64_t n0 = tile.n0;
+  const void* mat_ptr[2] = {kMats == 2 ? tile.e.gate : tile.e.down, tile.e.up};
 
   __shared__ __align__(128) unsigned char smem[GemmSmemBytes(kMats)];
   auto* sa = reinterpret_cast<uint16_t*>(smem);  // [2][kGemmM][kGemmLd] bf16: hi, then lo
