@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 
 #include "kernels/cpu/elementwise.h"
@@ -52,6 +53,17 @@ size_t BucketOf(float logit, float max, double inv_t) {
 // The bucket sums are in another order than the sorted candidates' running sum; a cut this much
 // past top-p holds the prefix that running sum reaches whatever the rounding.
 constexpr double kTopPMargin = 1e-9;
+constexpr size_t kMassCopies = 4;  // interleaved bucket histograms (Candidates says why)
+
+// A float no larger than any logit of bucket b or below: those lie less than (b + 1) / 4 units
+// below max, units of (max - logit) / T; two steps down absorb the rounding of that bound and
+// of BucketOf's own arithmetic.
+float LowestLogitIn(size_t b, float max, double inv_t) {
+  const auto bound = static_cast<float>(static_cast<double>(max) -
+                                        (static_cast<double>(b) + 1) / kBucketsPerUnit / inv_t);
+  const float down = -std::numeric_limits<float>::infinity();
+  return std::nextafter(std::nextafter(bound, down), down);
+}
 
 // Calls body(begin, end) for the chunks of l[from, size) (kScanChunk elements, the last maybe
 // fewer) that hold a value >= t, in order; t is read anew before each chunk, so a body may raise
@@ -192,28 +204,36 @@ double Sampler::Candidates(std::span<const float> l, double inv_t, SamplerScratc
   TokenWeights(l, max, inv_t, x);
   double total = 0.0;
   size_t last_bucket = kBuckets - 1;
+  float floor_logit = -std::numeric_limits<float>::infinity();  // below it, past last_bucket
   if (options_.top_p < 1.0f) {
-    x.bucket_mass.assign(kBuckets, 0.0);
+    // kMassCopies histograms, token i adding to copy i % kMassCopies: consecutive tokens of one
+    // bucket (most of them, in a flat distribution) do not wait on each other's stores. Their
+    // order of sums only moves the cut within kTopPMargin; the total keeps its token order.
+    x.bucket_mass.assign(kMassCopies * kBuckets, 0.0);
     for (size_t i = 0; i < l.size(); ++i) {
       const double w = x.weights[i];
       total += w;
-      x.bucket_mass[BucketOf(l[i], max, inv_t)] += w;
+      x.bucket_mass[(i % kMassCopies) * kBuckets + BucketOf(l[i], max, inv_t)] += w;
     }
     const double reach = options_.top_p * total * (1 + kTopPMargin);
     double acc = 0.0;
     for (size_t b = 0; b < kBuckets; ++b) {
-      acc += x.bucket_mass[b];
+      for (size_t c = 0; c < kMassCopies; ++c) acc += x.bucket_mass[c * kBuckets + b];
       if (acc >= reach) {
         last_bucket = b;
         break;
       }
     }
+    if (last_bucket < kBuckets - 1) floor_logit = LowestLogitIn(last_bucket, max, inv_t);
   }
-  for (size_t i = 0; i < l.size(); ++i) {
-    if (options_.top_p < 1.0f && BucketOf(l[i], max, inv_t) > last_bucket) continue;
-    if (min_weight > 0.0 && x.weights[i] < min_weight) continue;
-    x.cand.emplace_back(l[i], static_cast<int32_t>(i));
-  }
+  // Chunks wholly below the last bucket's floor are skipped after one vectorized test.
+  ForChunksAtLeast(l, 0, floor_logit, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      if (options_.top_p < 1.0f && BucketOf(l[i], max, inv_t) > last_bucket) continue;
+      if (min_weight > 0.0 && x.weights[i] < min_weight) continue;
+      x.cand.emplace_back(l[i], static_cast<int32_t>(i));
+    }
+  });
   // The most likely first: min-p's floor and top-p's prefix read the order; a plain draw does
   // not, and skips the sort.
   if (options_.top_p < 1.0f || min_weight > 0.0) std::sort(x.cand.begin(), x.cand.end(), by_logit);
