@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/flags.h"
 #include "cli/model_options.h"
+#include "cli/text_options.h"
 #include "core/log.h"
 #include "engine/bandwidth.h"
 #include "engine/engine.h"
@@ -33,7 +34,9 @@ struct Opts {
   bool json = false;
   bool profile = false;
   double bandwidth_mib = static_cast<double>(kBandwidthBufferBytes >> 20);
-  // How every sequence draws its tokens (greedy unless set); sequence i's seed is i + 1.
+  // How every sequence draws its tokens (greedy unless set); sequence i's seed is i + 1. Only
+  // the draw's flags (AddDrawFlags) are read; Run fills `sampling` from them.
+  SamplingFlags draw;
   SamplerOptions sampling;
 };
 
@@ -201,6 +204,7 @@ int Run(const Opts& o) {
         "bench sizes the KV cache for its own sequences (--parallel x (--prompt-tokens + "
         "--gen-tokens)): drop --ctx-size, --kv-cache-gb and --kv-host-gb (--kv-dtype is used)");
   if (Status s = CheckBandwidthBuffer(o.bandwidth_mib); !s.ok()) return ReportError(s.message());
+  if (Status s = ValidateSamplerOptions(o.sampling); !s.ok()) return ReportError(s.message());
   auto loaded = LoadModel(o.model);
   if (!loaded.ok()) return ReportError(loaded.message());
   CausalLM& lm = **loaded;
@@ -257,7 +261,8 @@ int Run(const Opts& o) {
   j["sampling"] = {{"temperature", o.sampling.temperature},
                    {"top_k", o.sampling.top_k},
                    {"top_p", o.sampling.top_p},
-                   {"min_p", o.sampling.min_p}};
+                   {"min_p", o.sampling.min_p},
+                   {"repetition_penalty", o.sampling.repetition_penalty}};
   j["prefill_tokens_per_s"] = prefill;
   j["decode_tokens_per_s"] = decode;  // all sequences together
   j["decode_tokens_per_s_per_sequence"] = per_sequence;
@@ -377,26 +382,21 @@ Command AddBenchCommand(CLI::App& root) {
                   "Buffer for the read-bandwidth measurement, MiB (far past any cache, so the "
                   "figure is DRAM's; at most half of the RAM available)")
       ->check(FiniteNumber(1, 1 << 24));
-  auto* sampling = cmd->add_option_group(
-      "Sampling",
-      "How the sequences draw their tokens (greedy by default; seed i + 1 for "
-      "sequence i). A greedy step hands back each row's arg-max alone; a sampled one "
-      "copies the logits to the host and draws there: these measure the difference");
-  sampling->add_option("--temperature", o->sampling.temperature, "0 picks the most likely token")
-      ->check(FiniteNumber(0));
-  sampling->add_option("--top-k", o->sampling.top_k, "Keep the k most likely tokens (0 = off)")
-      ->check(WholeNumber(0, std::numeric_limits<int32_t>::max(), "off"));
-  sampling->add_option("--top-p", o->sampling.top_p, "Keep the smallest set reaching p (1 = off)")
-      ->check(FiniteNumber(0, 1, /*min_open=*/true));
-  sampling
-      ->add_option("--min-p", o->sampling.min_p,
-                   "Drop tokens less likely than min-p times the most likely (0 = off)")
-      ->check(FiniteNumber(0, 1));
+  AddDrawFlags(
+      *cmd->add_option_group("Sampling",
+                             "How the sequences draw their tokens (greedy by default; seed i + 1 "
+                             "for sequence i). A greedy step hands back each row's arg-max "
+                             "alone; a sampled one copies the logits to the host and draws "
+                             "there: these measure the difference"),
+      o->draw);
   cmd->add_flag("--profile", o->profile,
                 "Also time each phase of the decode step and of the prefill (attention, router, "
                 "experts, lm_head, ...) and report milliseconds per decoded token and per prompt "
                 "(stderr; JSON keys decode_phase_ms_per_token, prefill_phase_ms_per_prompt)");
-  return {cmd, [o]() -> int { return Run(*o); }};
+  return {cmd, [o]() -> int {
+            ApplyDrawFlags(o->draw, o->sampling);
+            return Run(*o);
+          }};
 }
 
 }  // namespace moetier::cli

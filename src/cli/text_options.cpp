@@ -16,25 +16,37 @@ void AddSamplingFlags(CLI::App& cmd, SamplingFlags& f, int64_t default_max_new_t
                 "Most tokens to generate (generation also stops at the end of the context, "
                 "finish reason 'length')")
       ->check(WholeNumber(0));
-  g->add_option("--temperature", f.temperature,
-                "Sampling temperature; 0 picks the most likely token")
-      ->check(FiniteNumber(0));
-  g->add_option("--top-k", f.top_k, "Sample from the k most likely tokens (0 = off)")
-      ->check(WholeNumber(0, std::numeric_limits<int32_t>::max(), "off"));
-  g->add_option("--top-p", f.top_p,
-                "Sample from the smallest set of tokens whose probability reaches p (1 = off)")
-      ->check(FiniteNumber(0, 1, /*min_open=*/true));
-  g->add_option("--min-p", f.min_p,
-                "Drop tokens less likely than min-p times the most likely (0 = off)")
-      ->check(FiniteNumber(0, 1));
-  g->add_option("--repetition-penalty", f.repetition_penalty,
-                "Divide the logits of tokens already in the context by this (1 = off)")
-      ->check(FiniteNumber(0, std::numeric_limits<double>::max(), /*min_open=*/true));
+  AddDrawFlags(*g, f);
   g->add_option("--seed", f.seed,
                 "Random seed: the same seed repeats a run; -1 = a random seed (the default)")
       ->check(WholeNumber(-1));
   g->add_option("--stop", f.stop, "Stop before this text (repeatable)")->default_str("");
   g->add_flag("--ignore-eos", f.ignore_eos, "Keep generating after an end-of-sequence token");
+}
+
+void AddDrawFlags(CLI::Option_group& g, SamplingFlags& f) {
+  g.add_option("--temperature", f.temperature,
+               "Sampling temperature; 0 picks the most likely token")
+      ->check(FiniteNumber(0));
+  g.add_option("--top-k", f.top_k, "Sample from the k most likely tokens (0 = off)")
+      ->check(WholeNumber(0, std::numeric_limits<int32_t>::max(), "off"));
+  g.add_option("--top-p", f.top_p,
+               "Sample from the smallest set of tokens whose probability reaches p (1 = off)")
+      ->check(FiniteNumber(0, 1, /*min_open=*/true));
+  g.add_option("--min-p", f.min_p,
+               "Drop tokens less likely than min-p times the most likely (0 = off)")
+      ->check(FiniteNumber(0, 1));
+  g.add_option("--repetition-penalty", f.repetition_penalty,
+               "Divide the logits of tokens already in the context by this (1 = off)")
+      ->check(FiniteNumber(0, std::numeric_limits<double>::max(), /*min_open=*/true));
+}
+
+void ApplyDrawFlags(const SamplingFlags& f, SamplerOptions& s) {
+  if (f.temperature) s.temperature = *f.temperature;
+  if (f.top_k) s.top_k = *f.top_k;
+  if (f.top_p) s.top_p = *f.top_p;
+  if (f.min_p) s.min_p = *f.min_p;
+  if (f.repetition_penalty) s.repetition_penalty = *f.repetition_penalty;
 }
 
 uint64_t SeedFrom(const SamplingFlags& f) {
@@ -59,11 +71,7 @@ Expected<TextGenerationOptions> MakeTextOptions(const SamplingFlags& f,
     }
     s.repetition_penalty = d.repetition_penalty.value_or(1.0f);
   }
-  if (f.temperature) s.temperature = *f.temperature;
-  if (f.top_k) s.top_k = *f.top_k;
-  if (f.top_p) s.top_p = *f.top_p;
-  if (f.min_p) s.min_p = *f.min_p;
-  if (f.repetition_penalty) s.repetition_penalty = *f.repetition_penalty;
+  ApplyDrawFlags(f, s);
   s.seed = SeedFrom(f);
   MT_RETURN_IF_ERROR(ValidateSamplerOptions(s));
   o.tokens.max_new_tokens = f.max_new_tokens;

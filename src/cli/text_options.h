@@ -25,6 +25,11 @@ struct SamplingFlags {
 
 void AddSamplingFlags(CLI::App& cmd, SamplingFlags& f, int64_t default_max_new_tokens);
 
+// The flags of the draw alone (--temperature, --top-k, --top-p, --min-p, --repetition-penalty)
+// in group g, and the ones given written over s (the others leave s as it is).
+void AddDrawFlags(CLI::Option_group& g, SamplingFlags& f);
+void ApplyDrawFlags(const SamplingFlags& f, SamplerOptions& s);
+
 // --seed, or a random one when it is absent or -1.
 uint64_t SeedFrom(const SamplingFlags& f);
 

@@ -65,20 +65,6 @@ float LowestLogitIn(size_t b, float max, double inv_t) {
   return std::nextafter(std::nextafter(bound, down), down);
 }
 
-// Calls body(begin, end) for the chunks of l[from, size) (kScanChunk elements, the last maybe
-// fewer) that hold a value >= t, in order; t is read anew before each chunk, so a body may raise
-// it. The chunks without one, most of a vocabulary when t is near its top, cost one vectorized
-// test each (kernels::AnyAtLeast).
-constexpr size_t kScanChunk = 64;
-template <typename Body>
-void ForChunksAtLeast(std::span<const float> l, size_t from, const float& t, Body&& body) {
-  for (size_t begin = from; begin < l.size(); begin += kScanChunk) {
-    const size_t end = std::min(l.size(), begin + kScanChunk);
-    if (kernels::AnyAtLeast(l.data() + begin, static_cast<int64_t>(end - begin), t))
-      body(begin, end);
-  }
-}
-
 }  // namespace
 
 void Sampler::ApplyOccurrencePenalties(std::span<const int32_t> generated, SamplerScratch& x) {
@@ -187,7 +173,7 @@ double Sampler::Candidates(std::span<const float> l, double inv_t, SamplerScratc
   if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < l.size()) {
     const float kth = KthLargest(l, static_cast<size_t>(options_.top_k), x);
     // Keep ties with the k-th logit, as Hugging Face's threshold does.
-    ForChunksAtLeast(l, 0, kth, [&](size_t begin, size_t end) {
+    kernels::ForChunksAtLeast(l, 0, kth, [&](size_t begin, size_t end) {
       for (size_t i = begin; i < end; ++i)
         if (l[i] >= kth) x.cand.emplace_back(l[i], static_cast<int32_t>(i));
     });
@@ -227,7 +213,7 @@ double Sampler::Candidates(std::span<const float> l, double inv_t, SamplerScratc
     if (last_bucket < kBuckets - 1) floor_logit = LowestLogitIn(last_bucket, max, inv_t);
   }
   // Chunks wholly below the last bucket's floor are skipped after one vectorized test.
-  ForChunksAtLeast(l, 0, floor_logit, [&](size_t begin, size_t end) {
+  kernels::ForChunksAtLeast(l, 0, floor_logit, [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
       if (options_.top_p < 1.0f && BucketOf(l[i], max, inv_t) > last_bucket) continue;
       if (min_weight > 0.0 && x.weights[i] < min_weight) continue;
@@ -250,9 +236,9 @@ float Sampler::KthLargest(std::span<const float> l, size_t k, SamplerScratch& x)
   heap.assign(l.begin(), l.begin() + static_cast<std::ptrdiff_t>(k));
   std::make_heap(heap.begin(), heap.end(), std::greater<>());
   // Chunks with nothing above the heap's top (most, once it holds large values) are skipped
-  // after one vectorized test; a chunk that passes is walked element by element, its top
+  // after one vectorized test; a chunk holding one is walked element by element, its top
   // re-read as it rises.
-  ForChunksAtLeast(l, k, heap.front(), [&](size_t begin, size_t end) {
+  kernels::ForChunksAtLeast(l, k, heap.front(), [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
       if (l[i] <= heap.front()) continue;
       std::pop_heap(heap.begin(), heap.end(), std::greater<>());

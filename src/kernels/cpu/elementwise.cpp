@@ -150,15 +150,17 @@ int64_t ArgMax(const float* x, int64_t n) {
   if (n <= 0) return 0;
   const float m = MaxOf(x, n);
   // The first element equal to m is the first at least m (nothing is above it, NaN is never
-  // either): chunks without one are skipped after a vectorized test.
-  constexpr int64_t kChunk = 64;
-  for (int64_t b = 0; b < n; b += kChunk) {
-    const int64_t e = std::min(n, b + kChunk);
-    if (!AnyAtLeast(x + b, e - b, m)) continue;
-    for (int64_t i = b; i < e; ++i)
-      if (x[i] == m) return i;
-  }
-  return 0;  // every element NaN
+  // either).
+  int64_t first = 0;  // every element NaN
+  ForChunksAtLeast({x, static_cast<size_t>(n)}, 0, m, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i)
+      if (x[i] == m) {
+        first = static_cast<int64_t>(i);
+        return false;
+      }
+    return true;
+  });
+  return first;
 }
 
 }  // namespace moetier::kernels

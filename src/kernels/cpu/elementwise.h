@@ -1,7 +1,11 @@
 // Row-wise float32 operations used between the matrix products. Math only.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <span>
+#include <type_traits>
 
 namespace moetier::kernels {
 
@@ -24,9 +28,27 @@ int64_t FirstNonFinite(const float* x, int64_t n);
 // The largest of x[0, n), vectorized; NaN never wins (-inf when nothing else is there).
 float MaxOf(const float* x, int64_t n);
 
-// Whether some x[i] >= t in [0, n) (NaN never is), one vectorized pass without an early exit:
+// Whether some x[i] >= t in [0, n) (NaN never is), one vectorized scan without an early exit:
 // for scanning a long row in short chunks, most of which hold nothing at or above t.
 bool AnyAtLeast(const float* x, int64_t n, float t);
+
+// Calls body(begin, end) for the chunks of x[from, size) (kScanChunk elements, the last maybe
+// fewer) that hold a value >= t, in order; t is read anew before each chunk, so a body may raise
+// it, and a body that returns bool ends the walk by returning false. The chunks without one,
+// most of a row when t is near its top, cost one AnyAtLeast each.
+inline constexpr size_t kScanChunk = 64;
+template <typename Body>
+void ForChunksAtLeast(std::span<const float> x, size_t from, const float& t, Body&& body) {
+  for (size_t begin = from; begin < x.size(); begin += kScanChunk) {
+    const size_t end = std::min(x.size(), begin + kScanChunk);
+    if (!AnyAtLeast(x.data() + begin, static_cast<int64_t>(end - begin), t)) continue;
+    if constexpr (std::is_void_v<decltype(body(begin, end))>) {
+      body(begin, end);
+    } else if (!body(begin, end)) {
+      return;
+    }
+  }
+}
 
 // y[i] = e^((x[i] - shift) * scale) for x[i] <= shift and scale >= 0 (the sampler's weights:
 // shift the largest logit, scale 1 / temperature), the product taken in double so that no scale

@@ -51,7 +51,7 @@ namespace {
 using namespace expert_ffn;  // NOLINT(google-build-using-namespace)
 
 // The step's tokens per expert (n_tokens * top_k / n_experts) from which Run takes the
-// tensor-core path: where the GEMMs overtook the decode kernels (one pass over an expert's rows
+// tensor-core path: where the GEMMs overtook the decode kernels (one read of an expert's rows
 // per 8 tokens, CUDA-core multiply-adds) on the H200 with Qwen3-30B-A3B shapes (128 experts of
 // 2048 x 768, top-8; ExpertFfnBench in tests/kernels/cuda/expert_ffn_test.cpp), ms a call,
 // decode / GEMM: Q4_0 0.214 / 0.221 at 1 token per expert, 0.328 / 0.282 at 2; Q8_0 0.250 /
