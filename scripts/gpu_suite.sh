@@ -18,10 +18,15 @@
 #   after llama.cpp's build as they use the CPU); CROSS=1 adds offload prefill at 32-256
 #   tokens (CROSS_SIZES="512 1024": those) streamed and not (the crossover); LOAD=1 times a load with every bank pinned against a raw read;
 #   PROFILE="bf16 q4_0" times every kernel of a gpu decode run per dtype, without PDL
-#   (bench/gpu/kernel_profile.cpp; the top rows in the summary); PROFILE_PREFILL="q4_0" the
+#   (bench/gpu/kernel_profile.cpp; the top rows in the summary, then each kernel's share of the
+#   wall time; PROFILE_PDL=1 keeps PDL on, PROFILE_N=1 one sequence only, PROFILE_ATTN=0 skips the attention-splits rerun);
+#   NCU="q4_0" reads hardware counters of a decode step's kernels with Nsight Compute
+#   (NCU_KERNELS: a regex of kernel names, NCU_SKIP / NCU_COUNT: launches of them);
+#   PROFILE_PREFILL="q4_0" the
 #   same for a 512-token prefill; EXPERT_TIMING=1 runs the expert kernels' timing test (ms by
 #   path and tokens: the prefill crossover); BACKENDS=gpu1: gpu's first row alone;
-#   BACKENDS=gpu-sampled: gpu decode greedy and sampled (the host's draw), 1 and 16 sequences;
+#   BACKENDS=gpu-gemv: decode at 1 and 4 sequences with the tiled expert kernels alone
+#   (MOETIER_CUDA_GEMV_ASSIGN=0) and with the one-warp-a-row ones up to 4 tokens (32); BACKENDS=gpu-sampled: gpu decode greedy and sampled (the host's draw), 1 and 16 sequences;
 #   RECALL=1 measures the prefetch predictor's recall on the synthetic bf16 model
 #   (bench/engine/prefetch_recall); STAGING=1 runs bench/gpu/staging_bench; BACKENDS=staged:
 #   prefill of 4,096 tokens with every expert locked (--moe-backend cpu) on the CPU executor,
@@ -101,9 +106,17 @@ $(grep -c 'SKIPPED' "$LOGS/$name.log") skipped"
 done
 # The expert kernels' timing by path and tokens (the prefill crossover), when asked.
 if [ "${EXPERT_TIMING:-0}" = 1 ]; then
-  run_timed 120 "$B/tests/cuda_expert_ffn_tests" --gtest_also_run_disabled_tests \
-    --gtest_filter='ExpertFfnBench.*' > "$LOGS/expert-timing.log" 2>&1
-  say "expert timing: exit $?"; grep '^experts' "$LOGS/expert-timing.log" >> "$S"
+  # The decode rows with the tiled kernels alone (MOETIER_CUDA_GEMV_ASSIGN=0), and with the
+  # one-warp-a-row kernels up to 16 tokens (128 assignments), beside the default.
+  for gemv in default 0 128; do
+    [ "$gemv" = default ] && unset MOETIER_CUDA_GEMV_ASSIGN || export MOETIER_CUDA_GEMV_ASSIGN=$gemv
+    run_timed 120 "$B/tests/cuda_expert_ffn_tests" --gtest_also_run_disabled_tests \
+      --gtest_filter='ExpertFfnBench.*' > "$LOGS/expert-timing-$gemv.log" 2>&1
+    say "expert timing (MOETIER_CUDA_GEMV_ASSIGN $gemv): exit $?"
+    if [ "$gemv" = default ]; then grep '^experts' "$LOGS/expert-timing-$gemv.log" >> "$S"
+    else grep '^experts.*decode' "$LOGS/expert-timing-$gemv.log" >> "$S"; fi
+  done
+  unset MOETIER_CUDA_GEMV_ASSIGN
 fi
 # Logits of five tokens under each placement, against the CPU engine's.
 logits() {  # model-dir out-name moetier-args...
@@ -180,6 +193,13 @@ if [ "${SYNTH:-0}" = 1 ]; then
           done ;;
         gpu1)  # the first row of gpu alone: prefill of 512 tokens, then decode
           bench gpu "$dt" --moe-backend gpu --prompt-tokens 512 --gen-tokens 128 ;;
+        gpu-gemv)  # decode with the tiled expert kernels alone against the default, 1 and 4
+          for n in 1 4; do
+            MOETIER_CUDA_GEMV_ASSIGN=0 bench "gpu-tiled-par$n" "$dt" --moe-backend gpu \
+              --parallel $n --prompt-tokens 512 --gen-tokens 128
+            MOETIER_CUDA_GEMV_ASSIGN=32 bench "gpu-gemv-par$n" "$dt" --moe-backend gpu \
+              --parallel $n --prompt-tokens 512 --gen-tokens 128
+          done ;;
         gpu-sampled)  # what drawing on the host costs: Qwen3's sampling defaults (top-k 20,
                       # top-p 0.95, temperature 0.6) and top-p alone, against greedy, at 1 and
                       # 16 sequences
@@ -222,18 +242,52 @@ if [ "${SYNTH:-0}" = 1 ]; then
   # under it a kernel's time includes waiting for the one before it.
   for dt in ${PROFILE:-}; do
     # One sequence as the decode rows bench it (512-token prompt), then 16 (32-token prompts).
-    for n in 1 16; do
-      MOETIER_CUDA_PDL=0 CUDA_INJECTION64_PATH=$B/libs/libmoetier_kernel_profile.so \
+    for n in ${PROFILE_N:-1 16}; do
+      MOETIER_CUDA_PDL=${PROFILE_PDL:-0} CUDA_INJECTION64_PATH=$B/libs/libmoetier_kernel_profile.so \
         MOETIER_KPROF_OUT=$LOGS/kprof-$dt-$n.txt MOETIER_KPROF_TOP=80 bench "kprof-$n" "$dt" \
         --moe-backend gpu --parallel "$n" --prompt-tokens $((n == 1 ? 512 : 32)) --gen-tokens 256
       head -$((n == 1 ? 45 : 25)) "$LOGS/kprof-$dt-$n.txt" >> "$S"
+      grep -A 40 "^wall time" "$LOGS/kprof-$dt-$n.txt" >> "$S"
     done
+    [ "${PROFILE_ATTN:-1}" = 1 ] || continue
     # The attention kernels again with splits of 16 positions (MOETIER_CUDA_ATTN_CHUNK).
     MOETIER_CUDA_PDL=0 MOETIER_CUDA_ATTN_CHUNK=16 \
       CUDA_INJECTION64_PATH=$B/libs/libmoetier_kernel_profile.so \
       MOETIER_KPROF_OUT=$LOGS/kprof-$dt-1-c16.txt MOETIER_KPROF_TOP=80 bench "kprof-1-c16" "$dt" \
       --moe-backend gpu --prompt-tokens 512 --gen-tokens 256
     { echo "attention with 16-position splits:"; grep "attention::" "$LOGS/kprof-$dt-1-c16.txt"; } >> "$S"
+  done
+  # Hardware counters of one decode step's kernels (Nsight Compute, at the card's own clocks):
+  # time, DRAM and L2 read rates, achieved occupancy, registers and the main stall reasons.
+  NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
+  for dt in ${NCU:-}; do
+    [ -n "$NCU_BIN" ] || { say "ncu: not found"; break; }
+    run_timed 240 "$NCU_BIN" --clock-control none --csv --page raw \
+      --kernel-name "regex:${NCU_KERNELS:-Gemv|DecodeKernel|RmsNorm|WarpRoute|DecodeCombine|Prologue|QuantizeRows|QuantizeActivations}" \
+      --launch-skip "${NCU_SKIP:-3000}" --launch-count "${NCU_COUNT:-40}" \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum.per_second,lts__t_bytes.sum.per_second,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__occupancy_limit_registers,launch__grid_size,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_barrier.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__issue_active.avg.pct_of_peak_sustained_active \
+      "$B/moetier" bench --model "$W/bank-$dt" --moe-backend gpu --prompt-tokens 512 \
+      --gen-tokens 48 > "$LOGS/ncu-$dt.csv" 2> "$LOGS/ncu-$dt.log"
+    say "ncu $dt: exit $?"
+    python3 - "$LOGS/ncu-$dt.csv" >> "$S" << 'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows: sys.exit()
+head, data = rows[0], rows[2:]
+want = ["Kernel Name", "launch__grid_size", "gpu__time_duration.sum", "dram__bytes_read.sum.per_second",
+        "lts__t_bytes.sum.per_second", "sm__warps_active.avg.pct_of_peak_sustained_active",
+        "launch__registers_per_thread", "launch__occupancy_limit_registers",
+        "smsp__issue_active.avg.pct_of_peak_sustained_active",
+        "smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio",
+        "smsp__average_warp_latency_issue_stalled_barrier.ratio",
+        "smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio"]
+idx = [head.index(w) if w in head else -1 for w in want]
+print("ncu: kernel | grid | ns | DRAM read/s | L2/s | occupancy % | regs | reg-limit blocks | issue % | long-sb | barrier | lg-throttle")
+for r in data:
+    vals = [r[i] if i >= 0 else "?" for i in idx]
+    vals[0] = vals[0][:60]
+    print(" | ".join(vals))
+PY
   done
   for dt in ${PROFILE_PREFILL:-}; do  # the same for a 512-token prefill (then one token)
     MOETIER_CUDA_PDL=0 CUDA_INJECTION64_PATH=$B/libs/libmoetier_kernel_profile.so \

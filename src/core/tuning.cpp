@@ -7,7 +7,7 @@
 
 namespace moetier {
 
-const std::array<TuningKnobSpec, 19> kTuningKnobSpecs = {{
+const std::array<TuningKnobSpec, 20> kTuningKnobSpecs = {{
     {"MOETIER_AMX_MIN_TOKENS", &TuningKnobs::amx_min_tokens, 1, 1 << 20,
      "smallest batch of tokens whose q8_0/bf16 matmuls use AMX tiles"},
     {"MOETIER_BF16C_EXPAND_MIN_TOKENS", &TuningKnobs::bf16c_expand_min_tokens, 1, 1 << 20,
@@ -48,6 +48,9 @@ const std::array<TuningKnobSpec, 19> kTuningKnobSpecs = {{
      "kernel before them; 0 does not"},
     {"MOETIER_CUDA_ATTN_CHUNK", &TuningKnobs::cuda_attn_chunk, 16, 4096,
      "GPU: fewest positions a split of the decode attention takes (the split granularity)"},
+    {"MOETIER_CUDA_GEMV_ASSIGN", &TuningKnobs::cuda_gemv_assign, 0, 4096,
+     "GPU: most assignments (tokens x top-k) of a decode step whose experts run a warp per "
+     "output row (0: never)"},
     {"MOETIER_STAGE_LOCKED", &TuningKnobs::stage_locked, 0, 1,
      "with a GPU: 1 stages locked layers' banks to the GPU for every long prefill step, 0 "
      "never (the CPU executor computes them); unset: the cheaper as measured"},

@@ -495,14 +495,11 @@ void CudaBackend::Moe(const TensorView& router, const RouterOptions& opts, int64
     cuda::LaunchRoute(router_logits_.data(), opts.normalize_top_k, topk_ids_.data(),
                       topk_weights_.data(), routing_, stream_);
   }
-  RunExpertsOnGpu(layer, x, out);
-  if (call >= 0 && !Replaying())
-    Check(cudaMemcpyAsync(active_dev_.data() + call, routing_.n_active, sizeof(int32_t),
-                          cudaMemcpyDeviceToDevice, stream_),
-          "recording the active experts");
+  RunExpertsOnGpu(layer, x, out, call >= 0 ? active_dev_.data() + call : nullptr);
 }
 
-void CudaBackend::RunExpertsOnGpu(int64_t layer, const float* x, float* out) {
+void CudaBackend::RunExpertsOnGpu(int64_t layer, const float* x, float* out,
+                                  int32_t* active_record) {
   cuda::ExpertPointers* table = weights_.ExpertTable(layer);
   const bool cached = offload_->Fetches(layer);
   if (cached) {
@@ -513,19 +510,20 @@ void CudaBackend::RunExpertsOnGpu(int64_t layer, const float* x, float* out) {
     }
   }
   TimeExperts(layer, true);
+  if (!cached) {  // (never replaying here: Moe left already)
+    ffn_.Run(routing_, table, x, out, stream_, active_record);
+    TimeExperts(layer, false);
+    return;
+  }
   ffn_.RunExperts(routing_, table, x, stream_);
   TimeExperts(layer, false);
-  const float* partial = nullptr;
-  if (cached) {
-    // Hybrid: the CPU computes its share of the misses while the GPU runs the launches above.
-    Expected<const float*> cpu = offload_->ComputeCpuShare(layer, stream_);
-    if (!cpu.ok()) {
-      error_ = cpu.message();
-      return;
-    }
-    partial = *cpu;
+  // Hybrid: the CPU computes its share of the misses while the GPU runs the launches above.
+  Expected<const float*> cpu = offload_->ComputeCpuShare(layer, stream_);
+  if (!cpu.ok()) {
+    error_ = cpu.message();
+    return;
   }
-  if (!Replaying()) ffn_.RoutedSum(routing_, partial, out, stream_);
+  if (!Replaying()) ffn_.RoutedSum(routing_, *cpu, out, stream_, active_record);
 }
 
 void CudaBackend::SetPhaseTimes(PhaseTimes* times) {

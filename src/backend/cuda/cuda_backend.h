@@ -81,8 +81,9 @@ class CudaBackend final : public ComputeBackend, private ComputeSegments {
 
  private:
   CudaBackend(const ExpertSource& experts, const ModelDims& dims);
-  // The experts of `layer` on the GPU, through the cache when they live in a pinned bank.
-  void RunExpertsOnGpu(int64_t layer, const float* x, float* out);
+  // The experts of `layer` on the GPU, through the cache when they live in a pinned bank;
+  // the count of active experts also lands in *active_record when that is not null.
+  void RunExpertsOnGpu(int64_t layer, const float* x, float* out, int32_t* active_record);
   // With phase times: records the start or end of layer's expert kernels on the stream.
   void TimeExperts(int64_t layer, bool start);
   // Buffers for steps of up to n_tokens tokens (kept; regrown, after a sync, only for a larger

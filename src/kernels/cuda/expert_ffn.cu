@@ -39,6 +39,7 @@
 #include "kernels/cuda/expert_ffn.h"
 #include "kernels/cuda/expert_ffn_common.cuh"
 #include "kernels/cuda/expert_ffn_decode.cuh"
+#include "kernels/cuda/expert_ffn_gemv.cuh"
 #include "kernels/cuda/expert_ffn_int8.cuh"
 #include "kernels/cuda/expert_ffn_prefill.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -64,12 +65,14 @@ constexpr double kPrefillMinTokensPerExpertBf16 = 6.0;
 
 // out[t, c] = Σ over k < top_k, in order, of weight_of[j] * y[j, c], j = assign_of[t, k] (token
 // t's assignments, experts ascending): fp32 FMA from 0, a fixed order; then + partial[t, c]
-// when a partial sum is given.
+// when a partial sum is given. *n_active is copied to *active_record when that is not null.
 __global__ void RoutedSumKernel(const float* y, const int32_t* assign_of, const float* weight_of,
                                 int64_t n_tokens, int64_t top_k, int64_t d_model,
-                                const float* partial, float* out) {
+                                const float* partial, float* out, const int32_t* n_active,
+                                int32_t* active_record) {
   PdlWait();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx == 0 && active_record != nullptr) *active_record = *n_active;
   if (idx >= n_tokens * d_model) return;
   const int64_t t = idx / d_model, c = idx % d_model;
   float acc = 0.0f;
@@ -195,11 +198,64 @@ unsigned DecodeGrid(int resident_blocks, const DeviceRouting& r, int64_t rows) {
   return static_cast<unsigned>(std::min<int64_t>(resident_blocks, items));
 }
 
+// Whether a decode-path step runs on the one-warp-a-row kernels (expert_ffn_gemv.cuh,
+// DecodeKernel's results bit for bit): few assignments (GemvMaxAssignments, launch.h: a step of 8
+// has only ~100 of DecodeKernel's 16-row tiles for 132 SMs), and for bf16 whole 8-weight units and
+// 16-byte aligned activations.
+bool UsesGemv(const Scratch& s, const DeviceRouting& r, const float* x) {
+  if (r.n_assignments() > GemvMaxAssignments()) return false;
+  return s.shape.dtype != DType::kBF16 || (s.shape.d_model % 8 == 0 && s.shape.width % 8 == 0 &&
+                                           reinterpret_cast<uintptr_t>(x) % 16 == 0);
+}
+
+// The GEMV kernels' gate+up: h, after x is quantized for Q8_0/Q4_0 (and h after it). Returns
+// the arguments for the down launch.
+template <Fmt F>
+GemvArgs RunGemvGateUp(Scratch& s, const DeviceRouting& r, const ExpertPointers* table,
+                       const float* x, cudaStream_t stream) {
+  GemvArgs p;
+  p.n_active = r.n_active;
+  p.experts = r.experts;
+  p.begin = r.begin;
+  p.token_of = r.token_of;
+  p.assign_of = r.assign_of;
+  p.weight_of = r.weight_of;
+  p.table = table;
+  p.n_tokens = r.n_tokens;
+  p.top_k = r.top_k;
+  p.d_model = s.shape.d_model;
+  p.width = s.shape.width;
+  p.x = x;
+  p.h = s.h;
+  p.y = s.y;
+  if constexpr (F != Fmt::kBF16) {
+    QuantizeRows(x, r.n_tokens, p.d_model, s.x_q, s.x_q_stride, s.x_d, stream);
+    p.x_q = s.x_q, p.x_d = s.x_d, p.x_q_stride = s.x_q_stride;
+    p.h_q = s.h_q, p.h_d = s.h_d, p.h_q_stride = s.h_q_stride;
+  }
+  Launch(GemvGateUpKernel<F>,
+         static_cast<unsigned>(CeilDiv(r.n_assignments() * p.width, kGemvWarps)), kGemvThreads,
+         GemvSmemBytes(F, 2), stream, p);
+  if constexpr (F != Fmt::kBF16)
+    QuantizeRows(s.h, r.n_assignments(), p.width, s.h_q, s.h_q_stride, s.h_d, stream);
+  return p;
+}
+
+// The GEMV kernels' down: y per assignment, or (kSum) each token's routed sum into p.out.
+template <Fmt F, bool kSum>
+void LaunchGemvDown(const GemvArgs& p, cudaStream_t stream) {
+  const int64_t rows = (kSum ? p.n_tokens : p.n_tokens * p.top_k) * p.d_model;
+  Launch(GemvDownKernel<F, kSum>, static_cast<unsigned>(CeilDiv(rows, kGemvWarps)), kGemvThreads,
+         GemvSmemBytes(F, kSum ? kGemvDownRows : 1), stream, p);
+}
+
 // Gate+up then down on the decode kernels: h, then y. Activations quantized once each for
 // Q8_0/Q4_0 (x before gate+up, h before down).
 template <Fmt F>
 void RunDecode(Scratch& s, const DeviceRouting& r, const ExpertPointers* table, const float* x,
                cudaStream_t stream) {
+  if (UsesGemv(s, r, x))
+    return LaunchGemvDown<F, false>(RunGemvGateUp<F>(s, r, table, x, stream), stream);
   const int64_t d_model = s.shape.d_model, width = s.shape.width;
   DecodeArgs up = DecodeArgsFor(r, table, width, d_model, r.token_of, s.h);
   DecodeArgs down = DecodeArgsFor(r, table, d_model, width, nullptr, s.y);
@@ -345,9 +401,28 @@ ExpertFfn::ExpertFfn(ExpertFfn&&) noexcept = default;
 ExpertFfn& ExpertFfn::operator=(ExpertFfn&&) noexcept = default;
 
 void ExpertFfn::Run(const DeviceRouting& r, const ExpertPointers* table, const float* x, float* out,
-                    cudaStream_t stream) {
-  RunExperts(r, table, x, stream);
-  RoutedSum(r, nullptr, out, stream);
+                    cudaStream_t stream, int32_t* active_record) {
+  Scratch& s = *s_;
+  if (r.n_tokens == 0) return;
+  if (UsePrefill(s.options.path, s.shape.dtype, r) || !UsesGemv(s, r, x)) {
+    RunExperts(r, table, x, stream);
+    return RoutedSum(r, nullptr, out, stream, active_record);
+  }
+  // The down launch sums each token's products itself: no routed-sum launch.
+  const auto down_and_sum = [&]<Fmt F>() {
+    GemvArgs p = RunGemvGateUp<F>(s, r, table, x, stream);
+    p.out = out;
+    p.active_record = active_record;
+    LaunchGemvDown<F, true>(p, stream);
+  };
+  switch (FmtOf(s.shape.dtype)) {
+    case Fmt::kBF16:
+      return down_and_sum.template operator()<Fmt::kBF16>();
+    case Fmt::kQ8_0:
+      return down_and_sum.template operator()<Fmt::kQ8_0>();
+    case Fmt::kQ4_0:
+      return down_and_sum.template operator()<Fmt::kQ4_0>();
+  }
 }
 
 void ExpertFfn::RunExperts(const DeviceRouting& r, const ExpertPointers* table, const float* x,
@@ -368,13 +443,13 @@ void ExpertFfn::RunExperts(const DeviceRouting& r, const ExpertPointers* table, 
 }
 
 void ExpertFfn::RoutedSum(const DeviceRouting& r, const float* partial, float* out,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, int32_t* active_record) {
   if (r.n_tokens == 0) return;
   const Scratch& s = *s_;
   const int64_t n_out = r.n_tokens * s.shape.d_model;
   Launch(RoutedSumKernel, static_cast<unsigned>(CeilDiv(n_out, kElementwiseThreads)),
          kElementwiseThreads, 0, stream, s.y, r.assign_of, r.weight_of, r.n_tokens, r.top_k,
-         s.shape.d_model, partial, out);
+         s.shape.d_model, partial, out, r.n_active, active_record);
 }
 
 }  // namespace moetier::cuda

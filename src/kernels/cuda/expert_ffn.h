@@ -9,7 +9,9 @@
 // business: the kernels read each active expert's matrices through table[expert id].
 //
 // Decode (few tokens per expert) runs one launch over all active experts for gate+up+SwiGLU
-// and one for down, each weight row read once per 8 of the expert's tokens; many tokens per
+// and one for down, each weight row read once per 8 of the expert's tokens (steps of a few
+// tokens: a warp per output row, the same arithmetic, and Run's down launch adds the routed sum
+// itself); many tokens per
 // expert (prefill) run tensor-core grouped GEMMs (bf16 operands for bf16 weights; for Q8_0/Q4_0
 // the decode path's 8-bit activations on int8 MMAs, the same integer block dots) — chosen
 // inside Run by the step's tokens per expert (ExpertFfnOptions can force either). The routed sum
@@ -70,16 +72,20 @@ class ExpertFfn {
   // [r.n_experts] of ExpertPointers (entries of inactive experts are not read). Queues the
   // gate+up and down launches on `stream`; r.n_tokens <= max_tokens, r.n_experts <= 65535.
   // Create sizes the decode grids for the device current then; Run on that device.
+  // *r.n_active is also copied to *active_record when that is not null (see RoutedSum).
   void Run(const DeviceRouting& r, const ExpertPointers* table, const float* x, float* out,
-           cudaStream_t stream);
+           cudaStream_t stream, int32_t* active_record = nullptr);
   // Run in two halves, for a caller that adds a partial sum computed elsewhere (the hybrid
   // split: the CPU executor's experts) between them. RunExperts queues the gate+up and down
   // launches (per-assignment outputs in the scratch); RoutedSum then writes
   // out[t, :] = (Σ over t's assignments, experts ascending, of weight · y) + partial[t, :]
   // (partial: device [r.n_tokens, d_model], or null for none). Run is the two with no partial.
+  // RoutedSum also copies *r.n_active to *active_record when that is not null (a caller's
+  // per-layer counts of active experts, without a copy of their own).
   void RunExperts(const DeviceRouting& r, const ExpertPointers* table, const float* x,
                   cudaStream_t stream);
-  void RoutedSum(const DeviceRouting& r, const float* partial, float* out, cudaStream_t stream);
+  void RoutedSum(const DeviceRouting& r, const float* partial, float* out, cudaStream_t stream,
+                 int32_t* active_record = nullptr);
 
  private:
   struct State;

@@ -25,4 +25,9 @@ int64_t AttentionMinChunk() {
   return chunk;
 }
 
+int64_t GemvMaxAssignments() {
+  static const int64_t n = Tuning().cuda_gemv_assign.value_or(8);
+  return n;
+}
+
 }  // namespace moetier::cuda

@@ -25,4 +25,8 @@ bool PrefetchWeights();
 // 64; attention.cu's PlanDecode).
 int64_t AttentionMinChunk();
 
+// The most assignments (tokens x top-k) of a decode step whose experts run on the one-warp-a-row
+// kernels (MOETIER_CUDA_GEMV_ASSIGN, default 8: one token at top-8; expert_ffn.cu).
+int64_t GemvMaxAssignments();
+
 }  // namespace moetier::cuda

@@ -495,32 +495,37 @@ TEST(ExpertFfnBf16, EvenSizesNotMultiplesOf32) {
 
 // The decode path gives a token's output bit for bit whether it runs alone or in a batch: each
 // output element's operations depend only on its token, expert and row (the split over lanes and
-// chunks is fixed by the shape) and the routed sum adds in a fixed order.
+// chunks is fixed by the shape) and the routed sum adds in a fixed order. A token alone (4
+// assignments) runs on the one-warp-a-row kernels with the routed sum in the down launch, the
+// batch (52) on the tiled ones and the routed-sum launch: the same bits. kSmall's quantized rows
+// are 2-byte aligned; 2304 x 576 has 16-byte aligned rows longer than a staged chunk.
 TEST(ExpertFfnDecode, TokenAloneEqualsTokenInBatch) {
   MT_REQUIRE_GPU();
   std::mt19937 rng(testing::TestSeed());
-  for (DType dtype : {DType::kBF16, DType::kQ8_0, DType::kQ4_0}) {
-    SCOPED_TRACE(std::string(DTypeName(dtype)));
-    ExpertShape shape = kSmall;
-    shape.dtype = dtype;
-    const HostExperts ex = MakeExperts(shape, 16, rng);
-    const DeviceExperts dev = UploadExperts(ex, false);
-    const int64_t T = 13;
-    const StepRouting s = MakeRouting(T, 16, 4, rng);
-    const std::vector<float> x = RandomInput(T, shape.d_model, rng);
-    std::vector<float> batch;
-    ASSERT_NO_FATAL_FAILURE(RunGpu(ex, dev, s, x, ExpertFfnPath::kDecode, &batch));
-    for (int64_t t = 0; t < T; ++t) {
-      const std::vector<float> xt(x.begin() + t * shape.d_model,
-                                  x.begin() + (t + 1) * shape.d_model);
-      std::vector<float> alone;
-      ASSERT_NO_FATAL_FAILURE(
-          RunGpu(ex, dev, SingleToken(s, t), xt, ExpertFfnPath::kDecode, &alone));
-      EXPECT_EQ(0, std::memcmp(alone.data(), batch.data() + t * shape.d_model,
-                               alone.size() * sizeof(float)))
-          << "token " << t;
+  for (const ExpertShape& base : {kSmall, ExpertShape{DType::kBF16, 2304, 576}})
+    for (DType dtype : {DType::kBF16, DType::kQ8_0, DType::kQ4_0}) {
+      SCOPED_TRACE(std::string(DTypeName(dtype)) + " " + std::to_string(base.d_model) + "x" +
+                   std::to_string(base.width));
+      ExpertShape shape = base;
+      shape.dtype = dtype;
+      const HostExperts ex = MakeExperts(shape, 16, rng);
+      const DeviceExperts dev = UploadExperts(ex, false);
+      const int64_t T = 13;
+      const StepRouting s = MakeRouting(T, 16, 4, rng);
+      const std::vector<float> x = RandomInput(T, shape.d_model, rng);
+      std::vector<float> batch;
+      ASSERT_NO_FATAL_FAILURE(RunGpu(ex, dev, s, x, ExpertFfnPath::kDecode, &batch));
+      for (int64_t t = 0; t < T; ++t) {
+        const std::vector<float> xt(x.begin() + t * shape.d_model,
+                                    x.begin() + (t + 1) * shape.d_model);
+        std::vector<float> alone;
+        ASSERT_NO_FATAL_FAILURE(
+            RunGpu(ex, dev, SingleToken(s, t), xt, ExpertFfnPath::kDecode, &alone));
+        EXPECT_EQ(0, std::memcmp(alone.data(), batch.data() + t * shape.d_model,
+                                 alone.size() * sizeof(float)))
+            << "token " << t;
+      }
     }
-  }
 }
 
 // The hybrid split's mechanism: experts whose table entries point at an expert of zeros add
@@ -577,10 +582,13 @@ TEST(ExpertFfnSplit, ZeroedExpertsPlusAPartialSumMatchTheWholeRouting) {
     DeviceBuffer<float> both = DeviceBuffer<float>::Create(x.size(), "test out").value();
     ffn->RunExperts(routing.view, split_table.data(), x_dev.data(), nullptr);
     ffn->RoutedSum(routing.view, nullptr, gpu_only.data(), nullptr);
-    ffn->RoutedSum(routing.view, partial_dev.data(), both.data(), nullptr);
+    DeviceBuffer<int32_t> record = Upload(std::vector<int32_t>{-1});
+    ffn->RoutedSum(routing.view, partial_dev.data(), both.data(), nullptr, record.data());
     const std::vector<float> a = testing::Download(gpu_only, x.size());
     const std::vector<float> b = testing::Download(both, x.size());
     for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(b[i], a[i] + partial[i]) << "element " << i;
+    EXPECT_EQ(testing::Download(record, 1)[0], static_cast<int32_t>(s.host.n_active()))
+        << "the count of active experts the routed sum records";
     ExpectMatch(ex, s, x, b, "split between zeroed experts and a partial");
   }
 }
