@@ -16,6 +16,10 @@
 // one token) stream at 1.9 (Q4_0), 2.3 (Q8_0) and 3.1 (bf16) TB/s, and a Qwen3-30B-A3B decode token
 // (8 experts of 2048 x 768, 7-24 MiB) takes 39-50 µs for the whole call.
 //
+// The smallest decode steps (GemvMaxAssignments, launch.h: one token at top-8) run instead a warp
+// per output row (expert_ffn_gemv.cuh): the same arithmetic, so the same bits, over every SM at
+// once, and Run's down launch adds the routed sum itself.
+//
 // Prefill: per active expert a grouped GEMM on tensor cores, the expert's token rows gathered
 // (token_of). bf16 weights (GemmKernel): WMMA 16x16x16, bf16 operands split in two parts, fp32
 // accumulation, 64 tokens x 64 rows a block. Q8_0/Q4_0 weights (Int8GemmKernel): the decode
