@@ -218,15 +218,8 @@ template <Fmt F>
 GemvArgs RunGemvGateUp(Scratch& s, const DeviceRouting& r, const ExpertPointers* table,
                        const float* x, cudaStream_t stream) {
   GemvArgs p;
-  p.n_active = r.n_active;
-  p.experts = r.experts;
-  p.begin = r.begin;
-  p.token_of = r.token_of;
-  p.assign_of = r.assign_of;
-  p.weight_of = r.weight_of;
+  p.r = r;
   p.table = table;
-  p.n_tokens = r.n_tokens;
-  p.top_k = r.top_k;
   p.d_model = s.shape.d_model;
   p.width = s.shape.width;
   p.x = x;
@@ -248,7 +241,7 @@ GemvArgs RunGemvGateUp(Scratch& s, const DeviceRouting& r, const ExpertPointers*
 // The GEMV kernels' down: y per assignment, or (kSum) each token's routed sum into p.out.
 template <Fmt F, bool kSum>
 void LaunchGemvDown(const GemvArgs& p, cudaStream_t stream) {
-  const int64_t rows = (kSum ? p.n_tokens : p.n_tokens * p.top_k) * p.d_model;
+  const int64_t rows = (kSum ? p.r.n_tokens : p.r.n_assignments()) * p.d_model;
   Launch(GemvDownKernel<F, kSum>, static_cast<unsigned>(CeilDiv(rows, kGemvWarps)), kGemvThreads,
          GemvSmemBytes(F, kSum ? kGemvDownRows : 1), stream, p);
 }

@@ -44,15 +44,8 @@ __host__ __device__ constexpr int GemvSmemBytes(Fmt f, int rows) {
 }
 
 struct GemvArgs {
-  const int32_t* n_active;
-  const int32_t* experts;
-  const int32_t* begin;
-  const int32_t* token_of;
-  const int32_t* assign_of;
-  const float* weight_of;
-  const ExpertPointers* table;
-  int64_t n_tokens = 0;
-  int64_t top_k = 0;
+  DeviceRouting r;
+  const ExpertPointers* table = nullptr;
   int64_t d_model = 0;
   int64_t width = 0;
   const float* x = nullptr;  // [n_tokens, d_model]
@@ -221,10 +214,10 @@ __global__ void __launch_bounds__(kGemvThreads) GemvGateUpKernel(GemvArgs p) {
   const int64_t g = GemvWarp<F, 2>(gemv_smem, &slots);
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int64_t j = g / p.width, r = g % p.width;
-  if (j >= p.n_tokens * p.top_k) return;  // whole warps; no block barrier below
+  if (j >= p.r.n_tokens * p.r.top_k) return;  // whole warps; no block barrier below
   const ExpertPointers e =
-      p.table[p.experts[ActiveOf(p.begin, *p.n_active, static_cast<int32_t>(j))]];
-  const int64_t t = p.token_of[j];
+      p.table[p.r.experts[ActiveOf(p.r.begin, *p.r.n_active, static_cast<int32_t>(j))]];
+  const int64_t t = p.r.token_of[j];
   const int64_t row_bytes = FmtBytes(F, p.d_model);
   GemvRow rows[2];
   rows[0].w = static_cast<const unsigned char*>(e.gate) + r * row_bytes;
@@ -243,7 +236,7 @@ __global__ void __launch_bounds__(kGemvThreads) GemvGateUpKernel(GemvArgs p) {
 // The down row r of assignment j's expert, dotted with h_j (quantized for Q8_0/Q4_0).
 template <Fmt F>
 __device__ __forceinline__ GemvRow DownRow(const GemvArgs& p, int32_t j, int64_t r) {
-  const ExpertPointers e = p.table[p.experts[ActiveOf(p.begin, *p.n_active, j)]];
+  const ExpertPointers e = p.table[p.r.experts[ActiveOf(p.r.begin, *p.r.n_active, j)]];
   GemvRow row;
   row.w = static_cast<const unsigned char*>(e.down) + r * FmtBytes(F, p.width);
   row.act = p.h + static_cast<int64_t>(j) * p.width;
@@ -263,32 +256,32 @@ __global__ void __launch_bounds__(kGemvThreads) GemvDownKernel(GemvArgs p) {
   unsigned char* slots = nullptr;
   const int64_t g = GemvWarp<F, kRows>(gemv_smem, &slots);
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
-  if (kSum && g == 0 && lane == 0 && p.active_record != nullptr) *p.active_record = *p.n_active;
+  if (kSum && g == 0 && lane == 0 && p.active_record != nullptr) *p.active_record = *p.r.n_active;
   const int64_t i = g / p.d_model, r = g % p.d_model;
   if constexpr (!kSum) {
-    if (i >= p.n_tokens * p.top_k) return;  // whole warps; no block barrier below
+    if (i >= p.r.n_tokens * p.r.top_k) return;  // whole warps; no block barrier below
     GemvRow rows[1] = {DownRow<F>(p, static_cast<int32_t>(i), r)};
     float acc[1];
     RowDots<F, 1>(rows, 1, p.width, slots, lane, acc);
     const float v = WarpSum(acc[0]);
     if (lane == 0) p.y[i * p.d_model + r] = v;
   } else {
-    if (i >= p.n_tokens) return;
+    if (i >= p.r.n_tokens) return;
     float sum = 0.0f;
-    for (int64_t k0 = 0; k0 < p.top_k; k0 += kRows) {
-      const int n = static_cast<int>(p.top_k - k0 < kRows ? p.top_k - k0 : kRows);
+    for (int64_t k0 = 0; k0 < p.r.top_k; k0 += kRows) {
+      const int n = static_cast<int>(p.r.top_k - k0 < kRows ? p.r.top_k - k0 : kRows);
       GemvRow rows[kRows];
       int32_t js[kRows];
 #pragma unroll
       for (int k = 0; k < kRows; ++k) {
-        js[k] = k < n ? p.assign_of[i * p.top_k + k0 + k] : 0;
+        js[k] = k < n ? p.r.assign_of[i * p.r.top_k + k0 + k] : 0;
         if (k < n) rows[k] = DownRow<F>(p, js[k], r);
       }
       float acc[kRows];
       RowDots<F, kRows>(rows, n, p.width, slots, lane, acc);
 #pragma unroll
       for (int k = 0; k < kRows; ++k)
-        if (k < n) sum = fmaf(p.weight_of[js[k]], WarpSum(acc[k]), sum);
+        if (k < n) sum = fmaf(p.r.weight_of[js[k]], WarpSum(acc[k]), sum);
     }
     if (lane == 0)
       p.out[i * p.d_model + r] = p.partial != nullptr ? sum + p.partial[i * p.d_model + r] : sum;
