@@ -28,7 +28,7 @@ Expected<double> MeasureReadBandwidthGbps(ThreadPool& pool, size_t bytes, int re
     for (size_t i = b; i < e; ++i) data[i] = i;
   });
   std::vector<uint64_t> sinks(static_cast<size_t>(pool.size()), 0);
-  // One pass: one sequential stream per thread, read as the weight kernels read (the active
+  // One read: one sequential stream per thread, read as the weight kernels read (the active
   // level's widest vectors), prefetched 2 KB ahead as they prefetch, or not at all. Which is
   // faster depends on the machine (dev VM, 2 threads, AVX2: 28 GB/s prefetched, 33.5 plain), so
   // both run, interleaved, and the faster median is the limit a kernel is held to.

@@ -13,7 +13,7 @@ namespace moetier {
 // Bytes read per measurement: far past any last-level cache (hundreds of MB at most today).
 inline constexpr size_t kBandwidthBufferBytes = size_t{2} << 30;
 
-// GB/s (1e9 bytes/s) over a buffer of `bytes`: the faster of two medians of `repeats` passes,
+// GB/s (1e9 bytes/s) over a buffer of `bytes`: the faster of two medians of `repeats` reads,
 // one reading with software prefetch as the kernels do, one without. A buffer that cannot be
 // mapped is an error (never a figure of 0).
 Expected<double> MeasureReadBandwidthGbps(ThreadPool& pool, size_t bytes = kBandwidthBufferBytes,

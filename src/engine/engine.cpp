@@ -266,7 +266,7 @@ bool Engine::Schedule() {
   in_batch_.clear();
   for (auto& s : running_) s->in_batch = false;
   int64_t budget = options_.max_batch_tokens;
-  // Two passes over the running sequences, in admission order: decode steps, then prefills.
+  // Two walks over the running sequences, in admission order: decode steps, then prefills.
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
       Sequence& s = *running_[i];

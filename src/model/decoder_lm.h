@@ -76,7 +76,7 @@ class DecoderLM final : public CausalLM {
   Status CheckBatch(const Batch& batch, const KvPool& kv) const;
   // The residual stream h [n_tokens, d_model] must be finite after each layer: a NaN or inf
   // (NaN weights, an overflow) is an error naming where it first appeared, instead of logits a
-  // sampler cannot use. One vectorized pass, ~1/1000 of a layer's work. Scan slot 0 is the
+  // sampler cannot use. One vectorized scan, ~1/1000 of a layer's work. Scan slot 0 is the
   // embedding's, slot l + 1 layer l's; a GPU answers after the logits (CheckScans).
   Status ScanFinite(const float* h, const Batch& batch, int64_t slot) const;
   // Forward's step, ending with the logits or (ids not null) their arg-max.

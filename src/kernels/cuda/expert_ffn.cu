@@ -122,6 +122,20 @@ Fmt FmtOf(DType t) {
   return t == DType::kQ8_0 ? Fmt::kQ8_0 : t == DType::kQ4_0 ? Fmt::kQ4_0 : Fmt::kBF16;
 }
 
+// fn.template operator()<F>() for the format F of dtype: where a runtime dtype picks the
+// kernels' template.
+template <typename Fn>
+auto ByFmt(DType dtype, Fn&& fn) {
+  switch (FmtOf(dtype)) {
+    case Fmt::kQ8_0:
+      return fn.template operator()<Fmt::kQ8_0>();
+    case Fmt::kQ4_0:
+      return fn.template operator()<Fmt::kQ4_0>();
+    default:
+      return fn.template operator()<Fmt::kBF16>();
+  }
+}
+
 // Lets the decode kernels of format F use their shared memory (over the 48 KiB default, with
 // the carveout at its largest so that two blocks fit an SM) and returns how many blocks of
 // each are resident on the whole device at once: the size of their persistent grids.
@@ -376,17 +390,7 @@ Expected<ExpertFfn> ExpertFfn::Create(const ExpertShape& shape, int64_t max_toke
     s->h_q_stride = CeilDiv(shape.width, 16) * 16;
   }
   MT_RETURN_IF_ERROR(AllocateScratch(*s, max_tokens, max_tokens * top_k));
-  switch (f) {
-    case Fmt::kBF16:
-      MT_RETURN_IF_ERROR(PrepareDecodeKernels<Fmt::kBF16>(*s));
-      break;
-    case Fmt::kQ8_0:
-      MT_RETURN_IF_ERROR(PrepareDecodeKernels<Fmt::kQ8_0>(*s));
-      break;
-    case Fmt::kQ4_0:
-      MT_RETURN_IF_ERROR(PrepareDecodeKernels<Fmt::kQ4_0>(*s));
-      break;
-  }
+  MT_RETURN_IF_ERROR(ByFmt(shape.dtype, [&]<Fmt F>() { return PrepareDecodeKernels<F>(*s); }));
   ExpertFfn ffn;
   ffn.s_ = std::move(s);
   return Expected<ExpertFfn>(std::move(ffn));
@@ -406,37 +410,19 @@ void ExpertFfn::Run(const DeviceRouting& r, const ExpertPointers* table, const f
     return RoutedSum(r, nullptr, out, stream, active_record);
   }
   // The down launch sums each token's products itself: no routed-sum launch.
-  const auto down_and_sum = [&]<Fmt F>() {
+  ByFmt(s.shape.dtype, [&]<Fmt F>() {
     GemvArgs p = RunGemvGateUp<F>(s, r, table, x, stream);
     p.out = out;
     p.active_record = active_record;
     LaunchGemvDown<F, true>(p, stream);
-  };
-  switch (FmtOf(s.shape.dtype)) {
-    case Fmt::kBF16:
-      return down_and_sum.template operator()<Fmt::kBF16>();
-    case Fmt::kQ8_0:
-      return down_and_sum.template operator()<Fmt::kQ8_0>();
-    case Fmt::kQ4_0:
-      return down_and_sum.template operator()<Fmt::kQ4_0>();
-  }
+  });
 }
 
 void ExpertFfn::RunExperts(const DeviceRouting& r, const ExpertPointers* table, const float* x,
                            cudaStream_t stream) {
   if (r.n_tokens == 0) return;
   Scratch& s = *s_;
-  switch (FmtOf(s.shape.dtype)) {
-    case Fmt::kBF16:
-      RunFmt<Fmt::kBF16>(s, r, table, x, stream);
-      break;
-    case Fmt::kQ8_0:
-      RunFmt<Fmt::kQ8_0>(s, r, table, x, stream);
-      break;
-    case Fmt::kQ4_0:
-      RunFmt<Fmt::kQ4_0>(s, r, table, x, stream);
-      break;
-  }
+  ByFmt(s.shape.dtype, [&]<Fmt F>() { RunFmt<F>(s, r, table, x, stream); });
 }
 
 void ExpertFfn::RoutedSum(const DeviceRouting& r, const float* partial, float* out,
