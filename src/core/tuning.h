@@ -36,6 +36,7 @@ struct TuningKnobs {
   std::optional<int64_t> stream_min_tokens;        // MOETIER_STREAM_MIN_TOKENS
   std::optional<int64_t> fetch_percent;            // MOETIER_FETCH_PERCENT
   std::optional<int64_t> cpu_share_async;          // MOETIER_CPU_SHARE_ASYNC (0 or 1)
+  std::optional<int64_t> cache_lru;                // MOETIER_CACHE_LRU (0 or 1)
   std::optional<int64_t> cuda_graphs;              // MOETIER_CUDA_GRAPHS (0 or 1)
   std::optional<int64_t> cuda_pdl;                 // MOETIER_CUDA_PDL (0 or 1)
   std::optional<int64_t> cuda_fuse;                // MOETIER_CUDA_FUSE (0 or 1)
@@ -52,7 +53,7 @@ struct TuningKnobSpec {
   int64_t min, max;
   std::string_view help;
 };
-extern const std::array<TuningKnobSpec, 20> kTuningKnobSpecs;
+extern const std::array<TuningKnobSpec, 21> kTuningKnobSpecs;
 
 // MOETIER_* variables parsed elsewhere (with their own validation, reported by
 // CheckEnvironment): the kernel level, budgets, failure injection and seeds for tests, debug

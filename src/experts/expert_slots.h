@@ -1,12 +1,21 @@
 // Which expert each slot of a GPU expert cache holds (the offload backend's VRAM cache: one
-// expert's bytes per slot, shared by every cached layer), least recently used out first.
+// expert's bytes per slot, shared by every cached layer), and which slot a miss takes.
 //
 // Bookkeeping only — the slots' memory and the copies are the backend's (backend/cuda). Place
-// takes one MoE layer's active experts of a step at once: hits keep their slots, misses take the
-// least recently used slots that hold none of this call's experts, so a layer's hits are never
-// evicted by its own misses. The caller makes sure no earlier kernel still reads a slot it is
-// given for a miss (the CUDA backend reads a layer's routing only after the previous layer's
-// experts ran). O(1) per expert, no allocation after construction.
+// takes one MoE layer's active experts of a step at once: hits keep their slots, misses take
+// slots that hold none of this call's experts, so a layer's hits are never evicted by its own
+// misses. O(n_layers) per miss at most, no allocation after construction. The caller makes sure
+// no earlier kernel still reads a slot it is given for a miss (the CUDA backend reads a layer's
+// routing only after the previous layer's experts ran).
+//
+// Which slot a miss takes (Eviction): an empty one first; then, by default, the expert used next
+// the latest. The layers run in order, each once a step, so of the experts in the cache those
+// of the calling layer (not in this call) are used next a whole step later, then those of the
+// layer before it, and so on back to the next layer's, used first: that order, least recently
+// used first within a layer. A least-recently-used cache is the worst choice for that cycle:
+// once a step's experts outgrow it (several sequences decoding), every layer finds its experts
+// evicted by the layers in between, and no step hits. Choosing the farthest next use keeps a
+// share of the layers' experts to the cache's size.
 #pragma once
 
 #include <cstdint>
@@ -17,8 +26,13 @@ namespace moetier {
 
 class ExpertSlots {
  public:
+  enum class Eviction {
+    kLayerOrder,  // the next use farthest in the layers' order (the header comment)
+    kLeastRecent  // the slot used longest ago, whatever its layer (MOETIER_CACHE_LRU=1)
+  };
   // n_slots >= 1; experts are (layer, expert) with layer < n_layers, expert < n_experts.
-  ExpertSlots(int64_t n_slots, int64_t n_layers, int64_t n_experts);
+  ExpertSlots(int64_t n_slots, int64_t n_layers, int64_t n_experts,
+              Eviction eviction = Eviction::kLayerOrder);
 
   struct Placement {
     int32_t slot = -1;
@@ -37,17 +51,33 @@ class ExpertSlots {
   int64_t misses() const { return misses_; }
 
  private:
-  struct Slot {
-    int64_t key = -1;              // layer * n_experts + expert, or -1 (empty)
-    int32_t prev = -1, next = -1;  // recency list: head least recently used
+  // A recency list threaded through the slots (head: least recently used), by slot index.
+  struct Links {
+    int32_t prev = -1, next = -1;
   };
-  void Unlink(int32_t s);
-  void PushBack(int32_t s);  // most recently used end
+  struct List {
+    int32_t head = -1, tail = -1;
+  };
+  struct Slot {
+    int64_t key = -1;    // layer * n_experts + expert, or -1 (empty)
+    int64_t call = -1;   // the Place call that last placed it
+    Links all, in_layer;  // in every slot's list, and in its layer's list
+  };
+  void Unlink(List& list, Links Slot::*links, int32_t s);
+  void PushBack(List& list, Links Slot::*links, int32_t s);
+  // The slot the next miss of `layer` takes (the header comment says which).
+  int32_t Victim(int64_t layer) const;
+  // A hit: moves slot s (holding one of layer's experts) to the recent end of its lists.
+  void Touch(int32_t s, int64_t layer);
 
-  int64_t n_experts_;
+  int64_t n_layers_, n_experts_;
+  Eviction eviction_;
   std::vector<Slot> slots_;
   std::vector<int32_t> slot_of_;  // [n_layers * n_experts] -> slot or -1
-  int32_t head_ = -1, tail_ = -1;
+  List all_;                      // every slot, empty ones first
+  std::vector<List> by_layer_;    // [n_layers]: the slots holding that layer's experts
+  int64_t call_ = 0;
+  int32_t n_filled_ = 0;  // slots [0, n_filled_) have held an expert
   int64_t hits_ = 0, misses_ = 0;
 };
 

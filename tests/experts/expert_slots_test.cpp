@@ -1,5 +1,5 @@
-// ExpertSlots against a slow, obviously right LRU (a timestamp per slot, a linear search for the
-// oldest) on random routing, plus the rules a backend relies on.
+// ExpertSlots against slow, obviously right references of its two evictions (a timestamp per
+// slot, a linear search for the victim) on random routing, plus the rules a backend relies on.
 #include "experts/expert_slots.h"
 
 #include <gtest/gtest.h>
@@ -13,31 +13,33 @@
 namespace moetier {
 namespace {
 
-// The reference: hits are touched in the order given, then each miss evicts the slot used
-// longest ago (empty slots first, lowest index first).
-class ReferenceLru {
+// The reference: hits are touched in the order given, then each miss takes an empty slot (lowest
+// index first), else the victim: with kLeastRecent the slot used longest ago; with kLayerOrder
+// one not touched by this call, of the layer fewest layers back from the caller's (its own
+// first, then the one before, ...; cyclically), used longest ago within it.
+class Reference {
  public:
-  explicit ReferenceLru(int n_slots) : stamp_(static_cast<size_t>(n_slots)), key_(stamp_.size()) {
-    for (int s = 0; s < n_slots; ++s) {
-      stamp_[static_cast<size_t>(s)] = s - n_slots;
-      key_[static_cast<size_t>(s)] = -1;
-    }
-  }
-  std::vector<ExpertSlots::Placement> Place(int64_t key_base, const std::vector<int32_t>& ex) {
+  Reference(int n_slots, int n_layers, int n_experts, ExpertSlots::Eviction eviction)
+      : n_layers_(n_layers),
+        n_experts_(n_experts),
+        eviction_(eviction),
+        stamp_(static_cast<size_t>(n_slots), -1),
+        key_(stamp_.size(), -1) {}
+  std::vector<ExpertSlots::Placement> Place(int layer, const std::vector<int32_t>& ex) {
+    const int64_t call_start = clock_ + 1;
     std::vector<ExpertSlots::Placement> out(ex.size());
     for (size_t i = 0; i < ex.size(); ++i) {
-      auto it = where_.find(key_base + ex[i]);
+      auto it = where_.find(Key(layer, ex[i]));
       if (it == where_.end()) continue;
       out[i] = {it->second, true};
       stamp_[static_cast<size_t>(it->second)] = ++clock_;
     }
     for (size_t i = 0; i < ex.size(); ++i) {
       if (out[i].hit) continue;
-      const auto s =
-          static_cast<int32_t>(std::min_element(stamp_.begin(), stamp_.end()) - stamp_.begin());
+      const int32_t s = Victim(layer, call_start);
       if (key_[static_cast<size_t>(s)] >= 0) where_.erase(key_[static_cast<size_t>(s)]);
-      key_[static_cast<size_t>(s)] = key_base + ex[i];
-      where_[key_base + ex[i]] = s;
+      key_[static_cast<size_t>(s)] = Key(layer, ex[i]);
+      where_[Key(layer, ex[i])] = s;
       stamp_[static_cast<size_t>(s)] = ++clock_;
       out[i] = {s, false};
     }
@@ -45,6 +47,25 @@ class ReferenceLru {
   }
 
  private:
+  int64_t Key(int layer, int32_t e) const { return int64_t{layer} * n_experts_ + e; }
+  int32_t Victim(int layer, int64_t call_start) const {
+    int32_t best = -1;
+    int64_t best_rank = 0;
+    for (int32_t s = 0; s < static_cast<int32_t>(key_.size()); ++s) {
+      const int64_t key = key_[static_cast<size_t>(s)];
+      if (key < 0) return s;
+      const int64_t stamp = stamp_[static_cast<size_t>(s)];
+      if (stamp >= call_start) continue;  // this call's
+      const auto back = (layer - key / n_experts_ + n_layers_) % n_layers_;
+      const int64_t rank = eviction_ == ExpertSlots::Eviction::kLeastRecent
+                               ? stamp
+                               : back * (int64_t{1} << 40) + stamp;
+      if (best < 0 || rank < best_rank) best = s, best_rank = rank;
+    }
+    return best;
+  }
+  int n_layers_, n_experts_;
+  ExpertSlots::Eviction eviction_;
   std::vector<int64_t> stamp_;
   std::vector<int64_t> key_;
   std::map<int64_t, int32_t> where_;
@@ -60,36 +81,68 @@ std::vector<int32_t> RandomExperts(std::mt19937& rng, int n_experts, int max_cou
   return all;
 }
 
-TEST(ExpertSlots, MatchesAReferenceLruOnRandomRouting) {
-  for (const int n_slots : {1, 3, 16, 40}) {
-    const int n_layers = 4, n_experts = 32;
-    std::mt19937 rng(static_cast<unsigned>(n_slots));
-    ExpertSlots slots(n_slots, n_layers, n_experts);
-    ReferenceLru ref(n_slots);
-    std::vector<ExpertSlots::Placement> got;
-    int64_t hits = 0, misses = 0;
-    for (int step = 0; step < 400; ++step) {
-      const int layer = step % n_layers;
-      // Skewed choices, so that some experts come back while still cached.
-      std::vector<int32_t> ex =
-          RandomExperts(rng, step % 3 == 0 ? n_experts : 6, std::min(n_slots, 8));
-      ASSERT_TRUE(slots.Place(layer, ex, got));
-      const auto want = ref.Place(int64_t{layer} * n_experts, ex);
-      ASSERT_EQ(got.size(), want.size());
-      std::set<int32_t> used;
-      for (size_t i = 0; i < ex.size(); ++i) {
-        EXPECT_EQ(got[i].slot, want[i].slot) << "step " << step << " expert " << ex[i];
-        EXPECT_EQ(got[i].hit, want[i].hit) << "step " << step << " expert " << ex[i];
-        EXPECT_EQ(slots.SlotOf(layer, ex[i]), got[i].slot);
-        used.insert(got[i].slot);
-        (got[i].hit ? hits : misses)++;
+TEST(ExpertSlots, MatchesTheReferencesOnRandomRouting) {
+  for (const auto eviction :
+       {ExpertSlots::Eviction::kLayerOrder, ExpertSlots::Eviction::kLeastRecent}) {
+    for (const int n_slots : {1, 3, 16, 40}) {
+      const int n_layers = 4, n_experts = 32;
+      std::mt19937 rng(static_cast<unsigned>(n_slots));
+      ExpertSlots slots(n_slots, n_layers, n_experts, eviction);
+      Reference ref(n_slots, n_layers, n_experts, eviction);
+      std::vector<ExpertSlots::Placement> got;
+      int64_t hits = 0, misses = 0;
+      for (int step = 0; step < 400; ++step) {
+        // Mostly the layers in order, sometimes a jump (a test, or a step that ends early).
+        const int layer = step % 7 == 6 ? static_cast<int>(rng() % n_layers) : step % n_layers;
+        // Skewed choices, so that some experts come back while still cached.
+        std::vector<int32_t> ex =
+            RandomExperts(rng, step % 3 == 0 ? n_experts : 6, std::min(n_slots, 8));
+        ASSERT_TRUE(slots.Place(layer, ex, got));
+        const auto want = ref.Place(layer, ex);
+        ASSERT_EQ(got.size(), want.size());
+        std::set<int32_t> used;
+        for (size_t i = 0; i < ex.size(); ++i) {
+          EXPECT_EQ(got[i].slot, want[i].slot) << "step " << step << " expert " << ex[i];
+          EXPECT_EQ(got[i].hit, want[i].hit) << "step " << step << " expert " << ex[i];
+          EXPECT_EQ(slots.SlotOf(layer, ex[i]), got[i].slot);
+          used.insert(got[i].slot);
+          (got[i].hit ? hits : misses)++;
+        }
+        EXPECT_EQ(used.size(), ex.size()) << "two experts of one call share a slot";
       }
-      EXPECT_EQ(used.size(), ex.size()) << "two experts of one call share a slot";
+      EXPECT_EQ(slots.hits(), hits);
+      EXPECT_EQ(slots.misses(), misses);
+      if (n_slots >= 16) {  // smaller: the layers evict each other's experts
+        EXPECT_GT(hits, 0) << n_slots;
+      }
     }
-    EXPECT_EQ(slots.hits(), hits);
-    EXPECT_EQ(slots.misses(), misses);
-    if (n_slots >= 16) {  // smaller: the layers evict each other's experts
-      EXPECT_GT(hits, 0) << n_slots;
+  }
+}
+
+// Layers in order, each wanting the same experts every step, more of them than the cache
+// holds: least recently used finds every layer's experts gone; the layer order keeps some.
+TEST(ExpertSlots, LayerOrderKeepsHitsWhereLeastRecentlyUsedHasNone) {
+  const int n_layers = 4, per_layer = 4, n_slots = 12;
+  const std::vector<int32_t> ex = {0, 1, 2, 3};
+  for (const auto eviction :
+       {ExpertSlots::Eviction::kLayerOrder, ExpertSlots::Eviction::kLeastRecent}) {
+    ExpertSlots slots(n_slots, n_layers, 8, eviction);
+    std::vector<ExpertSlots::Placement> p;
+    int64_t hits = 0;
+    for (int step = 0; step < 20; ++step) {
+      for (int layer = 0; layer < n_layers; ++layer) {
+        ASSERT_TRUE(slots.Place(layer, ex, p));
+        if (step < 2) continue;  // the cold start
+        for (const auto& placed : p) hits += placed.hit ? 1 : 0;
+      }
+    }
+    const int64_t wanted = int64_t{18} * n_layers * per_layer;
+    if (eviction == ExpertSlots::Eviction::kLeastRecent) {
+      EXPECT_EQ(hits, 0);
+    } else {
+      // A layer that misses takes the slots of the layer run just before it, which then
+      // misses a step later: two of every three layer calls hit, all four experts.
+      EXPECT_EQ(hits * 3, wanted * 2) << hits << " of " << wanted;
     }
   }
 }

@@ -301,7 +301,10 @@ Status ExpertOffload::AllocateCache() {
   MT_ASSIGN_OR_RETURN(
       cache_, cuda::DeviceBuffer<uint8_t>::Create(static_cast<size_t>(n_slots) * slot_stride_,
                                                   "the GPU expert cache (lower --moe-cache-gb)"));
-  slots_ = std::make_unique<ExpertSlots>(n_slots, dims_.n_layers, E);
+  slots_ = std::make_unique<ExpertSlots>(n_slots, dims_.n_layers, E,
+                                         Tuning().cache_lru.value_or(0) != 0
+                                             ? ExpertSlots::Eviction::kLeastRecent
+                                             : ExpertSlots::Eviction::kLayerOrder);
   if (split_) {
     MT_ASSIGN_OR_RETURN(zero_slot_, cuda::DeviceBuffer<uint8_t>::Create(
                                         slot_stride_, "the hybrid split's zero expert"));

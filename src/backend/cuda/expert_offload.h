@@ -2,11 +2,11 @@
 // layers whose experts are not in VRAM.
 //
 // - kGpuCache layers (banks pinned, i.e. registered with CUDA): one VRAM expert cache of slots
-//   shared by all of them (ExpertSlots: least recently used out). Per step and layer, once the
-//   GPU router has chosen, the active expert ids come to the host; hits keep their slots, misses
-//   are copied from the bank's pinned pages by the copy engine on its own stream (one
-//   contiguous range per expert), the layer's pointer table follows, and the compute stream
-//   waits for those copies only.
+//   shared by all of them (ExpertSlots: the expert used next the latest out). Per step and
+//   layer, once the GPU router has chosen, the active expert ids come to the host; hits keep
+//   their slots, misses are copied from the bank's pinned pages by the copy engine on its own
+//   stream (one contiguous range per expert), the layer's pointer table follows, and the
+//   compute stream waits for those copies only.
 // - Prefill streaming: in a step of at least stream_min_tokens() tokens (most of every layer's
 //   experts are active), each kGpuCache layer's whole bank is copied into one of two VRAM
 //   buffers instead, the next cached layer's into the other while this one computes, and the
