@@ -59,8 +59,8 @@ class ExpertSlots {
     int32_t head = -1, tail = -1;
   };
   struct Slot {
-    int64_t key = -1;    // layer * n_experts + expert, or -1 (empty)
-    int64_t call = -1;   // the Place call that last placed it
+    int64_t key = -1;     // layer * n_experts + expert, or -1 (empty)
+    int64_t call = -1;    // the Place call that last placed it
     Links all, in_layer;  // in every slot's list, and in its layer's list
   };
   void Unlink(List& list, Links Slot::*links, int32_t s);
