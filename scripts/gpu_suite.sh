@@ -26,12 +26,14 @@
 #   same for a 512-token prefill; EXPERT_TIMING=1 runs the expert kernels' timing test (ms by
 #   path and tokens: the prefill crossover); BACKENDS=gpu1: gpu's first row alone;
 #   BACKENDS=gpu-gemv: decode at 1 and 4 sequences with the tiled expert kernels alone
-#   (MOETIER_CUDA_GEMV_ASSIGN=0) and with the one-warp-a-row ones up to 4 tokens (32); BACKENDS=gpu-sampled: gpu decode greedy and sampled (the host's draw), 1 and 16 sequences;
+#   (MOETIER_CUDA_GEMV_ASSIGN=0) and with the one-warp-a-row ones up to 4 tokens (32); BACKENDS=gpu-sampled: gpu decode greedy and sampled (the GPU's top-k candidates, or the rows for top-p alone), 1 and 16 sequences;
 #   RECALL=1 measures the prefetch predictor's recall on the synthetic bf16 model
 #   (bench/engine/prefetch_recall); STAGING=1 runs bench/gpu/staging_bench; BACKENDS=staged:
 #   prefill of 4,096 tokens with every expert locked (--moe-backend cpu) on the CPU executor,
 #   staged to the GPU, and as measured (bf16 with --weight-packing none: bf16c is CPU-only);
 #   BACKENDS=hybrid-ab: hybrid decode with and without recorded graph segments at a fixed split;
+#   BACKENDS=hybrid-evict: the expert cache's eviction rules (MOETIER_CACHE_LRU) side by side;
+#   BACKENDS=halfpin: hybrid with half the banks pinned, recorded and profiled, and cpu profiled;
 #   BACKENDS=gpu-ab: all-VRAM decode with PDL and the weight prefetch on and off, and attention
 #   splits of 16 and 32 positions (MOETIER_CUDA_ATTN_CHUNK), twice;
 #   KVTIER=1 times a 4,000-token prefix's second request after a filler evicted it from VRAM,
@@ -200,9 +202,9 @@ if [ "${SYNTH:-0}" = 1 ]; then
             MOETIER_CUDA_GEMV_ASSIGN=32 bench "gpu-gemv-par$n" "$dt" --moe-backend gpu \
               --parallel $n --prompt-tokens 512 --gen-tokens 128
           done ;;
-        gpu-sampled)  # what drawing on the host costs: Qwen3's sampling defaults (top-k 20,
-                      # top-p 0.95, temperature 0.6) and top-p alone, against greedy, at 1 and
-                      # 16 sequences
+        gpu-sampled)  # what a sampled draw costs: Qwen3's sampling defaults (top-k 20, top-p
+                      # 0.95, temperature 0.6: the GPU hands back top-k candidates) and top-p
+                      # alone (the rows), against greedy, at 1 and 16 sequences
           SAMPLED=(--temperature 0.6 --top-k 20 --top-p 0.95)
           bench gpu-greedy "$dt" --moe-backend gpu --prompt-tokens 512 --gen-tokens 128
           bench gpu-qwen3-sampling "$dt" --moe-backend gpu --prompt-tokens 512 --gen-tokens 128 \
@@ -234,7 +236,7 @@ if [ "${SYNTH:-0}" = 1 ]; then
           bench offload-100 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_100[$dt]}" --prompt-tokens 32 --gen-tokens 64
           bench offload-par16 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \
             --parallel 16 --prompt-tokens 128 --gen-tokens 32 ;;
-        cpu | cpu-only | offload-decode | hybrid | hybrid-ab | staged) ;;  # after llama.cpp's build
+        cpu | cpu-only | offload-decode | hybrid | hybrid-ab | hybrid-evict | halfpin | staged) ;;  # after llama.cpp's build
       esac
     done
   done
@@ -405,6 +407,33 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
           MOETIER_STAGE_LOCKED=0 bench staged-cpu "$dt" "${STAGED_RUN[@]}"
           MOETIER_STAGE_LOCKED=1 bench staged-ring "$dt" "${STAGED_RUN[@]}"
           bench staged-auto "$dt" "${STAGED_RUN[@]}" ;;
+        halfpin)  # half the banks pinned (the plan locks the rest): hybrid decode recorded, then
+                  # with --profile; every expert locked (cpu) beside it
+          HYBRID=(--moe-backend hybrid --moe-collect-stats --moe-cache-gb "${CACHE_MIN[$dt]}")
+          bench hybrid-halfpin "$dt" "${HYBRID[@]}" --pin-budget-gb "${CACHE_50[$dt]}" \
+            --prompt-tokens 32 --gen-tokens 64
+          bench hybrid-halfpin-profile "$dt" "${HYBRID[@]}" --pin-budget-gb "${CACHE_50[$dt]}" \
+            --prompt-tokens 32 --gen-tokens 64 --profile
+          bench cpu "$dt" --moe-backend cpu --prompt-tokens 32 --gen-tokens 64 --profile ;;
+        hybrid-evict)  # the expert cache's eviction, layer order (default) against least
+                       # recently used, alternating: hybrid at 16, 4 and 1 sequences, offload
+                       # at 16; then hybrid at 16 with --profile
+          HYBRID=(--moe-backend hybrid --moe-collect-stats --moe-cache-gb "${CACHE_MIN[$dt]}"
+            --moe-cpu-layers 0)
+          for n in 16 4 1; do
+            p=128; [ "$n" = 1 ] && p=32
+            for lru in 0 1; do
+              MOETIER_CACHE_LRU=$lru bench "hybrid-par$n-lru$lru" "$dt" "${HYBRID[@]}" \
+                --parallel "$n" --prompt-tokens "$p" --gen-tokens $((n == 1 ? 64 : 32))
+            done
+          done
+          for lru in 0 1; do
+            MOETIER_CACHE_LRU=$lru bench "offload-par16-lru$lru" "$dt" "${OFFLOAD[@]}" \
+              --moe-cache-gb "${CACHE_MIN[$dt]}" --parallel 16 --prompt-tokens 128 --gen-tokens 32
+          done
+          bench hybrid-par16-profile "$dt" "${HYBRID[@]}" --parallel 16 --prompt-tokens 128 \
+            --gen-tokens 32 --profile
+          tr -d '\n ' < "$MOETIER_CACHE_DIR/hybrid-split.json" | head -c 600 >> "$S"; echo >> "$S" ;;
         hybrid-ab)  # recorded segments against launches at the same fixed split, 1 and 16
                     # sequences; then the measured split again, and the rates it keeps
           HYBRID=(--moe-backend hybrid --moe-collect-stats --moe-cache-gb "${CACHE_MIN[$dt]}"

@@ -13,8 +13,8 @@
 // where results reach the host: Logits, and the router logits when asked for).
 //
 // A forward step: BeginStep(batch), Embed, per layer RmsNorm/MatMul/Attend/Moe/Add...,
-// ScanNonFinite after each layer, Logits (or ArgMaxLogits), then EndStep, after which the
-// logits, NonFiniteScans() and TakeActiveExperts() hold the step's results.
+// ScanNonFinite after each layer, Logits (or ArgMaxLogits, TopKLogits), then EndStep, after
+// which the logits, NonFiniteScans() and TakeActiveExperts() hold the step's results.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +26,7 @@
 #include "backend/batch.h"
 #include "backend/kv_cache.h"
 #include "backend/rope.h"
+#include "core/logit_candidate.h"
 #include "core/phase_times.h"
 #include "core/status.h"
 #include "core/tensor.h"
@@ -132,9 +133,9 @@ struct ModelDims {
   std::vector<int64_t> moe_layers;  // the layers whose feed-forward is routed experts
 };
 
-// Which call ends a step: Logits (every row of logits to the host) or ArgMaxLogits (each row's
-// largest index only).
-enum class StepOutput { kLogits, kArgMax };
+// Which call ends a step: Logits (every row of logits to the host), ArgMaxLogits (each row's
+// largest index only) or TopKLogits (each row's top-k candidates).
+enum class StepOutput { kLogits, kArgMax, kTopK };
 
 class ComputeBackend {
  public:
@@ -217,6 +218,19 @@ class ComputeBackend {
   // non-finite element (row * vocab + column) goes to NonFiniteScans()[scan_slot].
   virtual void ArgMaxLogits(const float* x, int64_t n_rows, const TensorView& lm_head, int32_t* ids,
                             int64_t scan_slot) = 0;
+  // Row r's candidates for any top-k up to kMaxCandidateTopK (core/logit_candidate.h) into
+  // cands[r * kMaxLogitCandidates ...] and their number into counts[r] (host memory, complete
+  // after EndStep): kernels::TopKCandidates with k = kMaxCandidateTopK, whose prefix of the
+  // logits at least the k-th's is a smaller k's; -1 when they do not fit (then CopyLogitsRow).
+  // The scan as ArgMaxLogits'.
+  virtual void TopKLogits(const float* x, int64_t n_rows, const TensorView& lm_head,
+                          LogitCandidate* cands, int32_t* counts, int64_t scan_slot) = 0;
+  // After a step that ended with ArgMaxLogits or TopKLogits, and before the next: row r of its
+  // logits into out [vocab].
+  virtual Status CopyLogitsRow(int64_t r, float* out) = 0;
+  // Whether TopKLogits saves work over Logits (a GPU copies candidates instead of rows; the CPU
+  // computes the rows either way and its sampler reads them as fast).
+  virtual bool SelectsTopK() const { return false; }
 
   // Per-phase timing (bench --profile), or null.
   virtual void SetPhaseTimes(PhaseTimes* times) = 0;

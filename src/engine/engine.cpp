@@ -239,9 +239,10 @@ Status Engine::Step() {
   batch.seq_of = seq_of_;
   batch.block_tables = tables_;
   batch.logit_rows = logit_rows_;
-  const bool argmax = RowsDrawArgMax();
-  const Status s =
-      argmax ? model_.ForwardArgMax(batch, pool_, sampled_) : model_.Forward(batch, pool_, logits_);
+  const StepDraw draw = ChooseStepDraw();
+  const Status s = draw == StepDraw::kArgMax ? model_.ForwardArgMax(batch, pool_, sampled_)
+                   : draw == StepDraw::kTopK ? model_.ForwardTopK(batch, pool_, top_k_)
+                                             : model_.Forward(batch, pool_, logits_);
   ++stats_.steps;
   if (!s.ok()) {
     // The step's K/V are undefined for every sequence in it: they end with the error.
@@ -249,7 +250,7 @@ Status Engine::Step() {
     RemoveFinished();
     return s;
   }
-  AfterForward(argmax);
+  AfterForward(draw);
   RemoveFinished();
   return OkStatus();
 }
@@ -474,21 +475,26 @@ void Engine::ReleaseBlocks(Sequence& s) {
 
 // ---- after the forward ---------------------------------------------------------------------
 
-bool Engine::RowsDrawArgMax() const {
+Engine::StepDraw Engine::ChooseStepDraw() const {
+  const int64_t vocab = model_.config().vocab_size;
+  bool argmax = true, top_k = model_.CandidatesOnDevice();
   for (const Sequence* s : logit_seq_) {
-    const bool forced = s->n_generated < static_cast<int64_t>(s->req.forced_tokens.size());
-    if (!forced && !s->sampler->DrawsArgMax()) return false;
+    if (s->n_generated < static_cast<int64_t>(s->req.forced_tokens.size())) continue;
+    argmax = argmax && s->sampler->DrawsArgMax();
+    top_k = top_k && s->sampler->CandidatesRead(vocab) > 0;
   }
-  return true;
+  return argmax ? StepDraw::kArgMax : top_k ? StepDraw::kTopK : StepDraw::kLogits;
 }
 
-void Engine::AfterForward(bool argmax) {
+void Engine::AfterForward(StepDraw draw) {
   for (Sequence* s : in_batch_) {
     s->n_computed += s->step_tokens;
     if (options_.prefix_cache) RegisterFullBlocks(*s);
   }
-  if (argmax)
+  if (draw == StepDraw::kArgMax)
     sample_status_.assign(logit_seq_.size(), OkStatus());
+  else if (draw == StepDraw::kTopK)
+    SampleCandidateRows();
   else
     SampleRows(logits_);
   for (size_t r = 0; r < logit_seq_.size(); ++r) {
@@ -503,6 +509,29 @@ void Engine::AfterForward(bool argmax) {
       continue;
     }
     OnToken(s, sampled_[r]);
+  }
+}
+
+void Engine::SampleCandidateRows() {
+  const size_t n = logit_seq_.size();
+  sampled_.assign(n, 0);
+  sample_status_.assign(n, OkStatus());
+  SamplerScratch& scratch = sample_scratch_[0];
+  for (size_t r = 0; r < n; ++r) {
+    Sequence& s = *logit_seq_[r];
+    if (s.finished || s.n_generated < static_cast<int64_t>(s.req.forced_tokens.size())) continue;
+    if (top_k_.counts[r] >= 0) {
+      sampled_[r] = s.sampler->SampleCandidates(top_k_.Row(r), scratch);
+      continue;
+    }
+    auto next = [&]() -> Expected<int32_t> {
+      MT_RETURN_IF_ERROR(model_.LogitsRow(static_cast<int64_t>(r), row_logits_));
+      return s.sampler->Sample(row_logits_, s.tokens, static_cast<size_t>(s.n_prompt), scratch);
+    }();
+    if (next.ok())
+      sampled_[r] = *next;
+    else
+      sample_status_[r] = next.status();
   }
 }
 

@@ -160,11 +160,17 @@ class Engine {
   bool MakeWritable(Sequence& s, int64_t position);
   bool PreemptOneBesides(const Sequence& s);
   void Preempt(Sequence& s);
-  // Whether every logit row's draw is its logits' arg-max (greedy without penalties, or forced):
-  // the step then asks the model for those indices alone (CausalLM::ForwardArgMax).
-  bool RowsDrawArgMax() const;
-  // After the step: sampled_ from the model's arg-max ids or drawn from logits_.
-  void AfterForward(bool argmax);
+  // What the step hands back of its logit rows: each row's arg-max when every draw is one
+  // (greedy without penalties, or forced: CausalLM::ForwardArgMax); each row's top-k candidates
+  // when every draw reads at most kMaxCandidateTopK of them and the model selects them on its
+  // device (ForwardTopK); else the rows.
+  enum class StepDraw { kArgMax, kTopK, kLogits };
+  StepDraw ChooseStepDraw() const;
+  // After the step: sampled_ from the model's arg-max ids, or drawn from top_k_ or logits_.
+  void AfterForward(StepDraw draw);
+  // Draws every logit row's next token from its candidates (a row that did not fit: from the
+  // row, read from the model), on this thread: a few dozen candidates a row.
+  void SampleCandidateRows();
   // Draws the next token of every logit row's sequence into sampled_ / sample_status_, rows of
   // different sequences at once on sample_pool_ (each sequence has its own sampler, so a draw does
   // not depend on the thread that made it).
@@ -201,6 +207,8 @@ class Engine {
   std::vector<Sequence*> logit_seq_;              // per logit row
   std::vector<std::span<const int32_t>> tables_;  // per batch sequence
   std::vector<float> logits_;
+  TopKRows top_k_;                 // the step's candidates (StepDraw::kTopK)
+  std::vector<float> row_logits_;  // a row that did not fit its candidates
   // The sampling threads (none for one sequence at a time) and each logit row's draw. A draw over
   // a real vocabulary takes ~1 ms: 16 sequences one after another would outlast a GPU's step.
   std::unique_ptr<ThreadPool> sample_pool_;

@@ -130,7 +130,41 @@ Expected<int32_t> Sampler::Sample(std::span<const float> logits, std::span<const
   const bool every_token = options_.top_k <= 0 || static_cast<size_t>(options_.top_k) >= l.size();
   if (every_token && options_.top_p >= 1.0f && options_.min_p <= 0.0f)
     return DrawInTokenOrder(l, inv_t, x);
-  const double total = Candidates(l, inv_t, x);
+  return Draw(Candidates(l, inv_t, x), x);
+}
+
+int32_t Sampler::CandidatesRead(int64_t vocab) const {
+  if (DrawsArgMax()) return 1;
+  const bool penalties = options_.repetition_penalty != 1.0f || options_.presence_penalty != 0.0f ||
+                         options_.frequency_penalty != 0.0f;
+  if (penalties || options_.top_k <= 0 || options_.top_k > kMaxCandidateTopK ||
+      options_.top_k >= vocab)
+    return 0;
+  return options_.top_k;
+}
+
+int32_t Sampler::SampleCandidates(std::span<const LogitCandidate> cands, SamplerScratch& x) {
+  if (options_.temperature <= 0.0f) return cands[0].id;
+  const double inv_t = 1.0 / static_cast<double>(options_.temperature);
+  const size_t k = std::min(static_cast<size_t>(options_.top_k), cands.size());
+  const float kth = cands[k - 1].logit;  // the k-th largest, counting equal values apart
+  x.cand.clear();
+  for (const LogitCandidate& c : cands) {
+    if (c.logit < kth) break;
+    x.cand.emplace_back(c.logit, c.id);
+  }
+  return Draw(WeighCandidates(cands[0].logit, inv_t, x), x);
+}
+
+double Sampler::WeighCandidates(float max, double inv_t, SamplerScratch& x) const {
+  x.probs.resize(x.cand.size());
+  double total = 0.0;
+  for (size_t i = 0; i < x.cand.size(); ++i)
+    total += x.probs[i] = Weight(x.cand[i].first, max, inv_t);
+  return total;
+}
+
+int32_t Sampler::Draw(double total, SamplerScratch& x) {
   size_t n = x.cand.size();
   if (options_.top_p < 1.0f) {
     // The smallest prefix whose probability reaches top_p (at least one token).
@@ -178,11 +212,7 @@ double Sampler::Candidates(std::span<const float> l, double inv_t, SamplerScratc
         if (l[i] >= kth) x.cand.emplace_back(l[i], static_cast<int32_t>(i));
     });
     std::sort(x.cand.begin(), x.cand.end(), by_logit);
-    x.probs.resize(x.cand.size());
-    double total = 0.0;
-    for (size_t i = 0; i < x.cand.size(); ++i)
-      total += x.probs[i] = Weight(x.cand[i].first, max, inv_t);
-    return total;
+    return WeighCandidates(max, inv_t, x);
   }
   // Every token may be drawn. Only top-p needs an order, and only down to where it stops; min-p
   // drops the tokens under its floor (min_p times the largest weight, 1) at once.

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/logit_candidate.h"
 #include "core/status.h"
 
 namespace moetier {
@@ -59,6 +60,17 @@ class Sampler {
   // Whether every draw is the logits' first largest index whatever the context (greedy, no
   // penalty): a caller may then ask the model for that index alone (CausalLM::ForwardArgMax).
   bool DrawsArgMax() const;
+  // How many of a row's largest logits (with their ties) a draw reads, when that is at most
+  // kMaxCandidateTopK: top_k with no penalty (1 when greedy); 0 when it may read the whole row
+  // of a vocabulary of `vocab` tokens.
+  int32_t CandidatesRead(int64_t vocab) const;
+  // The token Sample would draw from the row, from the row's candidates (core/logit_candidate.h:
+  // its logits of at least its k-th largest, k >= CandidatesRead(vocab) > 0, largest first),
+  // the row having no non-finite logit (the caller checked); the same draw from the RNG.
+  int32_t SampleCandidates(std::span<const LogitCandidate> cands, SamplerScratch& scratch);
+  int32_t SampleCandidates(std::span<const LogitCandidate> cands) {
+    return SampleCandidates(cands, own_);
+  }
 
  private:
   SamplerOptions options_;
@@ -70,6 +82,11 @@ class Sampler {
   // those filters need the order, and x.probs with their weights (the largest 1); returns the
   // weight top-p's share is of (every token's under top-k, else the whole vocabulary's).
   double Candidates(std::span<const float> logits, double inv_t, SamplerScratch& x);
+  // x.probs = the weights of x.cand (a top-k's, in order; max the row's largest logit);
+  // returns their sum, in that order.
+  double WeighCandidates(float max, double inv_t, SamplerScratch& x) const;
+  // Top-p and min-p over x.cand and x.probs (total: Candidates' return), then the draw.
+  int32_t Draw(double total, SamplerScratch& x);
   // The k-th largest of l (k <= l.size()), counting equal values apart.
   static float KthLargest(std::span<const float> l, size_t k, SamplerScratch& x);
   // x.weights = every token's weight, e^((logit - max) / T), the largest 1.

@@ -24,6 +24,16 @@ namespace moetier {
 
 enum class LogitsFor { kLastToken, kAllTokens };
 
+// ForwardTopK's result: row r's candidates at cands[r * kMaxLogitCandidates ...], counts[r] of
+// them (-1: the row did not fit).
+struct TopKRows {
+  std::vector<LogitCandidate> cands;
+  std::vector<int32_t> counts;
+  std::span<const LogitCandidate> Row(size_t r) const {
+    return {cands.data() + r * kMaxLogitCandidates, static_cast<size_t>(counts[r])};
+  }
+};
+
 class CausalLM {
  public:
   virtual ~CausalLM() = default;
@@ -40,6 +50,14 @@ class CausalLM {
   // without penalties): ids [batch.logit_rows.size()] = kernels::ArgMax of each row of the
   // logits Forward gives, the same errors; a GPU hands back the ids instead of the rows.
   virtual Status ForwardArgMax(const Batch& batch, KvPool& kv, std::vector<int32_t>& ids) = 0;
+  // The same step for a caller whose draws read only each row's largest kMaxCandidateTopK
+  // logits (top-k sampling without penalties): ComputeBackend::TopKLogits' candidates of each
+  // row, the same errors; a row whose count is -1 is read with LogitsRow. Worth it where
+  // CandidatesOnDevice(): a GPU hands back the candidates instead of the rows.
+  virtual Status ForwardTopK(const Batch& batch, KvPool& kv, TopKRows& out) = 0;
+  virtual bool CandidatesOnDevice() const = 0;
+  // After ForwardArgMax or ForwardTopK, before the next step: logit row r into out [vocab].
+  virtual Status LogitsRow(int64_t r, std::vector<float>& out) = 0;
 
   // One sequence on its own cache: runs `tokens` at positions cache.n_past() + t, appends their
   // K/V and writes logits: [1, vocab] for kLastToken, [tokens.size(), vocab] for kAllTokens.

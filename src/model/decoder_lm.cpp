@@ -131,15 +131,25 @@ Status DecoderLM::CheckBatch(const Batch& b, const KvPool& kv) const {
 }
 
 Status DecoderLM::Forward(const Batch& batch, KvPool& kv, std::vector<float>& logits) {
-  return Step(batch, kv, &logits, nullptr);
+  return Step(batch, kv, {.logits = &logits});
 }
 
 Status DecoderLM::ForwardArgMax(const Batch& batch, KvPool& kv, std::vector<int32_t>& ids) {
-  return Step(batch, kv, nullptr, &ids);
+  return Step(batch, kv, {.ids = &ids});
 }
 
-Status DecoderLM::Step(const Batch& batch, KvPool& kv, std::vector<float>* logits,
-                       std::vector<int32_t>* ids) {
+Status DecoderLM::ForwardTopK(const Batch& batch, KvPool& kv, TopKRows& out) {
+  return Step(batch, kv, {.top_k = &out});
+}
+
+Status DecoderLM::LogitsRow(int64_t r, std::vector<float>& out) {
+  out.resize(static_cast<size_t>(config_.vocab_size));
+  return backend_->CopyLogitsRow(r, out.data());
+}
+
+Status DecoderLM::Step(const Batch& batch, KvPool& kv, StepOut out) {
+  std::vector<float>* logits = out.logits;
+  std::vector<int32_t>* ids = out.ids;
   MT_RETURN_IF_ERROR(CheckBatch(batch, kv));
   ComputeBackend& be = *backend_;
   const int64_t T = batch.n_tokens();
@@ -149,7 +159,10 @@ Status DecoderLM::Step(const Batch& batch, KvPool& kv, std::vector<float>* logit
   ScopedPhase forward_phase(be.phase_times(), Phase::kForward);
   bytes_streamed_ += DenseBytesPerStep(T, n_out);
 
-  be.BeginStep(batch, kv, ids != nullptr ? StepOutput::kArgMax : StepOutput::kLogits);
+  be.BeginStep(batch, kv,
+               ids != nullptr         ? StepOutput::kArgMax
+               : out.top_k != nullptr ? StepOutput::kTopK
+                                      : StepOutput::kLogits);
   float* h = be.Activations(Act::kResidual, T, H);
   float* xn = be.Activations(Act::kNormed, std::max(T, n_out), H);
   float* delta = be.Activations(Act::kDelta, T, H);
@@ -185,16 +198,23 @@ Status DecoderLM::Step(const Batch& batch, KvPool& kv, std::vector<float>* logit
   ScopedPhase lm_head_phase(be.phase_times(), Phase::kLmHead);
   if (logits != nullptr) logits->resize(static_cast<size_t>(n_out * V));
   if (ids != nullptr) ids->resize(static_cast<size_t>(n_out));
+  if (out.top_k != nullptr) {
+    out.top_k->cands.resize(static_cast<size_t>(n_out * kMaxLogitCandidates));
+    out.top_k->counts.resize(static_cast<size_t>(n_out));
+  }
   if (n_out > 0) {
     be.RmsNorm(h, T, batch.logit_rows, w_.final_norm, eps, H, xn);
     if (ids != nullptr)
       be.ArgMaxLogits(xn, n_out, w_.lm_head, ids->data(), LogitsSlot());
+    else if (out.top_k != nullptr)
+      be.TopKLogits(xn, n_out, w_.lm_head, out.top_k->cands.data(), out.top_k->counts.data(),
+                    LogitsSlot());
     else
       be.Logits(xn, n_out, w_.lm_head, logits->data());
   }
   MT_RETURN_IF_ERROR(be.EndStep());
   bytes_streamed_ += static_cast<uint64_t>(be.TakeActiveExperts()) * expert_bytes_;
-  MT_RETURN_IF_ERROR(CheckScans(batch));  // ArgMaxLogits' scan of the logits among them
+  MT_RETURN_IF_ERROR(CheckScans(batch));  // the scan of the logits among them (not Logits')
   if (logits == nullptr) return OkStatus();
   const int64_t bad = kernels::FirstNonFinite(logits->data(), n_out * V);
   return bad < 0 ? OkStatus() : LogitsNonFinite(batch, bad);

@@ -48,6 +48,9 @@ class DecoderLM final : public CausalLM {
   using CausalLM::Forward;
   Status Forward(const Batch& batch, KvPool& kv, std::vector<float>& logits) override;
   Status ForwardArgMax(const Batch& batch, KvPool& kv, std::vector<int32_t>& ids) override;
+  Status ForwardTopK(const Batch& batch, KvPool& kv, TopKRows& out) override;
+  bool CandidatesOnDevice() const override { return backend_->SelectsTopK(); }
+  Status LogitsRow(int64_t r, std::vector<float>& out) override;
   uint64_t DecodeBytesPerToken() const override;
   uint64_t DecodeWeightsPerToken() const override;
   DType expert_dtype() const override;
@@ -79,9 +82,13 @@ class DecoderLM final : public CausalLM {
   // sampler cannot use. One vectorized scan, ~1/1000 of a layer's work. Scan slot 0 is the
   // embedding's, slot l + 1 layer l's; a GPU answers after the logits (CheckScans).
   Status ScanFinite(const float* h, const Batch& batch, int64_t slot) const;
-  // Forward's step, ending with the logits or (ids not null) their arg-max.
-  Status Step(const Batch& batch, KvPool& kv, std::vector<float>* logits,
-              std::vector<int32_t>* ids);
+  // Forward's step, ending with one of: the logits, their arg-max, their top-k candidates.
+  struct StepOut {
+    std::vector<float>* logits = nullptr;
+    std::vector<int32_t>* ids = nullptr;
+    TopKRows* top_k = nullptr;
+  };
+  Status Step(const Batch& batch, KvPool& kv, StepOut out);
   // The non-finite scan slot of the logits (after every layer's).
   int64_t LogitsSlot() const { return config_.n_layers + 1; }
   Status CheckScans(const Batch& batch) const;

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "engine/sampler.h"
+#include "kernels/cpu/elementwise.h"
 
 namespace moetier {
 namespace {
@@ -269,6 +270,80 @@ TEST(Sampler, OptionRangesAreCheckedAndNamed) {
   o.presence_penalty = -2.0f;
   o.frequency_penalty = 2.0f;
   EXPECT_TRUE(ValidateSamplerOptions(o).ok());
+}
+
+// A draw from a row's top-k candidates (what a GPU hands back: kernels::TopKCandidates with
+// kMaxCandidateTopK) is the draw from the whole row, draw after draw of the same seed, for the
+// settings that read at most that many logits; with ties among the values too.
+TEST(Sampler, CandidatesDrawWhatTheRowDraws) {
+  std::mt19937 rng(12345);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<SamplerOptions> settings(6);
+  settings[0].temperature = 0.7f, settings[0].top_k = 20;
+  settings[1].temperature = 1.0f, settings[1].top_k = 40, settings[1].top_p = 0.9f;
+  settings[2].temperature = 0.6f, settings[2].top_k = 20, settings[2].top_p = 0.95f,
+  settings[2].min_p = 0.05f;
+  settings[3].top_k = 20;  // greedy
+  settings[4].temperature = 1.5f, settings[4].top_k = 1;
+  settings[5].temperature = 3.0f, settings[5].top_k = kMaxCandidateTopK, settings[5].top_p = 0.5f;
+  std::vector<LogitCandidate> cands(kMaxLogitCandidates);
+  for (const int64_t vocab : {int64_t{100}, int64_t{5000}, int64_t{151936}}) {
+    for (const bool ties : {false, true}) {
+      for (size_t o = 0; o < settings.size(); ++o) {
+        SamplerOptions opts = settings[o];
+        opts.seed = rng();
+        Sampler row_sampler(opts), cand_sampler(opts);
+        ASSERT_EQ(cand_sampler.CandidatesRead(vocab), opts.temperature > 0.0f ? opts.top_k : 1);
+        for (int draw = 0; draw < (vocab > 10000 ? 4 : 20); ++draw) {
+          std::vector<float> l(static_cast<size_t>(vocab));
+          // With ties: values on a grid of 1/16, so the k-th's value repeats a few times.
+          for (float& v : l) v = ties ? std::round(normal(rng) * 16.0f) / 16.0f : normal(rng);
+          const int32_t n = kernels::TopKCandidates(l.data(), vocab, kMaxCandidateTopK,
+                                                    kMaxLogitCandidates, cands.data());
+          ASSERT_GT(n, 0);
+          auto want = row_sampler.Sample(l);
+          ASSERT_TRUE(want.ok()) << want.message();
+          EXPECT_EQ(cand_sampler.SampleCandidates({cands.data(), static_cast<size_t>(n)}), *want)
+              << "vocab " << vocab << " ties " << ties << " setting " << o << " draw " << draw;
+        }
+      }
+    }
+  }
+}
+
+// Settings that may read past the largest kMaxCandidateTopK logits read the row.
+TEST(Sampler, CandidatesReadIsZeroWhereADrawMayReadTheRow) {
+  SamplerOptions o;
+  EXPECT_EQ(Sampler(o).CandidatesRead(1000), 1);  // greedy
+  o.temperature = 1.0f;
+  EXPECT_EQ(Sampler(o).CandidatesRead(1000), 0);  // no top-k
+  o.top_k = kMaxCandidateTopK + 1;
+  EXPECT_EQ(Sampler(o).CandidatesRead(1000), 0);
+  o.top_k = 50;
+  EXPECT_EQ(Sampler(o).CandidatesRead(1000), 50);
+  EXPECT_EQ(Sampler(o).CandidatesRead(50), 0);  // the whole vocabulary
+  o.repetition_penalty = 1.1f;
+  EXPECT_EQ(Sampler(o).CandidatesRead(1000), 0);
+  o.repetition_penalty = 1.0f;
+  o.presence_penalty = 0.5f;
+  EXPECT_EQ(Sampler(o).CandidatesRead(1000), 0);
+  o.temperature = 0.0f;  // greedy with a penalty reads the row
+  EXPECT_EQ(Sampler(o).CandidatesRead(1000), 0);
+}
+
+// kernels::TopKCandidates: every finite value at least the k-th largest, in order, or -1 past
+// the room given.
+TEST(TopKCandidates, KeepsTiesSkipsNonFiniteAndRefusesPastItsRoom) {
+  const float nan = std::nanf("");
+  const std::vector<float> l = {1.0f, 3.0f, nan, 2.0f, 3.0f, INFINITY, 2.0f, 0.5f};
+  std::vector<LogitCandidate> out(8);
+  ASSERT_EQ(kernels::TopKCandidates(l.data(), 8, 3, 8, out.data()), 4);  // 3, 3, 2, 2
+  const int32_t ids[] = {1, 4, 3, 6};
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(out[static_cast<size_t>(i)].id, ids[i]) << i;
+  EXPECT_EQ(out[2].logit, 2.0f);
+  EXPECT_EQ(kernels::TopKCandidates(l.data(), 8, 3, 3, out.data()), -1);
+  EXPECT_EQ(kernels::TopKCandidates(l.data(), 8, 50, 8, out.data()), 6);  // every finite one
+  EXPECT_EQ(out[5].id, 7);
 }
 
 }  // namespace

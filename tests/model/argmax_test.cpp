@@ -1,13 +1,16 @@
-// ForwardArgMax hands back what kernels::ArgMax picks from each row of Forward's logits, step
-// for step: on the CPU, and with a GPU under gpu and offload with decode steps recorded and
-// replayed (a step that ends in the arg-max is recorded apart from one that ends in the logits).
-// A non-finite logit is the same error either way.
+// ForwardArgMax hands back what kernels::ArgMax picks from each row of Forward's logits, and
+// ForwardTopK what kernels::TopKCandidates keeps, step for step: on the CPU, and with a GPU under
+// gpu and offload with decode steps recorded and replayed (a step that ends in the arg-max or the
+// candidates is recorded apart from one that ends in the logits). A non-finite logit is the same
+// error either way.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "engine/sampler.h"
 #include "kernels/cpu/elementwise.h"
 #include "model/causal_lm.h"
 #include "model/model_source.h"
@@ -80,6 +83,59 @@ TEST_P(ArgMaxSteps, IdsAreTheLogitsArgMax) {
     // On a GPU each kind of decode step, per shape (the longest sequence crosses the context
     // bucket at position 256: 6 steps, then 4), runs once, is recorded once and is replayed
     // after that: 4 + 2 replayed of each kind.
+    if (run.name != "cpu") {
+      EXPECT_EQ(lm.ReplayedSteps(), 12);
+    }
+  }
+}
+
+// The same steps run Forward then ForwardTopK: each row's candidates are
+// kernels::TopKCandidates of its logits, LogitsRow reads the row back, and a sampler drawing from
+// the candidates draws what it draws from the row.
+TEST_P(ArgMaxSteps, TopKCandidatesAreTheLogitsTopK) {
+  const auto dir = testing::HfFixture(GetParam());
+  if (!HaveGpu()) std::printf("note: no CUDA device; the GPU runs of this test are skipped\n");
+  SamplerOptions sampling;
+  sampling.temperature = 0.8f;
+  sampling.top_k = 20;
+  sampling.top_p = 0.9f;
+  for (const Placement& run : Placements(dir)) {
+    SCOPED_TRACE(run.name);
+    auto m = LoadCausalLM(dir, run.options);
+    ASSERT_TRUE(m.ok()) << m.message();
+    CausalLM& lm = **m;
+    const int64_t V = lm.config().vocab_size;
+    EXPECT_EQ(lm.CandidatesOnDevice(), run.name != "cpu");
+    auto pool = lm.NewKvPool(64, 16, DType::kF32);
+    ASSERT_TRUE(pool.ok()) << pool.message();
+    std::vector<float> logits, row;
+    TopKRows top;
+    std::vector<LogitCandidate> want(kMaxLogitCandidates);
+    int step = 0;
+    testing::ForEachThreeSequenceStep(16, 10, [&](const Batch& batch, bool, const std::string& at) {
+      ASSERT_TRUE(lm.Forward(batch, *pool, logits).ok()) << at;
+      ASSERT_TRUE(lm.ForwardTopK(batch, *pool, top).ok()) << at;
+      ASSERT_EQ(top.counts.size(), batch.logit_rows.size()) << at;
+      for (size_t r = 0; r < top.counts.size(); ++r) {
+        const float* l = logits.data() + static_cast<int64_t>(r) * V;
+        const int32_t n =
+            kernels::TopKCandidates(l, V, kMaxCandidateTopK, kMaxLogitCandidates, want.data());
+        ASSERT_EQ(top.counts[r], n) << at << ", row " << r;
+        const auto got = top.Row(r);
+        for (int32_t i = 0; i < n; ++i) {
+          EXPECT_EQ(got[static_cast<size_t>(i)].id, want[static_cast<size_t>(i)].id) << at;
+          EXPECT_EQ(got[static_cast<size_t>(i)].logit, want[static_cast<size_t>(i)].logit) << at;
+        }
+        ASSERT_TRUE(lm.LogitsRow(static_cast<int64_t>(r), row).ok()) << at;
+        EXPECT_TRUE(std::equal(row.begin(), row.end(), l)) << at << ", row " << r;
+        sampling.seed = static_cast<uint64_t>(1000 * step + static_cast<int>(r));
+        Sampler from_row(sampling), from_candidates(sampling);
+        auto want_token = from_row.Sample({l, static_cast<size_t>(V)});
+        ASSERT_TRUE(want_token.ok()) << want_token.message();
+        EXPECT_EQ(from_candidates.SampleCandidates(got), *want_token) << at << ", row " << r;
+      }
+      ++step;
+    });
     if (run.name != "cpu") {
       EXPECT_EQ(lm.ReplayedSteps(), 12);
     }

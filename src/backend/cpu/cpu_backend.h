@@ -50,6 +50,9 @@ class CpuBackend final : public ComputeBackend {
   void Logits(const float* x, int64_t n_rows, const TensorView& lm_head, float* logits) override;
   void ArgMaxLogits(const float* x, int64_t n_rows, const TensorView& lm_head, int32_t* ids,
                     int64_t scan_slot) override;
+  void TopKLogits(const float* x, int64_t n_rows, const TensorView& lm_head, LogitCandidate* cands,
+                  int32_t* counts, int64_t scan_slot) override;
+  Status CopyLogitsRow(int64_t r, float* out) override;
 
   // The router alone: logits, softmax, top-k, and the tokens grouped by expert in `routing`
   // (what the executor schedules from). router_logits as in Moe.
@@ -63,6 +66,9 @@ class CpuBackend final : public ComputeBackend {
   ThreadPool& pool() { return pool_; }
 
  private:
+  // The rows of logits that ArgMaxLogits and TopKLogits read, kept for CopyLogitsRow.
+  void KeepLogits(const float* x, int64_t n_rows, const TensorView& lm_head);
+
   ThreadPool pool_;
   Workspace ws_;
   CpuExpertExecutor executor_;
@@ -71,7 +77,8 @@ class CpuBackend final : public ComputeBackend {
   Routing routing_;  // the current MoE layer's, refilled each call
   int64_t active_experts_ = 0;
   std::vector<int64_t> non_finite_;   // by slot
-  std::vector<float> argmax_logits_;  // ArgMaxLogits' rows, kept between steps
+  std::vector<float> argmax_logits_;  // ArgMaxLogits' and TopKLogits' rows, kept between steps
+  int64_t argmax_vocab_ = 0;          // their length
   std::array<std::vector<float>, static_cast<size_t>(Act::kCount)> acts_;
 };
 

@@ -10,6 +10,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/router.h"
+#include "kernels/cuda/top_k.h"
 
 namespace moetier {
 
@@ -216,6 +217,8 @@ void CudaBackend::BeginStep(const Batch& batch, const KvPool& kv, StepOutput out
   error_.clear();
   logits_out_ = nullptr;
   argmax_out_ = nullptr;
+  topk_out_ = nullptr;
+  topk_counts_out_ = nullptr;
   // The runtime's last error is where a refused kernel launch (too many threads or registers,
   // too much shared memory) shows: EndStep reads it. One left by calls outside the step, which
   // reported theirs, is not this step's.
@@ -583,8 +586,16 @@ Status CudaBackend::EndStep() {
   if (argmax_out_ != nullptr)
     for (int64_t r = 0; r < out_rows_; ++r)
       argmax_out_[r] = cuda::ArgMaxKeyIndex(argmax_host_.data()[r]);
+  if (topk_out_ != nullptr) {
+    std::memcpy(topk_out_, topk_host_.data(),
+                static_cast<size_t>(out_rows_ * kMaxLogitCandidates) * sizeof(LogitCandidate));
+    std::memcpy(topk_counts_out_, topk_counts_host_.data(),
+                static_cast<size_t>(out_rows_) * sizeof(int32_t));
+  }
   logits_out_ = nullptr;
   argmax_out_ = nullptr;
+  topk_out_ = nullptr;
+  topk_counts_out_ = nullptr;
   scans_.assign(static_cast<size_t>(n_scans_), -1);
   for (int64_t i = 0; i < n_scans_; ++i) {
     const unsigned long long v = scans_host_.data()[i];
@@ -667,6 +678,61 @@ void CudaBackend::ArgMaxLogits(const float* x, int64_t n_rows, const TensorView&
                         cudaMemcpyDeviceToHost, stream_),
         "copying the logits' arg-max");
   argmax_out_ = ids;
+}
+
+void CudaBackend::TopKLogits(const float* x, int64_t n_rows, const TensorView& lm_head,
+                             LogitCandidate* cands, int32_t* counts, int64_t scan_slot) {
+  const auto rows = static_cast<size_t>(n_rows);
+  const size_t n_cands = rows * kMaxLogitCandidates;
+  if (topk_dev_.size() < n_cands || topk_scratch_.size() < cuda::TopKScratchBytes(n_rows)) {
+    BuffersMoving();
+    auto scratch = cuda::DeviceBuffer<uint8_t>::Create(cuda::TopKScratchBytes(n_rows),
+                                                       "the logits' top-k scratch");
+    auto dev = cuda::DeviceBuffer<LogitCandidate>::Create(n_cands, "the logits' top-k");
+    auto dev_counts = cuda::DeviceBuffer<int32_t>::Create(rows, "the logits' top-k");
+    for (const Status& s : {scratch.status(), dev.status(), dev_counts.status()}) {
+      if (!s.ok()) {
+        if (error_.empty()) error_ = s.message();
+        return;
+      }
+    }
+    topk_scratch_ = std::move(*scratch);
+    topk_dev_ = std::move(*dev);
+    topk_counts_dev_ = std::move(*dev_counts);
+  }
+  for (const Status& s : {topk_host_.Reserve(n_cands, "the logits' top-k"),
+                          topk_counts_host_.Reserve(rows, "the logits' top-k")}) {
+    if (!s.ok()) {
+      if (error_.empty()) error_ = s.message();
+      return;
+    }
+  }
+  if (!LmHead(x, n_rows, lm_head)) return;
+  const bool scanned = scan_slot >= 0 && scan_slot < kNonFiniteSlots;
+  if (!Replaying())
+    cuda::LaunchTopKRows(logits_dev_.data(), n_rows, dims_.vocab, kMaxCandidateTopK,
+                         topk_scratch_.data(), topk_dev_.data(), topk_counts_dev_.data(),
+                         scanned ? scans_dev_.data() + scan_slot : nullptr, stream_);
+  if (scanned) n_scans_ = std::max(n_scans_, scan_slot + 1);
+  if (graph_mode_ == cuda::StepGraphs::Mode::kCapture) FinishCapture();
+  Check(cudaMemcpyAsync(topk_host_.data(), topk_dev_.data(), n_cands * sizeof(LogitCandidate),
+                        cudaMemcpyDeviceToHost, stream_),
+        "copying the logits' top-k");
+  Check(cudaMemcpyAsync(topk_counts_host_.data(), topk_counts_dev_.data(), rows * sizeof(int32_t),
+                        cudaMemcpyDeviceToHost, stream_),
+        "copying the logits' top-k");
+  topk_out_ = cands;
+  topk_counts_out_ = counts;
+}
+
+Status CudaBackend::CopyLogitsRow(int64_t r, float* out) {
+  if (r < 0 || r >= out_rows_)
+    return Status::Error("no logits row " + std::to_string(r) + " kept from the last step");
+  MT_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(out, logits_dev_.data() + r * dims_.vocab,
+                 static_cast<size_t>(dims_.vocab) * sizeof(float), cudaMemcpyDeviceToHost),
+      "copying a row of logits");
+  return OkStatus();
 }
 
 }  // namespace moetier

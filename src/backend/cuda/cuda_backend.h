@@ -71,6 +71,10 @@ class CudaBackend final : public ComputeBackend, private ComputeSegments {
   void Logits(const float* x, int64_t n_rows, const TensorView& lm_head, float* logits) override;
   void ArgMaxLogits(const float* x, int64_t n_rows, const TensorView& lm_head, int32_t* ids,
                     int64_t scan_slot) override;
+  void TopKLogits(const float* x, int64_t n_rows, const TensorView& lm_head, LogitCandidate* cands,
+                  int32_t* counts, int64_t scan_slot) override;
+  Status CopyLogitsRow(int64_t r, float* out) override;
+  bool SelectsTopK() const override { return true; }
   // With times, the expert kernels and copies are timed on the GPU too (CUDA events).
   void SetPhaseTimes(PhaseTimes* times) override;
   PhaseTimes* phase_times() const override { return times_; }
@@ -167,8 +171,9 @@ class CudaBackend final : public ComputeBackend, private ComputeSegments {
   int64_t n_scans_ = 0;
   std::vector<int64_t> scans_;
 
-  // The lm_head's rows, computed into logits_dev_ by Logits or ArgMaxLogits; what reaches the
-  // host (after EndStep's one wait): every row, or each row's arg-max key.
+  // The lm_head's rows, computed into logits_dev_ by Logits, ArgMaxLogits or TopKLogits; what
+  // reaches the host (after EndStep's one wait): every row, each row's arg-max key, or each
+  // row's top-k candidates.
   cuda::DeviceBuffer<float> logits_dev_;
   // lm_head's product into logits_dev_ (unless replaying); false when it could not be sized.
   bool LmHead(const float* x, int64_t n_rows, const TensorView& lm_head);
@@ -177,7 +182,14 @@ class CudaBackend final : public ComputeBackend, private ComputeSegments {
   cuda::DeviceBuffer<unsigned long long> argmax_dev_;
   cuda::PinnedBuffer<unsigned long long> argmax_host_;
   int32_t* argmax_out_ = nullptr;  // ArgMaxLogits' destination, filled at EndStep
-  int64_t out_rows_ = 0;           // rows of the two
+  cuda::DeviceBuffer<uint8_t> topk_scratch_;
+  cuda::DeviceBuffer<LogitCandidate> topk_dev_;  // [rows * kMaxLogitCandidates]
+  cuda::DeviceBuffer<int32_t> topk_counts_dev_;
+  cuda::PinnedBuffer<LogitCandidate> topk_host_;
+  cuda::PinnedBuffer<int32_t> topk_counts_host_;
+  LogitCandidate* topk_out_ = nullptr;  // TopKLogits' destinations, filled at EndStep
+  int32_t* topk_counts_out_ = nullptr;
+  int64_t out_rows_ = 0;  // rows of the three
 };
 
 }  // namespace moetier

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "kernels/cpu/cpu_isa.h"
 
@@ -161,6 +162,28 @@ int64_t ArgMax(const float* x, int64_t n) {
     return true;
   });
   return first;
+}
+
+int32_t TopKCandidates(const float* x, int64_t n, int32_t k, int32_t room, LogitCandidate* out) {
+  std::vector<LogitCandidate> finite;
+  finite.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    if (std::isfinite(x[i])) finite.push_back({x[i], static_cast<int32_t>(i)});
+  auto before = [](const LogitCandidate& a, const LogitCandidate& b) {
+    return a.logit != b.logit ? a.logit > b.logit : a.id < b.id;
+  };
+  const auto kth = std::min<size_t>(static_cast<size_t>(std::max(k, 1)), finite.size());
+  if (kth == 0) return 0;
+  std::nth_element(finite.begin(), finite.begin() + static_cast<std::ptrdiff_t>(kth - 1),
+                   finite.end(), before);
+  const float floor = finite[kth - 1].logit;
+  const auto end = std::partition(finite.begin(), finite.end(),
+                                  [&](const LogitCandidate& c) { return c.logit >= floor; });
+  const auto count = static_cast<size_t>(end - finite.begin());
+  if (count > static_cast<size_t>(room)) return -1;
+  std::sort(finite.begin(), end, before);
+  std::copy(finite.begin(), end, out);
+  return static_cast<int32_t>(count);
 }
 
 }  // namespace moetier::kernels

@@ -7,6 +7,8 @@
 #include <span>
 #include <type_traits>
 
+#include "core/logit_candidate.h"
+
 namespace moetier::kernels {
 
 // y[i] = x[i] / sqrt(mean(x²) + eps) * weight[i], for one row of n elements (x may equal y).
@@ -62,5 +64,10 @@ double SumOf(const float* x, int64_t n);
 // The index of the largest of x[0, n), the lowest among equal ones (greedy sampling's pick); 0
 // when n is 0 or every element is NaN.
 int64_t ArgMax(const float* x, int64_t n);
+
+// x[0, n)'s finite elements of at least the k-th largest finite value (k >= 1; every tie with
+// it; all of them when fewer than k), largest first, equal values by index ascending, into out:
+// returns their number, or -1 when that is more than `room` (out then holds nothing useful).
+int32_t TopKCandidates(const float* x, int64_t n, int32_t k, int32_t room, LogitCandidate* out);
 
 }  // namespace moetier::kernels
