@@ -34,6 +34,7 @@
 #   BACKENDS=hybrid-ab: hybrid decode with and without recorded graph segments at a fixed split;
 #   BACKENDS=hybrid-evict: the expert cache's eviction rules (MOETIER_CACHE_LRU) side by side;
 #   BACKENDS=halfpin: hybrid with half the banks pinned, recorded and profiled, and cpu profiled;
+#   BACKENDS=hybrid16: hybrid at 16 sequences twice and at 4 (the smallest cache);
 #   BACKENDS=gpu-ab: all-VRAM decode with PDL and the weight prefetch on and off, and attention
 #   splits of 16 and 32 positions (MOETIER_CUDA_ATTN_CHUNK), twice;
 #   KVTIER=1 times a 4,000-token prefix's second request after a filler evicted it from VRAM,
@@ -236,7 +237,7 @@ if [ "${SYNTH:-0}" = 1 ]; then
           bench offload-100 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_100[$dt]}" --prompt-tokens 32 --gen-tokens 64
           bench offload-par16 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \
             --parallel 16 --prompt-tokens 128 --gen-tokens 32 ;;
-        cpu | cpu-only | offload-decode | hybrid | hybrid-ab | hybrid-evict | halfpin | staged) ;;  # after llama.cpp's build
+        cpu | cpu-only | offload-decode | hybrid | hybrid-ab | hybrid-evict | hybrid16 | halfpin | staged) ;;  # after llama.cpp's build
       esac
     done
   done
@@ -407,6 +408,14 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
           MOETIER_STAGE_LOCKED=0 bench staged-cpu "$dt" "${STAGED_RUN[@]}"
           MOETIER_STAGE_LOCKED=1 bench staged-ring "$dt" "${STAGED_RUN[@]}"
           bench staged-auto "$dt" "${STAGED_RUN[@]}" ;;
+        hybrid16)  # every expert pinned, the smallest cache: hybrid decode at 16 sequences
+                   # twice (calls differ: the host's memory bandwidth), then at 4
+          HYBRID=(--moe-backend hybrid --moe-collect-stats --moe-cache-gb "${CACHE_MIN[$dt]}"
+            --moe-cpu-layers 0)
+          for n in 16 16 4; do
+            bench "hybrid-par$n" "$dt" "${HYBRID[@]}" --parallel "$n" --prompt-tokens 128 \
+              --gen-tokens 32
+          done ;;
         halfpin)  # half the banks pinned (the plan locks the rest): hybrid decode recorded, then
                   # with --profile; every expert locked (cpu) beside it
           HYBRID=(--moe-backend hybrid --moe-collect-stats --moe-cache-gb "${CACHE_MIN[$dt]}")

@@ -46,12 +46,19 @@ if [ -n "${LLAMA_BUILD:-}" ]; then
   L=$(realpath "$LLAMA_BUILD")/bin
   [ -x "$L/llama-bench" ] || { echo "make_gpucarry.sh: no $L/llama-bench (LLAMA_BUILD)" >&2; exit 2; }
   mkdir -p "$B/llama" && cp "$L"/llama-bench "$L"/llama-batched-bench "$L"/llama-quantize "$B/llama/"
-  find "$(dirname "$L")" -name '*.so*' -exec cp -L {} "$B/llama/" \;
+  # Each library once, under the name the programs load (plain .so files and the .so.N links).
+  find "$(dirname "$L")" \( \( -name '*.so' -type f \) -o -name '*.so.[0-9]' \) \
+    -exec cp -L {} "$B/llama/" \;
   strip "$B"/llama/* 2>/dev/null || true
   tar -C "$B" -cf - llama | xz -9 -T2 > .gpucarry/llama-bin.tar.xz
 fi
-# For SYNTH=1 (the synthetic model and llama.cpp on the GPU machine): what make_devcarry.sh keeps.
+# For SYNTH=1 (the synthetic model and llama.cpp on the GPU machine): what make_devcarry.sh keeps;
+# with llama.cpp's programs carried, of its source only gguf-py (the synthetic model's writer).
 for f in synth_model.py template-meta.gguf.xz llama-src.tar.xz; do
   [ -f ".devcarry/$f" ] && cp ".devcarry/$f" .gpucarry/
 done
+if [ -n "${LLAMA_BUILD:-}" ] && [ -f .devcarry/llama-src.tar.xz ]; then
+  mkdir -p "$B/src" && xz -dc .devcarry/llama-src.tar.xz | tar -C "$B/src" -xf - ./gguf-py
+  tar -C "$B/src" -cf - . | xz -9 -T2 > .gpucarry/llama-src.tar.xz
+fi
 du -sh .gpucarry
