@@ -17,7 +17,8 @@ size_t TopKScratchBytes(int64_t n_rows);
 // For each row r < n_rows of x [n_rows, n]: as kernels::TopKCandidates(row, n, k,
 // kMaxLogitCandidates, out + r * kMaxLogitCandidates) with its count into counts[r] (k in
 // [1, kMaxCandidateTopK]); -1 also when the row's values are bunched so tightly that over
-// kTopKCollect of them share the k-th largest's histogram bin (the caller then reads the row).
+// kTopKCollect of them lie in the k-th largest's histogram bin or above it (the caller then
+// reads the row).
 // As LaunchArgMaxRows, *first = min(*first, index in x of the first NaN or infinity) unless
 // first is null. scratch: TopKScratchBytes(n_rows), cleared on the stream first.
 void LaunchTopKRows(const float* x, int64_t n_rows, int64_t n, int32_t k, void* scratch,
