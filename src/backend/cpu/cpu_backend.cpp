@@ -123,8 +123,8 @@ void CpuBackend::ArgMaxLogits(const float* x, int64_t n_rows, const TensorView& 
   const int64_t vocab = lm_head.dim(0);
   KeepLogits(x, n_rows, lm_head);
   for (int64_t r = 0; r < n_rows; ++r)
-    ids[r] = static_cast<int32_t>(kernels::ArgMax(argmax_logits_.data() + r * vocab, vocab));
-  ScanNonFinite(argmax_logits_.data(), n_rows * vocab, scan_slot);
+    ids[r] = static_cast<int32_t>(kernels::ArgMax(kept_logits_.data() + r * vocab, vocab));
+  ScanNonFinite(kept_logits_.data(), n_rows * vocab, scan_slot);
 }
 
 void CpuBackend::TopKLogits(const float* x, int64_t n_rows, const TensorView& lm_head,
@@ -132,22 +132,22 @@ void CpuBackend::TopKLogits(const float* x, int64_t n_rows, const TensorView& lm
   const int64_t vocab = lm_head.dim(0);
   KeepLogits(x, n_rows, lm_head);
   for (int64_t r = 0; r < n_rows; ++r)
-    counts[r] = kernels::TopKCandidates(argmax_logits_.data() + r * vocab, vocab, kMaxCandidateTopK,
+    counts[r] = kernels::TopKCandidates(kept_logits_.data() + r * vocab, vocab, kMaxCandidateTopK,
                                         kMaxLogitCandidates, cands + r * kMaxLogitCandidates);
-  ScanNonFinite(argmax_logits_.data(), n_rows * vocab, scan_slot);
+  ScanNonFinite(kept_logits_.data(), n_rows * vocab, scan_slot);
 }
 
 void CpuBackend::KeepLogits(const float* x, int64_t n_rows, const TensorView& lm_head) {
-  argmax_vocab_ = lm_head.dim(0);
-  argmax_logits_.resize(static_cast<size_t>(n_rows * argmax_vocab_));
-  Logits(x, n_rows, lm_head, argmax_logits_.data());
+  kept_vocab_ = lm_head.dim(0);
+  kept_logits_.resize(static_cast<size_t>(n_rows * kept_vocab_));
+  Logits(x, n_rows, lm_head, kept_logits_.data());
 }
 
 Status CpuBackend::CopyLogitsRow(int64_t r, float* out) {
-  const auto v = static_cast<size_t>(argmax_vocab_);
-  if (r < 0 || (static_cast<size_t>(r) + 1) * v > argmax_logits_.size())
+  const auto v = static_cast<size_t>(kept_vocab_);
+  if (r < 0 || (static_cast<size_t>(r) + 1) * v > kept_logits_.size())
     return Status::Error("no logits row " + std::to_string(r) + " kept from the last step");
-  std::copy_n(argmax_logits_.data() + static_cast<size_t>(r) * v, v, out);
+  std::copy_n(kept_logits_.data() + static_cast<size_t>(r) * v, v, out);
   return OkStatus();
 }
 

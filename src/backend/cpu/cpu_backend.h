@@ -76,9 +76,9 @@ class CpuBackend final : public ComputeBackend {
   ExpertStats* stats_ = nullptr;
   Routing routing_;  // the current MoE layer's, refilled each call
   int64_t active_experts_ = 0;
-  std::vector<int64_t> non_finite_;   // by slot
-  std::vector<float> argmax_logits_;  // ArgMaxLogits' and TopKLogits' rows, kept between steps
-  int64_t argmax_vocab_ = 0;          // their length
+  std::vector<int64_t> non_finite_;  // by slot
+  std::vector<float> kept_logits_;   // ArgMaxLogits' and TopKLogits' rows, kept between steps
+  int64_t kept_vocab_ = 0;           // their length
   std::array<std::vector<float>, static_cast<size_t>(Act::kCount)> acts_;
 };
 

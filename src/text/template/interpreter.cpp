@@ -258,7 +258,7 @@ Status BindLoopTarget(const Expr& target, const Value& item, Scope* scope, int l
   return items;
 }
 
-// `loop` and the loop variables for pass i over items.
+// `loop` and the loop variables for iteration i over items.
 [[gnu::noinline]] Status Interpreter::BindLoopVariables(const Stmt& s, const ValueList& items,
                                                         size_t i, Scope* scope) {
   MT_RETURN_IF_ERROR(AtLine(s.line, Step()));
