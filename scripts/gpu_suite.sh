@@ -35,6 +35,8 @@
 #   BACKENDS=hybrid-evict: the expert cache's eviction rules (MOETIER_CACHE_LRU) side by side;
 #   BACKENDS=halfpin: hybrid with half the banks pinned, recorded and profiled, and cpu profiled;
 #   BACKENDS=hybrid16: hybrid at 16 sequences twice and at 4 (the smallest cache);
+#   BACKENDS=hybrid-threads: hybrid at 1, 16 and 4 sequences under the CPU-thread variants
+#   HYBRID_VARIANTS (the mode's comment says which), interleaved;
 #   BACKENDS=gpu-ab: all-VRAM decode with PDL and the weight prefetch on and off, and attention
 #   splits of 16 and 32 positions (MOETIER_CUDA_ATTN_CHUNK), twice;
 #   KVTIER=1 times a 4,000-token prefix's second request after a filler evicted it from VRAM,
@@ -237,7 +239,7 @@ if [ "${SYNTH:-0}" = 1 ]; then
           bench offload-100 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_100[$dt]}" --prompt-tokens 32 --gen-tokens 64
           bench offload-par16 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \
             --parallel 16 --prompt-tokens 128 --gen-tokens 32 ;;
-        cpu | cpu-only | offload-decode | hybrid | hybrid-ab | hybrid-evict | hybrid16 | halfpin | staged) ;;  # after llama.cpp's build
+        cpu | cpu-only | offload-decode | hybrid | hybrid-ab | hybrid-evict | hybrid-threads | hybrid16 | halfpin | staged) ;;  # after llama.cpp's build
       esac
     done
   done
@@ -408,6 +410,39 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
           MOETIER_STAGE_LOCKED=0 bench staged-cpu "$dt" "${STAGED_RUN[@]}"
           MOETIER_STAGE_LOCKED=1 bench staged-ring "$dt" "${STAGED_RUN[@]}"
           bench staged-auto "$dt" "${STAGED_RUN[@]}" ;;
+        hybrid-threads)  # how the CPU executor's threads share the cores with the host thread
+                         # that drives the GPU: hybrid decode at 1, 16 and 4 sequences (HYBRID_N)
+                         # under each of HYBRID_VARIANTS, interleaved, ROUNDS times. A variant
+                         # joins parts with '+': base (the defaults), tN (--threads N), spinN
+                         # (MOETIER_SPIN_US=N), fixP (MOETIER_FETCH_PERCENT=P), async (the CPU's
+                         # share on a worker thread), profile (--profile), NAME=VALUE (that
+                         # environment variable); each variant keeps its own measured split
+          HYBRID=(--moe-backend hybrid --moe-collect-stats --moe-cache-gb "${CACHE_MIN[$dt]}"
+            --moe-cpu-layers 0)
+          for n in ${HYBRID_N:-1 16 4}; do
+            p=128; [ "$n" = 1 ] && p=32
+            for round in $(seq "${ROUNDS:-1}"); do
+              for v in ${HYBRID_VARIANTS:-base t15}; do
+                (
+                  args=()
+                  export MOETIER_CACHE_DIR=$W/cache-$v  # each variant learns its own split
+                  for part in ${v//+/ }; do
+                    case $part in
+                      t*) args+=(--threads "${part#t}") ;;
+                      spin*) export MOETIER_SPIN_US=${part#spin} ;;
+                      fix*) export MOETIER_FETCH_PERCENT=${part#fix} ;;
+                      async) export MOETIER_CPU_SHARE_ASYNC=1 ;;
+                      profile) args+=(--profile) ;;
+                      *=*) export "${part?}" ;;
+                    esac
+                  done
+                  bench "hybrid-par$n-$v-r$round" "$dt" "${HYBRID[@]}" "${args[@]}" \
+                    --parallel "$n" --prompt-tokens "$p" --gen-tokens $((n == 1 ? 64 : 32))
+                  grep -h "split starts" "$LOGS/bench-$dt-hybrid-par$n-$v-r$round.log" >> "$S"
+                )
+              done
+            done
+          done ;;
         hybrid16)  # every expert pinned, the smallest cache: hybrid decode at 16 sequences
                    # twice (calls differ: the host's memory bandwidth), then at 4
           HYBRID=(--moe-backend hybrid --moe-collect-stats --moe-cache-gb "${CACHE_MIN[$dt]}"

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -137,6 +138,28 @@ ThreadPool::ThreadPool(int n_threads, bool pin)
     throw;
   }
   pinned_ = all_pinned;
+  if (pinned_) {
+    worker_cpus_.assign(cores.begin() + 1, cores.begin() + n_threads_);
+    std::sort(worker_cpus_.begin(), worker_cpus_.end());
+  }
+}
+
+bool ThreadPool::IsWorkerCpu(int cpu) const {
+  return std::binary_search(worker_cpus_.begin(), worker_cpus_.end(), cpu);
+}
+
+std::optional<cpu_set_t> ThreadPool::MoveCallerOffWorkers() const {
+  if (!IsWorkerCpu(sched_getcpu())) return std::nullopt;  // a vDSO read, no system call
+  cpu_set_t before;
+  CPU_ZERO(&before);
+  if (pthread_getaffinity_np(pthread_self(), sizeof before, &before) != 0) return std::nullopt;
+  cpu_set_t allowed = before;
+  for (int cpu : worker_cpus_) CPU_CLR(cpu, &allowed);
+  // Core 0 is never a worker's, but the caller's own mask may exclude it: then it stays.
+  if (CPU_COUNT(&allowed) == 0 ||
+      pthread_setaffinity_np(pthread_self(), sizeof allowed, &allowed) != 0)
+    return std::nullopt;
+  return before;
 }
 
 ThreadPool::~ThreadPool() {
@@ -152,6 +175,8 @@ void ThreadPool::StopWorkers() {
 }
 
 void ThreadPool::Run(JobFn job) {
+  const std::optional<cpu_set_t> caller_mask =
+      pinned_ ? MoveCallerOffWorkers() : std::optional<cpu_set_t>();
   job_ = job;
   pending_.store(n_threads_ - 1, std::memory_order_relaxed);
   // seq_cst pairs with the worker's sleepers_ increment: either this load sees the sleeper, or
@@ -160,7 +185,8 @@ void ThreadPool::Run(JobFn job) {
   if (sleepers_.load(std::memory_order_seq_cst) > 0) generation_.notify_all();
   job(*this, 0);
   if (pending_.load(std::memory_order_acquire) != 0) {
-    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
+    const auto spin_until =
+        std::chrono::steady_clock::now() + std::chrono::microseconds(spin_micros());
     uint32_t spins = 0;
     int left;
     while ((left = pending_.load(std::memory_order_acquire)) != 0) {
@@ -175,6 +201,7 @@ void ThreadPool::Run(JobFn job) {
     }
   }
   job_ = nullptr;
+  if (caller_mask) pthread_setaffinity_np(pthread_self(), sizeof *caller_mask, &*caller_mask);
 }
 
 void ThreadPool::WorkerLoop(int index) {
@@ -185,7 +212,7 @@ void ThreadPool::WorkerLoop(int index) {
     uint32_t g = generation_.load(std::memory_order_acquire);
     if (g == seen) {
       const auto spin_until =
-          std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
+          std::chrono::steady_clock::now() + std::chrono::microseconds(spin_micros());
       uint32_t spins = 0;
       while ((g = generation_.load(std::memory_order_acquire)) == seen) {
         CpuRelax();

@@ -13,17 +13,23 @@
 // Placement: with PinThreads() (default on), worker i runs on physical core i of the cores this
 // process may use (one logical CPU per core), so every worker streams its weight bytes from its
 // own core and hyper-threads never pair up on one core's load ports. The calling thread is not
-// pinned (it belongs to the application); with every other core busy the scheduler keeps it on
-// core 0, which no worker uses.
+// pinned (it belongs to the application), but a job that finds it on a worker's CPU (the
+// scheduler moves it there while the workers sleep) narrows its affinity to the CPUs no worker
+// uses for the job's length. Otherwise the caller, spinning for the workers, would hold the core
+// of the very worker it waits for until the scheduler's time slice ends (milliseconds, for a
+// job of tens of µs).
 //
 // Contract: ParallelFor/ParallelTasks are called from one thread at a time (the engine thread);
 // they return after every piece has run. Which thread runs a piece may vary, so callers make
 // every output element depend on its piece only: results never depend on timing.
 #pragma once
 
+#include <sched.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <thread>
 #include <vector>
@@ -45,6 +51,14 @@ class ThreadPool {
   int size() const { return n_threads_; }
   // Whether every worker runs on its own physical core (false if pinning was off or refused).
   bool pinned() const { return pinned_; }
+  // Whether `cpu` is a logical CPU a worker is pinned to (Placement, above).
+  bool IsWorkerCpu(int cpu) const;
+  // How long a thread spins for the next job (or for the workers) before it sleeps, µs:
+  // SpinMicros() unless set. A user whose jobs come further apart than that, but whose cost
+  // matters once they come, sets it longer: waking a sleeping thread can cost far more than
+  // the job (Hand-off, above).
+  int spin_micros() const { return spin_us_.load(std::memory_order_relaxed); }
+  void set_spin_micros(int us) { spin_us_.store(us, std::memory_order_relaxed); }
 
   // Calls fn(begin, end, thread_index) over a partition of [0, n) into at most size() contiguous
   // ranges, range i on thread i (static: for work of uniform cost).
@@ -84,12 +98,16 @@ class ThreadPool {
   void Run(JobFn job);  // runs job on every thread (the caller is thread 0) and waits
   void WorkerLoop(int index);
   void StopWorkers();  // wakes every worker to exit and joins it
+  // When the caller runs on a worker's CPU: moves it off the workers' CPUs and returns its
+  // affinity mask as it was, for Run to put back (Placement, above).
+  std::optional<cpu_set_t> MoveCallerOffWorkers() const;
   static void RangeJob(ThreadPool& pool, int thread_index);
   static void TaskJob(ThreadPool& pool, int thread_index);
 
   int n_threads_;
   bool pinned_ = false;
-  int spin_us_;
+  std::vector<int> worker_cpus_;  // ascending; empty unless pinned_
+  std::atomic<int> spin_us_;
   std::vector<std::thread> workers_;
   std::atomic<uint32_t> generation_{0};       // bumped per job; workers wait for it to change
   std::atomic<int> sleepers_{0};              // workers blocked in generation_.wait

@@ -19,6 +19,7 @@ constexpr double kObservationWeight = 0.2;
 constexpr int64_t kObservationsToKeep = 16;
 
 double Average(double old, double observed) {
+  observed = std::min(observed, MissSplit::kMaxObservedRatio * old);
   return old + kObservationWeight * (observed - old);
 }
 
@@ -49,8 +50,18 @@ double MissSplit::q_star() const {
 int64_t MissSplit::FetchCount(int64_t n_misses) {
   int64_t n_fetch = BalancedFetchCount(n_misses);
   if (fixed_share_ >= 0 || n_misses < 2) return n_fetch;
-  if (n_fetch == n_misses && ++cpu_idle_ >= kExploreAfter) n_fetch = n_misses - 1;
-  if (n_fetch == 0 && ++copy_idle_ >= kExploreAfter) n_fetch = 1;
+  if (n_fetch == n_misses && cpu_explore_ == 0 && ++cpu_idle_ >= kExploreAfter)
+    cpu_explore_ = kExploreCalls;
+  if (n_fetch == 0 && copy_explore_ == 0 && ++copy_idle_ >= kExploreAfter)
+    copy_explore_ = kExploreCalls;
+  if (cpu_explore_ > 0) {
+    --cpu_explore_;
+    n_fetch = std::min(n_fetch, n_misses - 1);
+  }
+  if (copy_explore_ > 0) {
+    --copy_explore_;
+    n_fetch = std::max<int64_t>(n_fetch, 1);
+  }
   if (n_fetch < n_misses) cpu_idle_ = 0;
   if (n_fetch > 0) copy_idle_ = 0;
   return n_fetch;

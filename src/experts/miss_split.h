@@ -31,16 +31,23 @@ class MissSplit {
   double q_star() const;
   // Of n_misses, how many to fetch: the count whose predicted copy and CPU times are closest to
   // balanced (the smaller of the two maxima), or round(q* x n_misses) when q* is fixed. A side
-  // that this rule has left idle for kExploreAfter calls with 2+ misses gets one of them, so its
-  // rate stays measured: a rate observed once at its worst (one expert and its fixed costs)
-  // would otherwise keep it idle for good, and be kept for the next run.
+  // that this rule has left idle for kExploreAfter calls with 2+ misses gets one of them in each
+  // of the next kExploreCalls such calls, so its rate stays measured: a rate observed at its
+  // worst would otherwise keep it idle for good, and be kept for the next run. Several calls in
+  // a row, as an idle CPU's first job pays for waking its threads (the backend leaves that
+  // observation out); the ones after it run as they would in use.
   int64_t FetchCount(int64_t n_misses);
   static constexpr int64_t kExploreAfter = 32;
+  static constexpr int64_t kExploreCalls = 8;
 
   // A layer's observed side: `experts` experts in `ns` nanoseconds (copy engine: first copy's
-  // start to last copy's end; CPU: the executor's wall time).
+  // start to last copy's end; CPU: the executor's wall time). An observation counts for at most
+  // kMaxObservedRatio times the current average: one stalled call (the host preempted a
+  // thread) must not swing the split, while a side that really slows still moves it within a
+  // few calls.
   void ObserveCopies(int64_t experts, double ns);
   void ObserveCpu(int64_t experts, double ns);
+  static constexpr double kMaxObservedRatio = 4.0;
   double copy_ns_per_expert() const { return copy_ns_; }
   double cpu_ns_per_expert() const { return cpu_ns_; }
   // The averages, worth keeping for a later run once both sides were observed often enough
@@ -51,8 +58,9 @@ class MissSplit {
   int64_t BalancedFetchCount(int64_t n_misses) const;
 
   double fixed_share_;
-  double copy_ns_, cpu_ns_;               // exponential averages, per expert
-  int64_t copy_idle_ = 0, cpu_idle_ = 0;  // FetchCount calls that left each side nothing
+  double copy_ns_, cpu_ns_;                     // exponential averages, per expert
+  int64_t copy_idle_ = 0, cpu_idle_ = 0;        // FetchCount calls that left each side nothing
+  int64_t copy_explore_ = 0, cpu_explore_ = 0;  // calls left in each side's exploration
   int64_t copy_observations_ = 0, cpu_observations_ = 0;
 };
 

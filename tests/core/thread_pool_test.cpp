@@ -99,6 +99,54 @@ TEST(ThreadPool, PinnedWorkersEachRunOnTheirOwnCpu) {
   EXPECT_EQ(ThreadPool::DefaultThreads(), n);
 }
 
+// A caller the scheduler left on a worker's CPU would hold that worker's core while it waits
+// for it: a job runs its caller off the workers' CPUs, and gives the caller its mask back.
+TEST(ThreadPool, AJobRunsItsCallerOffTheWorkersCpus) {
+  const int n = ThreadPool::DefaultThreads();
+  if (n < 2) GTEST_SKIP() << "one physical core: nothing to pin";
+  // On a thread of its own: the test thread's affinity stays as it was.
+  std::thread([n] {
+    ThreadPool pool(n, /*pin=*/true);
+    if (!pool.pinned()) GTEST_SKIP() << "the OS refused to set thread affinity here";
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    ASSERT_EQ(sched_getaffinity(0, sizeof all, &all), 0);
+    int worker_cpu = -1, free_cpu = -1;
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (!CPU_ISSET(c, &all)) continue;
+      int& slot = pool.IsWorkerCpu(c) ? worker_cpu : free_cpu;
+      if (slot < 0) slot = c;
+    }
+    ASSERT_GE(worker_cpu, 0);
+    ASSERT_GE(free_cpu, 0) << "core 0 is left to the caller";
+    cpu_set_t set;
+    bool placed = false;
+    for (int attempt = 0; attempt < 20 && !placed; ++attempt) {
+      // Onto the worker's CPU alone, then allowed the free one too: the thread stays put
+      // until something moves it.
+      CPU_ZERO(&set);
+      CPU_SET(worker_cpu, &set);
+      ASSERT_EQ(sched_setaffinity(0, sizeof set, &set), 0);
+      CPU_SET(free_cpu, &set);
+      ASSERT_EQ(sched_setaffinity(0, sizeof set, &set), 0);
+      placed = sched_getcpu() == worker_cpu;  // else the scheduler moved it first: again
+    }
+    ASSERT_TRUE(placed) << "could not place the thread on CPU " << worker_cpu;
+    int caller_cpu = -1;
+    std::atomic<int> ran{0};
+    pool.ParallelFor(static_cast<size_t>(n), [&](size_t, size_t, int t) {
+      if (t == 0) caller_cpu = sched_getcpu();
+      ran.fetch_add(1);
+    });
+    EXPECT_EQ(ran.load(), n);
+    EXPECT_EQ(caller_cpu, free_cpu);
+    cpu_set_t after;
+    CPU_ZERO(&after);
+    ASSERT_EQ(sched_getaffinity(0, sizeof after, &after), 0);
+    EXPECT_TRUE(CPU_EQUAL(&after, &set)) << "the caller's mask is given back";
+  }).join();
+}
+
 // The knobs are read once per process (Tuning()), and an earlier test here has read them: the
 // check runs in a fresh process ("threadsafe" death tests re-run the binary for this test alone).
 TEST(ThreadPool, PinningCanBeTurnedOff) {

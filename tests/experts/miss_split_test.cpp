@@ -66,9 +66,10 @@ TEST(MissSplit, FetchCountBalancesThePredictedTimes) {
   }
 }
 
-// A side the balance leaves idle still gets one miss every kExploreAfter steps (of 2+ misses),
-// so a rate measured at its worst can recover.
-TEST(MissSplit, AnIdleSideIsTriedAgain) {
+// A side the balance leaves idle gets one miss in each of kExploreCalls calls (of 2+ misses)
+// after kExploreAfter calls without any, again and again, so a rate measured at its worst can
+// recover; calls of one miss are never split.
+TEST(MissSplit, AnIdleSideIsTriedAgainForSeveralCalls) {
   for (bool cpu_slow : {true, false}) {
     MissSplit s(kExpertBytes, -1);
     if (cpu_slow)
@@ -76,13 +77,29 @@ TEST(MissSplit, AnIdleSideIsTriedAgain) {
     else
       Observe(s, 50.0, 1.0);
     const int64_t all_to_fast = cpu_slow ? 3 : 0;
-    for (int64_t i = 1; i < MissSplit::kExploreAfter; ++i) {
-      ASSERT_EQ(s.FetchCount(3), all_to_fast) << i;
-      ASSERT_EQ(s.FetchCount(1), cpu_slow ? 1 : 0) << "one miss is never split";
+    const int64_t explored = cpu_slow ? 2 : 1;
+    // The kExploreAfter-th idle call is the first of the exploration.
+    const int64_t period = MissSplit::kExploreAfter - 1 + MissSplit::kExploreCalls;
+    for (int64_t call = 0; call < 3 * period; ++call) {
+      const bool exploring = call % period >= MissSplit::kExploreAfter - 1;
+      ASSERT_EQ(s.FetchCount(3), exploring ? explored : all_to_fast) << "call " << call;
+      ASSERT_EQ(s.FetchCount(1), cpu_slow ? 1 : 0) << "call " << call;
     }
-    EXPECT_EQ(s.FetchCount(3), cpu_slow ? 2 : 1) << "the idle side's turn";
-    EXPECT_EQ(s.FetchCount(3), all_to_fast) << "then the balance again";
   }
+}
+
+// One stalled call (a thread preempted) counts for at most kMaxObservedRatio times the
+// average; a side that really slows is followed within a few calls.
+TEST(MissSplit, OneStalledCallMovesTheSplitLittle) {
+  MissSplit s(kExpertBytes, -1);
+  Observe(s, 50.0, 30.0);
+  const double q = s.q_star();
+  s.ObserveCpu(1, 30.0 * 1000);
+  EXPECT_GT(s.cpu_ns_per_expert(), 30.0);
+  EXPECT_LT(s.cpu_ns_per_expert(), 2 * 30.0);  // the cap times the weight of one observation
+  EXPECT_LT(s.q_star(), q + 0.15);
+  for (int i = 0; i < 30; ++i) s.ObserveCpu(2, 2 * 90.0);  // three times slower, for good
+  EXPECT_NEAR(s.cpu_ns_per_expert(), 90.0, 0.5);
 }
 
 TEST(MissSplit, AForcedShareIgnoresTheRates) {

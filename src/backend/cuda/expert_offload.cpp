@@ -49,6 +49,17 @@ constexpr uint32_t kCpuShareTimeoutMs = 30000;
 // with the host thread, which spins in cudaStreamSynchronize), so the split's CPU rate drops
 // and the copy engine takes nearly every miss. MOETIER_CPU_SHARE_ASYNC=1 turns it on.
 constexpr bool kCpuShareOnWorker = false;
+// How long the CPU executor's threads spin for the next job under a split, µs: longer than a
+// decode step's longest layer (all copies: up to ~20 ms at 16 bf16 sequences), so that through
+// a decode they never sleep. Waking them costs far more than a share's job (30 µs an expert):
+// 0.3-2 ms on the H200 machine's virtual CPUs. A share that paid for it would make the CPU look
+// slow, the split would give it less, its jobs would come further apart and pay again, so such
+// shares are left out of the split's observations (RunCpuShare); with a 2 ms spin, at 16 bf16
+// sequences from an even split, every share found the threads asleep, the CPU's rate was never
+// measured and q* stayed at 0.6-0.68 (205-233 tokens/s against 300-424 settled at 0.3-0.37).
+// Measured in one call, 50 ms against 2 ms once settled: level (bf16 320-348 / 336-353 one
+// sequence, q4_0 918-939 / 935-944 at 16). Idle, the threads sleep 50 ms after the last step.
+constexpr int kCpuShareSpinMicros = 50000;
 
 bool GpuReadsExperts(DType t) {
   return t == DType::kBF16 || t == DType::kQ8_0 || t == DType::kQ4_0;
@@ -170,6 +181,7 @@ Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOpti
   o->timed_experts_.assign(static_cast<size_t>(dims.n_layers), 0);
   if (cpu_layers || o->split_)
     o->cpu_ = std::make_unique<CpuBackend>(options.n_threads, experts, dims.d_model);
+  if (o->split_ && !Tuning().spin_us) o->cpu_->pool().set_spin_micros(kCpuShareSpinMicros);
   if (o->split_ && Tuning().cpu_share_async.value_or(kCpuShareOnWorker ? 1 : 0) != 0) {
     Expected<cuda::HostFlag> flag = cuda::HostFlag::Create();
     if (flag.ok()) {
@@ -666,9 +678,16 @@ Expected<const float*> ExpertOffload::ComputeCpuShare(int64_t layer, cudaStream_
 void ExpertOffload::RunCpuShare(int64_t layer) {
   // (The worker's time is added to the phase times by the host, in TakeCpuTimes.)
   const auto t0 = std::chrono::steady_clock::now();
+  const bool counts = CpuJobCounts(t0);
   cpu_->executor().Run(layer, cpu_routing_, x_host_.data(), out_host_.data());
-  const std::chrono::duration<double, std::nano> ns = std::chrono::steady_clock::now() - t0;
-  cpu_ns_.fetch_add(static_cast<int64_t>(ns.count()));
+  const auto t1 = std::chrono::steady_clock::now();
+  NoteCpuJobEnd(t1);
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+  if (!counts) {
+    cpu_waking_ns_.fetch_add(ns);
+    return;
+  }
+  cpu_ns_.fetch_add(ns);
   cpu_experts_.fetch_add(static_cast<int64_t>(cpu_routing_.experts.size()));
 }
 
@@ -682,13 +701,28 @@ Status ExpertOffload::SettleCpuShare() {
   return OkStatus();
 }
 
+bool ExpertOffload::CpuJobCounts(std::chrono::steady_clock::time_point now) const {
+  if (cpu_->pool().spin_micros() < kCpuShareSpinMicros) return true;
+  const int64_t end = cpu_job_end_ns_.load(std::memory_order_relaxed);
+  const int64_t now_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
+  return end >= 0 && now_ns - end < int64_t{1000} * cpu_->pool().spin_micros();
+}
+
+void ExpertOffload::NoteCpuJobEnd(std::chrono::steady_clock::time_point end) {
+  cpu_job_end_ns_.store(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(end.time_since_epoch()).count(),
+      std::memory_order_relaxed);
+}
+
 void ExpertOffload::TakeCpuTimes() {
   const int64_t experts = cpu_experts_.exchange(0);
   const auto ns = static_cast<double>(cpu_ns_.exchange(0));
-  if (experts == 0) return;
-  split_model_->ObserveCpu(experts, ns);
+  const auto waking_ns = static_cast<double>(cpu_waking_ns_.exchange(0));
+  if (experts > 0) split_model_->ObserveCpu(experts, ns);
   if (times_ != nullptr)
-    (*times_)[cpu_done_ != nullptr ? Phase::kCpuShare : Phase::kCpuExperts] += ns * 1e-9;
+    (*times_)[cpu_done_ != nullptr ? Phase::kCpuShare : Phase::kCpuExperts] +=
+        (ns + waking_ns) * 1e-9;
 }
 
 void ExpertOffload::CpuWorkerLoop() {
@@ -725,6 +759,7 @@ Status ExpertOffload::RunOnCpu(const TensorView& router, const RouterOptions& op
     ScopedPhase phase(times_, Phase::kCpuExperts);
     const auto t0 = std::chrono::steady_clock::now();
     cpu_->Moe(router, opts, layer, x_host_.data(), n_tokens, out_host_.data(), router_logits);
+    NoteCpuJobEnd(std::chrono::steady_clock::now());
     const std::chrono::duration<double, std::nano> ns = std::chrono::steady_clock::now() - t0;
     // What the same layer costs the CPU executor in a step that could have staged it.
     if (stageable(layer) && n_tokens >= stream_min_tokens_)

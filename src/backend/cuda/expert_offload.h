@@ -40,6 +40,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <filesystem>
 #include <memory>
@@ -282,7 +283,16 @@ class ExpertOffload {
   void CpuWorkerLoop();
   // Runs the CPU executor on layer's cpu_routing_ (x_host_ -> out_host_); records its time.
   void RunCpuShare(int64_t layer);
-  // Folds the CPU times the worker recorded into the split's rates and the phase times.
+  // Whether a job started `now` counts in the split's CPU rate: when the executor's threads are
+  // still spinning from the last job (it ended within their spin wait, kCpuShareSpinMicros), so
+  // that it costs what it would in use; the first job of a decode, after idle, pays for waking
+  // them. Under a shorter spin set by MOETIER_SPIN_US waking is part of every job, and every job
+  // counts. The last job's end is noted by NoteCpuJobEnd. Called from the one thread running the
+  // executor at the time.
+  bool CpuJobCounts(std::chrono::steady_clock::time_point now) const;
+  void NoteCpuJobEnd(std::chrono::steady_clock::time_point end);
+  // Folds the CPU times the worker recorded into the split's rates (the jobs that count) and the
+  // phase times (every job).
   void TakeCpuTimes();
   // After a synchronization of the compute stream: fails if the CPU share's watchdog fired (its
   // worker has not finished); else takes its times.
@@ -294,8 +304,11 @@ class ExpertOffload {
   int64_t cpu_job_layer_ = -1;  // guarded by cpu_mu_
   uint32_t cpu_job_value_ = 0;
   bool cpu_stop_ = false;
-  std::atomic<bool> cpu_busy_{false};                // from the job's hand-off to its publication
-  std::atomic<int64_t> cpu_ns_{0}, cpu_experts_{0};  // recorded by RunCpuShare, taken by the host
+  std::atomic<bool> cpu_busy_{false};  // from the job's hand-off to its publication
+  // Recorded by RunCpuShare, taken by the host: the jobs that count (CpuJobCounts), and the
+  // time of those that had to wake them.
+  std::atomic<int64_t> cpu_ns_{0}, cpu_experts_{0}, cpu_waking_ns_{0};
+  std::atomic<int64_t> cpu_job_end_ns_{-1};  // the last job's end (steady clock), -1: none yet
 };
 
 }  // namespace moetier
