@@ -415,8 +415,10 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
                          # under each of HYBRID_VARIANTS, interleaved, ROUNDS times. A variant
                          # joins parts with '+': base (the defaults), tN (--threads N), spinN
                          # (MOETIER_SPIN_US=N), fixP (MOETIER_FETCH_PERCENT=P), async (the CPU's
-                         # share on a worker thread), profile (--profile), NAME=VALUE (that
-                         # environment variable); each variant keeps its own measured split
+                         # share on a worker thread), profile (--profile), topp (sampled with
+                         # top-p alone: the engine's sample pool draws from whole rows),
+                         # NAME=VALUE (that environment variable); each variant keeps its own
+                         # measured split
           HYBRID=(--moe-backend hybrid --moe-collect-stats --moe-cache-gb "${CACHE_MIN[$dt]}"
             --moe-cpu-layers 0)
           for n in ${HYBRID_N:-1 16 4}; do
@@ -428,6 +430,7 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
                   export MOETIER_CACHE_DIR=$W/cache-$v  # each variant learns its own split
                   for part in ${v//+/ }; do
                     case $part in
+                      topp) args+=(--temperature 0.6 --top-p 0.95) ;;  # rows drawn on the host
                       t*) args+=(--threads "${part#t}") ;;
                       spin*) export MOETIER_SPIN_US=${part#spin} ;;
                       fix*) export MOETIER_FETCH_PERCENT=${part#fix} ;;
