@@ -53,12 +53,11 @@ constexpr bool kCpuShareOnWorker = false;
 // decode step's longest layer (all copies: up to ~20 ms at 16 bf16 sequences), so that through
 // a decode they never sleep. Waking them costs far more than a share's job (30 µs an expert):
 // 0.3-2 ms on the H200 machine's virtual CPUs. A share that paid for it would make the CPU look
-// slow, the split would give it less, its jobs would come further apart and pay again, so such
-// shares are left out of the split's observations (RunCpuShare); with a 2 ms spin, at 16 bf16
-// sequences from an even split, every share found the threads asleep, the CPU's rate was never
-// measured and q* stayed at 0.6-0.68 (205-233 tokens/s against 300-424 settled at 0.3-0.37).
-// Measured in one call, 50 ms against 2 ms once settled: level (bf16 320-348 / 336-353 one
-// sequence, q4_0 918-939 / 935-944 at 16). Idle, the threads sleep 50 ms after the last step.
+// slow, the split would give it less, its jobs would come further apart and pay again; such
+// shares are left out of the split's observations (CpuJobCounts), which needs most shares to
+// find the threads awake: a spin shorter than the gap between shares leaves the CPU's rate
+// unmeasured. Spinning costs nothing measurable there (docs/benchmarks.md, hybrid decode);
+// idle, the threads sleep 50 ms after the last step.
 constexpr int kCpuShareSpinMicros = 50000;
 
 bool GpuReadsExperts(DType t) {
