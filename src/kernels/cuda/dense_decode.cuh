@@ -42,23 +42,37 @@ __host__ __device__ __forceinline__ int64_t PaddedRows(int64_t rows, int64_t pad
 
 __host__ __device__ __forceinline__ int64_t ListedRows(const MatrixList& p, int64_t pad) {
   int64_t total = 0;
-  for (int m = 0; m < p.n; ++m) total += PaddedRows(p.rows[m], pad);
+  for (int m = 0; m < kMaxListed; ++m)  // unrolled on the device: constant indices (see Locate)
+    if (m < p.n) total += PaddedRows(p.rows[m], pad);
   return total;
 }
 
-// Row g of the padded list: its matrix *m and row *r there; false past the list's end.
-__device__ __forceinline__ bool Locate(const MatrixList& p, int64_t g, int64_t pad, int* m,
-                                       int64_t* r) {
-  for (int i = 0; i < p.n; ++i) {
-    const int64_t n = PaddedRows(p.rows[i], pad);
-    if (g < n) {
-      *m = i;
-      *r = g;
-      return true;
+// Row g of the padded list: the matrix it lies in, and its row there.
+struct ListedRow {
+  const uint8_t* w = nullptr;
+  float* y = nullptr;
+  int64_t rows = 0;  // the matrix's
+  int64_t r = 0;
+};
+
+// Finds row g of the padded list in *out; false past the list's end. The list is read only at
+// constant indices (an unrolled loop of selects): indexing a kernel parameter by a runtime value
+// makes the compiler copy it to a per-thread stack frame, and those stores cost a short-lived
+// warp about as much memory traffic as its weight row (the one-token bf16 products ran at half
+// the bandwidth they reach without it).
+__device__ __forceinline__ bool Locate(const MatrixList& p, int64_t g, int64_t pad,
+                                       ListedRow* out) {
+  bool found = false;
+#pragma unroll
+  for (int i = 0; i < kMaxListed; ++i) {
+    const int64_t n = i < p.n ? PaddedRows(p.rows[i], pad) : 0;
+    if (!found && g < n) {
+      *out = ListedRow{p.w[i], p.y[i], p.rows[i], g};
+      found = true;
     }
-    g -= n;
+    if (!found) g -= n;
   }
-  return false;
+  return found;
 }
 
 template <DType kD>
@@ -145,14 +159,14 @@ __global__ void __launch_bounds__(kDecodeThreads)
                       bool prefetch) {
   constexpr int kUnroll = kFloatUnroll / kRows > 0 ? kFloatUnroll / kRows : 1;
   const int lane = threadIdx.x % kWarp;
-  int m = 0;
-  int64_t r0 = 0;
+  ListedRow at;
   if (!Locate(list, (static_cast<int64_t>(blockIdx.x) * kDecodeWarps + threadIdx.x / kWarp) * kRows,
-              kRows, &m, &r0))
+              kRows, &at))
     return;  // whole warps leave, touching no memory; no block barrier below
-  const uint8_t* w = list.w[m];
-  const int64_t rows = list.rows[m];
-  float* y = list.y[m];
+  const uint8_t* w = at.w;
+  const int64_t rows = at.rows;
+  const int64_t r0 = at.r;
+  float* y = at.y;
   const uint8_t* row[kRows];
 #pragma unroll
   for (int i = 0; i < kRows; ++i)  // rows past the end re-read the last one, unwritten
@@ -419,13 +433,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int64_t total = ListedRows(p, 1);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kDecodeWarps;
   for (int64_t g = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + warp; g < total; g += stride) {
-    int m = 0;
-    int64_t r = 0;
-    Locate(p, g, 1, &m, &r);
+    ListedRow at;
+    Locate(p, g, 1, &at);
     float acc[kTok];
-    QuantRowDots<kD, kTok>(p.w[m] + r * n_blocks * kQBlockBytes<kD>, n_blocks, xq, dx, nt, my, lane,
-                           acc);
-    WriteRow<kTok>(acc, nt, lane, p.y[m], p.rows[m], r);
+    QuantRowDots<kD, kTok>(at.w + at.r * n_blocks * kQBlockBytes<kD>, n_blocks, xq, dx, nt, my,
+                           lane, acc);
+    WriteRow<kTok>(acc, nt, lane, at.y, at.rows, at.r);
   }
 }
 

@@ -218,10 +218,11 @@ unsigned DecodeGrid(int resident_blocks, const DeviceRouting& r, int64_t rows) {
 
 // Whether a decode-path step runs on the one-warp-a-row kernels (expert_ffn_gemv.cuh,
 // DecodeKernel's results bit for bit): few assignments (GemvMaxAssignments, launch.h: a step of 8
-// has only ~100 of DecodeKernel's 16-row tiles for 132 SMs), and for bf16 whole 8-weight units and
-// 16-byte aligned activations.
+// has only ~100 of DecodeKernel's 16-row tiles for 132 SMs), top-k at most a warp's lanes (the
+// summing down kernel's lane each), and for bf16 whole 8-weight units and 16-byte aligned
+// activations.
 bool UsesGemv(const Scratch& s, const DeviceRouting& r, const float* x) {
-  if (r.n_assignments() > GemvMaxAssignments()) return false;
+  if (r.n_assignments() > GemvMaxAssignments() || r.top_k > kWarp) return false;
   return s.shape.dtype != DType::kBF16 || (s.shape.d_model % 8 == 0 && s.shape.width % 8 == 0 &&
                                            reinterpret_cast<uintptr_t>(x) % 16 == 0);
 }
@@ -244,8 +245,8 @@ GemvArgs RunGemvGateUp(Scratch& s, const DeviceRouting& r, const ExpertPointers*
     p.x_q = s.x_q, p.x_d = s.x_d, p.x_q_stride = s.x_q_stride;
     p.h_q = s.h_q, p.h_d = s.h_d, p.h_q_stride = s.h_q_stride;
   }
-  Launch(GemvGateUpKernel<F>,
-         static_cast<unsigned>(CeilDiv(r.n_assignments() * p.width, kGemvWarps)), kGemvThreads,
+  const int64_t warps = r.n_assignments() * CeilDiv(p.width, kGemvGateUpRows);
+  Launch(GemvGateUpKernel<F>, static_cast<unsigned>(CeilDiv(warps, kGemvWarps)), kGemvThreads,
          GemvSmemBytes(F, 2), stream, p);
   if constexpr (F != Fmt::kBF16)
     QuantizeRows(s.h, r.n_assignments(), p.width, s.h_q, s.h_q_stride, s.h_d, stream);

@@ -1,11 +1,13 @@
 // The decode path's kernels for the smallest steps (expert_ffn.cu says when they run): one warp
-// per output row, with nothing shared between the warps of a block, so that one token's rows
-// spread over every SM (DecodeKernel's 16-row tiles number ~100 at one token).
+// per output row (or two), with nothing shared between the warps of a block, so that one token's
+// rows spread over every SM (DecodeKernel's 16-row tiles number ~100 at one token). Before its
+// first weight a warp must find its expert (routing, then the table: a chain of dependent loads
+// that costs about as much as the row itself); it does so once, all lanes at once.
 //
 // GemvGateUpKernel: h[j, r] = silu(gate_e[r] · a_j) * (up_e[r] · a_j), a warp per (assignment
-// j, row r). GemvDownKernel: y[j, r] = down_e[r] · h_j per assignment, or, summing, out[t, r] =
-// Σ over token t's assignments in assign_of order of weight_of[j] * (down_e[r] · h_j) (+
-// partial): the down launch and the routed sum in one.
+// j, kGemvGateUpRows rows r). GemvDownKernel: y[j, r] = down_e[r] · h_j per assignment, or,
+// summing, out[t, r] = Σ over token t's assignments in assign_of order of weight_of[j] * (down_e[r]
+// · h_j) (+ partial): the down launch and the routed sum in one.
 //
 // Every dot is DecodeKernel's, operation for operation: a lane takes the 8-weight units (bf16)
 // or 32-blocks (Q8_0/Q4_0) lane, lane + 32, lane + 64, ... in that order with the same fp32 FMAs
@@ -29,6 +31,9 @@ constexpr int kGemvThreads = kGemvWarps * kWarp;
 constexpr int kGemvLoads = 8;
 // Rows a summing down warp dots at once (of its token's top_k): their loads in flight together.
 constexpr int kGemvDownRows = 4;
+// Rows of one assignment a gate+up warp takes, one after another: its expert is found once. On the
+// H200 (8 experts of 768 rows, one token) 2 beat 1, 3 and 4 by 3-12 % for bf16, Q8_0 and Q4_0.
+constexpr int kGemvGateUpRows = 2;
 
 // Columns a quantized row is staged in at a time, and a staged row's slot (16 bytes of padding:
 // LoadUnaligned32 reads a word past a block).
@@ -73,6 +78,19 @@ __device__ __forceinline__ int ActiveOf(const int32_t* begin, int n_active, int3
       hi = mid - 1;
   }
   return lo;
+}
+
+// The same for a warp whose 32 lanes call it together (j may differ between lanes), in one round
+// of loads instead of a binary search's chain: lane l reads begin[l], and a is the number of the
+// first min(n_active, 32) entries <= j, less one. A step on these kernels has few active experts
+// (UsesGemv); beyond 32 it falls back to the search.
+__device__ __forceinline__ int WarpActiveOf(const DeviceRouting& r, int32_t j, int lane) {
+  const int n_active = *r.n_active;
+  const int32_t mine = lane <= r.n_experts ? r.begin[lane] : 0;  // begin has n_experts + 1
+  if (n_active > kWarp) return ActiveOf(r.begin, n_active, j);
+  int a = -1;
+  for (int l = 0; l < n_active; ++l) a += __shfl_sync(0xffffffffu, mine, l) <= j ? 1 : 0;
+  return a;
 }
 
 // One row's operand of a dot: its weights and the activations it meets.
@@ -204,8 +222,9 @@ __device__ __forceinline__ int64_t GemvWarp(unsigned char* smem, unsigned char**
   return static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp;
 }
 
-// A warp per (assignment j, row r): h[j, r] = silu(gate · a) * (up · a), a = the activations of
-// j's token (quantized for Q8_0/Q4_0).
+// A warp per (assignment j, kGemvGateUpRows consecutive rows r): h[j, r] = silu(gate · a) * (up ·
+// a), a = the activations of j's token (quantized for Q8_0/Q4_0). The warp finds j's expert once
+// for its rows.
 template <Fmt F>
 __global__ void __launch_bounds__(kGemvThreads) GemvGateUpKernel(GemvArgs p) {
   PdlWait();
@@ -213,32 +232,35 @@ __global__ void __launch_bounds__(kGemvThreads) GemvGateUpKernel(GemvArgs p) {
   unsigned char* slots = nullptr;
   const int64_t g = GemvWarp<F, 2>(gemv_smem, &slots);
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
-  const int64_t j = g / p.width, r = g % p.width;
+  const int64_t warps_per_j = (p.width + kGemvGateUpRows - 1) / kGemvGateUpRows;
+  const int64_t j = g / warps_per_j, r0 = g % warps_per_j * kGemvGateUpRows;
   if (j >= p.r.n_tokens * p.r.top_k) return;  // whole warps; no block barrier below
-  const ExpertPointers e =
-      p.table[p.r.experts[ActiveOf(p.r.begin, *p.r.n_active, static_cast<int32_t>(j))]];
+  const ExpertPointers e = p.table[p.r.experts[WarpActiveOf(p.r, static_cast<int32_t>(j), lane)]];
   const int64_t t = p.r.token_of[j];
   const int64_t row_bytes = FmtBytes(F, p.d_model);
   GemvRow rows[2];
-  rows[0].w = static_cast<const unsigned char*>(e.gate) + r * row_bytes;
-  rows[1].w = static_cast<const unsigned char*>(e.up) + r * row_bytes;
   for (GemvRow& row : rows) {
     row.act = p.x + t * p.d_model;
     row.act_q = p.x_q + t * p.x_q_stride;
     row.act_d = p.x_d + t * (p.d_model / kQBlock);
   }
-  float acc[2];
-  RowDots<F, 2>(rows, 2, p.d_model, slots, lane, acc);
-  const float v = Silu(WarpSum(acc[0])) * WarpSum(acc[1]);
-  if (lane == 0) p.h[j * p.width + r] = v;
+  const int64_t r1 = r0 + kGemvGateUpRows < p.width ? r0 + kGemvGateUpRows : p.width;
+  for (int64_t r = r0; r < r1; ++r) {
+    rows[0].w = static_cast<const unsigned char*>(e.gate) + r * row_bytes;
+    rows[1].w = static_cast<const unsigned char*>(e.up) + r * row_bytes;
+    float acc[2];
+    RowDots<F, 2>(rows, 2, p.d_model, slots, lane, acc);
+    const float v = Silu(WarpSum(acc[0])) * WarpSum(acc[1]);
+    if (lane == 0) p.h[j * p.width + r] = v;
+  }
 }
 
 // The down row r of assignment j's expert, dotted with h_j (quantized for Q8_0/Q4_0).
 template <Fmt F>
-__device__ __forceinline__ GemvRow DownRow(const GemvArgs& p, int32_t j, int64_t r) {
-  const ExpertPointers e = p.table[p.r.experts[ActiveOf(p.r.begin, *p.r.n_active, j)]];
+__device__ __forceinline__ GemvRow DownRow(const GemvArgs& p, const void* down, int32_t j,
+                                           int64_t r) {
   GemvRow row;
-  row.w = static_cast<const unsigned char*>(e.down) + r * FmtBytes(F, p.width);
+  row.w = static_cast<const unsigned char*>(down) + r * FmtBytes(F, p.width);
   row.act = p.h + static_cast<int64_t>(j) * p.width;
   row.act_q = p.h_q + static_cast<int64_t>(j) * p.h_q_stride;
   row.act_d = p.h_d + static_cast<int64_t>(j) * (p.width / kQBlock);
@@ -247,7 +269,8 @@ __device__ __forceinline__ GemvRow DownRow(const GemvArgs& p, int32_t j, int64_t
 
 // kSum: a warp per (token t, row r), out[t, r] = Σ_k weight_of[j_k] * (down · h_{j_k}) over
 // j_k = assign_of[t, k] in order, + partial[t, r] when given; and *active_record = *n_active.
-// Otherwise a warp per (assignment j, row r): y[j, r] = down · h_j.
+// Lane k < top_k (<= 32, UsesGemv) finds assignment j_k's expert and weight, all k at once,
+// before the first row is read. Otherwise a warp per (assignment j, row r): y[j, r] = down · h_j.
 template <Fmt F, bool kSum>
 __global__ void __launch_bounds__(kGemvThreads) GemvDownKernel(GemvArgs p) {
   PdlWait();
@@ -260,28 +283,38 @@ __global__ void __launch_bounds__(kGemvThreads) GemvDownKernel(GemvArgs p) {
   const int64_t i = g / p.d_model, r = g % p.d_model;
   if constexpr (!kSum) {
     if (i >= p.r.n_tokens * p.r.top_k) return;  // whole warps; no block barrier below
-    GemvRow rows[1] = {DownRow<F>(p, static_cast<int32_t>(i), r)};
+    const auto j = static_cast<int32_t>(i);
+    const ExpertPointers e = p.table[p.r.experts[WarpActiveOf(p.r, j, lane)]];
+    GemvRow rows[1] = {DownRow<F>(p, e.down, j, r)};
     float acc[1];
     RowDots<F, 1>(rows, 1, p.width, slots, lane, acc);
     const float v = WarpSum(acc[0]);
     if (lane == 0) p.y[i * p.d_model + r] = v;
   } else {
     if (i >= p.r.n_tokens) return;
+    const int top_k = static_cast<int>(p.r.top_k);
+    const int32_t my_j = lane < top_k ? p.r.assign_of[i * top_k + lane] : 0;
+    const int my_a = WarpActiveOf(p.r, my_j, lane);
+    const void* my_down = lane < top_k ? p.table[p.r.experts[my_a]].down : nullptr;
+    const float my_weight = lane < top_k ? p.r.weight_of[my_j] : 0.0f;
     float sum = 0.0f;
-    for (int64_t k0 = 0; k0 < p.r.top_k; k0 += kRows) {
-      const int n = static_cast<int>(p.r.top_k - k0 < kRows ? p.r.top_k - k0 : kRows);
+    for (int k0 = 0; k0 < top_k; k0 += kRows) {
+      const int n = top_k - k0 < kRows ? top_k - k0 : kRows;
       GemvRow rows[kRows];
-      int32_t js[kRows];
 #pragma unroll
       for (int k = 0; k < kRows; ++k) {
-        js[k] = k < n ? p.r.assign_of[i * p.r.top_k + k0 + k] : 0;
-        if (k < n) rows[k] = DownRow<F>(p, js[k], r);
+        const auto down = reinterpret_cast<const void*>(
+            __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(my_down), k0 + k));
+        const int32_t j = __shfl_sync(0xffffffffu, my_j, k0 + k);
+        if (k < n) rows[k] = DownRow<F>(p, down, j, r);
       }
       float acc[kRows];
       RowDots<F, kRows>(rows, n, p.width, slots, lane, acc);
 #pragma unroll
-      for (int k = 0; k < kRows; ++k)
-        if (k < n) sum = fmaf(p.r.weight_of[js[k]], WarpSum(acc[k]), sum);
+      for (int k = 0; k < kRows; ++k) {
+        const float w = __shfl_sync(0xffffffffu, my_weight, k0 + k);
+        if (k < n) sum = fmaf(w, WarpSum(acc[k]), sum);
+      }
     }
     if (lane == 0)
       p.out[i * p.d_model + r] = p.partial != nullptr ? sum + p.partial[i * p.d_model + r] : sum;
