@@ -37,8 +37,9 @@
 #   BACKENDS=hybrid16: hybrid at 16 sequences twice and at 4 (the smallest cache);
 #   BACKENDS=hybrid-threads: hybrid at 1, 16 and 4 sequences under the CPU-thread variants
 #   HYBRID_VARIANTS (the mode's comment says which), interleaved;
-#   BACKENDS=gpu-ab: all-VRAM decode with PDL and the weight prefetch on and off, and attention
-#   splits of 16 and 32 positions (MOETIER_CUDA_ATTN_CHUNK), twice;
+#   BACKENDS=gpu-ab: all-VRAM decode with PDL, the weight prefetch and the fused launches on and
+#   off, and attention splits of 16 and 32 positions (MOETIER_CUDA_ATTN_CHUNK), twice (GPU_AB
+#   picks the variants);
 #   KVTIER=1 times a 4,000-token prefix's second request after a filler evicted it from VRAM,
 #   with and without the host KV tier (bench/engine/prefix_ttft.sh), gpu and hybrid
 #   (KVTIER_DTYPES: which dtypes, default DTYPES);
@@ -218,15 +219,17 @@ if [ "${SYNTH:-0}" = 1 ]; then
             --gen-tokens 32
           bench gpu-par16-qwen3-sampling "$dt" --moe-backend gpu --parallel 16 \
             --prompt-tokens 128 --gen-tokens 32 "${SAMPLED[@]}" ;;
-        gpu-ab)  # one sequence's decode with PDL and the weight prefetch on and off (all four),
-                 # and attention splits of 16 and 32 positions; two rounds interleaved: what
-                 # each is worth, and the spread between rounds
+        gpu-ab)  # one sequence's decode with PDL, the weight prefetch and the fused launches on
+                 # and off, and attention splits of 16 and 32 positions (GPU_AB: which, as
+                 # "pdl prefetch chunk fuse" quadruples separated by commas); two rounds
+                 # interleaved: what each is worth, and the spread between rounds
+          IFS=, read -r -a VARIANTS <<< "${GPU_AB:-1 1 64 0,1 0 64 0,0 1 64 0,0 0 64 0,1 1 16 0,1 1 32 0}"
           for round in 1 2; do
-            for ab in "1 1 64" "1 0 64" "0 1 64" "0 0 64" "1 1 16" "1 1 32"; do
-              read -r pdl pf chunk <<< "$ab"
+            for ab in "${VARIANTS[@]}"; do
+              read -r pdl pf chunk fuse <<< "$ab"
               MOETIER_CUDA_PDL=$pdl MOETIER_CUDA_PREFETCH=$pf MOETIER_CUDA_ATTN_CHUNK=$chunk \
-                bench "ab-pdl$pdl-pf$pf-c$chunk-$round" "$dt" --moe-backend gpu \
-                --prompt-tokens 512 --gen-tokens 256
+                MOETIER_CUDA_FUSE=$fuse bench "ab-pdl$pdl-pf$pf-c$chunk-fuse$fuse-$round" "$dt" \
+                --moe-backend gpu --prompt-tokens 512 --gen-tokens 256
             done
           done ;;
         offload)  # every expert pinned, the cache at its minimum: prefill 4096, decode, 16 sequences

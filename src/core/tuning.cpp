@@ -44,8 +44,8 @@ const std::array<TuningKnobSpec, 21> kTuningKnobSpecs = {{
      "GPU: 1 (default) lets each kernel be scheduled while the one before it finishes "
      "(programmatic dependent launch); 0 waits for it to drain"},
     {"MOETIER_CUDA_FUSE", &TuningKnobs::cuda_fuse, 0, 1,
-     "GPU: 1 fuses a decode step's launches (the products of one x, top-k with grouping); 0 "
-     "(default) launches each apart"},
+     "GPU: 1 fuses a decode step's launches (the quantized products of one x, top-k with "
+     "grouping); 0 (default) launches each apart"},
     {"MOETIER_CUDA_PREFETCH", &TuningKnobs::cuda_prefetch, 0, 1,
      "GPU: 1 (default) has decode kernels ask L2 for their weights before they wait for the "
      "kernel before them; 0 does not"},

@@ -10,11 +10,11 @@ namespace moetier::cuda {
 // on).
 bool ProgrammaticLaunch();
 
-// Whether decode steps use the fused launches (MOETIER_CUDA_FUSE, default off): the products of
-// one x in one launch with x quantized inside it (dense.cu), top-k and grouping in one block
-// (router.cu). Off: a launch per product and per stage. On the H200 the fused launches were
-// 7-20 % slower for one q4_0 sequence in three of four same-call runs, and level for bf16
-// (docs/benchmarks.md).
+// Whether decode steps use the fused launches (MOETIER_CUDA_FUSE, default off): the Q8_0/Q4_0
+// products of one x in one launch with x quantized inside it (dense.cu), top-k and grouping in
+// one block (router.cu). Off: x quantized once, then a launch per product, and a launch per
+// stage. On the H200 the fused launches were 7-20 % slower for one q4_0 sequence (docs/
+// benchmarks.md). The float formats' products of one x are one launch either way.
 bool FusedLaunches();
 
 // Whether the dense decode kernels ask L2 for their weights before they wait for the kernel
