@@ -110,6 +110,16 @@ $(grep -c 'SKIPPED' "$LOGS/$name.log") skipped"
   grep -E '^\[  FAILED  \]' "$LOGS/$name.log" | head -20 >> "$S"
   [ $rc -ne 0 ] && tail -5 "$LOGS/$name.log" >> "$S"
 done
+# The expert kernels' checks again with every decode step on the one-warp-a-row kernels (steps of
+# more than 32 active experts among them), as ctest's cuda_expert_ffn_tests.all_gemv runs them.
+if [ "${TESTS:-1}" = 1 ] && [[ " $GPU_TESTS " = *" cuda_expert_ffn_tests "* ]]; then
+  MOETIER_CUDA_GEMV_ASSIGN=4096 run_timed 240 "$B/tests/cuda_expert_ffn_tests" --gtest_brief=1 \
+    --gtest_filter='DtypesAndPaths/ExpertFfnTest.*_Decode' > "$LOGS/cuda_expert_ffn_tests-all-gemv.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && FAILED=$((FAILED + 1))
+  say "cuda_expert_ffn_tests, every decode step on the GEMV kernels: exit $rc"
+  grep -E '^\[  FAILED  \]' "$LOGS/cuda_expert_ffn_tests-all-gemv.log" | head -20 >> "$S"
+fi
 # The expert kernels' timing by path and tokens (the prefill crossover), when asked.
 if [ "${EXPERT_TIMING:-0}" = 1 ]; then
   # The decode rows with the tiled kernels alone (MOETIER_CUDA_GEMV_ASSIGN=0), and with the
