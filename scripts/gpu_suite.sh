@@ -112,7 +112,7 @@ $(grep -c 'SKIPPED' "$LOGS/$name.log") skipped"
 done
 # The expert kernels' checks again with every decode step on the one-warp-a-row kernels (steps of
 # more than 32 active experts among them), as ctest's cuda_expert_ffn_tests.all_gemv runs them.
-if [ "${TESTS:-1}" = 1 ] && [[ " $GPU_TESTS " = *" cuda_expert_ffn_tests "* ]]; then
+if [ "${TESTS:-1}" = 1 ] && [[ " $(echo $GPU_TESTS) " = *" cuda_expert_ffn_tests "* ]]; then
   MOETIER_CUDA_GEMV_ASSIGN=4096 run_timed 240 "$B/tests/cuda_expert_ffn_tests" --gtest_brief=1 \
     --gtest_filter='DtypesAndPaths/ExpertFfnTest.*_Decode' > "$LOGS/cuda_expert_ffn_tests-all-gemv.log" 2>&1
   rc=$?
