@@ -109,7 +109,7 @@ constexpr int64_t kMinDecodeBlocks = 128;
 
 // The most bytes of weights a float decode launch asks L2 to prefetch (PrefetchWeights): about
 // half the H200's L2. Past it (lm_head: 622 MB in bf16) the prefetched lines are evicted before
-// their warps read them, and the hints cost issue slots: bf16 lm_head alone 166 us with them,
+// their warps read them, and the hints cost instructions: bf16 lm_head alone 166 us with them,
 // 145 without; one bf16 sequence's decode 2-3 % faster without them in two same-call rounds.
 constexpr int64_t kMaxPrefetchBytes = 32ll << 20;
 
