@@ -179,6 +179,15 @@ int64_t PartialBytes(const AttentionDims& dims, int64_t n_tokens, int64_t splits
          static_cast<int64_t>(sizeof(float));
 }
 
+// The scratch begins with the decode kernel's arrival counts, one per (token, kv head, slice) of
+// the largest decode call, at a fixed place: they stay zero between launches whatever a call's
+// splits. The partial states follow.
+int64_t ArrivalBytes(const AttentionDims& dims) {
+  const int64_t bytes = kDecodeMaxTokens * dims.n_kv_heads * DecodeSlices(dims) *
+                        static_cast<int64_t>(sizeof(int32_t));
+  return (bytes + 255) / 256 * 256;
+}
+
 struct DecodePlan {
   int64_t chunk = 0;
   int64_t splits = 0;
@@ -230,10 +239,6 @@ void LaunchDecodeD(const DecodeParams& p, int64_t n_tokens, int64_t n_kv_heads,
     Launch(DecodeKernel<D, Kv, 4>, grid, kDecodeThreads, 0, stream, p);
   } else {
     Launch(DecodeKernel<D, Kv, kDecodeHeads>, grid, kDecodeThreads, 0, stream, p);
-  }
-  if (p.splits > 1) {
-    const dim3 combine(static_cast<unsigned>(p.n_heads), static_cast<unsigned>(n_tokens));
-    Launch(DecodeCombineKernel, combine, D, 0, stream, p, D);
   }
 }
 
@@ -345,7 +350,7 @@ size_t PagedAttentionScratchBytes(const AttentionDims& dims, int64_t max_tokens,
     const DecodePlan plan = PlanDecode(dims, n, context, INT64_MAX);
     if (plan.splits > 1) most = std::max(most, PartialBytes(dims, n, plan.splits));
   }
-  return static_cast<size_t>(most);
+  return most > 0 ? static_cast<size_t>(ArrivalBytes(dims) + most) : 0;
 }
 
 void LaunchPagedAttention(const AttentionDims& dims, const DeviceBatch& batch, int64_t layer,
@@ -361,14 +366,21 @@ void LaunchPagedAttention(const AttentionDims& dims, const DeviceBatch& batch, i
 
   if (T <= kDecodeMaxTokens || dims.head_dim < kPrefillMinHeadDim) {
     const int64_t context = Context(dims, batch.max_position);
-    const DecodePlan plan =
-        PlanDecode(dims, T, context, scratch == nullptr ? 0 : static_cast<int64_t>(scratch_bytes));
+    // Splits need an arrival count per (token, kv head, slice): calls of the small heads' larger
+    // token counts run unsplit.
+    const int64_t arrival_bytes = ArrivalBytes(dims);
+    const int64_t partial_bytes = scratch == nullptr || T > kDecodeMaxTokens
+                                      ? 0
+                                      : static_cast<int64_t>(scratch_bytes) - arrival_bytes;
+    const DecodePlan plan = PlanDecode(dims, T, context, std::max<int64_t>(partial_bytes, 0));
     DecodeParams p;
     p.q = q;
     p.out = out;
-    p.part_acc = static_cast<float*>(scratch);
-    p.part_ml =
-        plan.splits > 1 ? p.part_acc + T * dims.n_heads * plan.splits * dims.head_dim : nullptr;
+    if (plan.splits > 1) {
+      p.arrivals = static_cast<int32_t*>(scratch);
+      p.part_acc = reinterpret_cast<float*>(static_cast<uint8_t*>(scratch) + arrival_bytes);
+      p.part_ml = p.part_acc + T * dims.n_heads * plan.splits * dims.head_dim;
+    }
     p.positions = batch.positions;
     p.seq_of = batch.seq_of;
     p.block_tables = batch.block_tables;

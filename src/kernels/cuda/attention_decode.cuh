@@ -2,7 +2,8 @@
 // thousands of positions. Block (split, kv head slice, token) takes one contiguous chunk of the
 // token's positions for up to kDecodeHeads query heads of one key/value group, so each K/V row
 // is read once for all of them; with more than one split per token each block leaves its partial
-// softmax state (max, sum, unnormalized output) in scratch and DecodeCombineKernel merges them.
+// softmax state (max, sum, unnormalized output) in scratch, and the split that finishes last
+// merges them (MergeSplits): a step's attention is one launch whatever its splits.
 //
 // Within a block, the chunk's K and V rows are staged in shared memory tile by tile with cp.async
 // (kStages tiles in flight, 16-byte copies of whole contiguous row pieces). A "team" of kLanes
@@ -36,6 +37,9 @@ struct DecodeParams {
   float* out = nullptr;       // [T, n_heads, D]; written directly when splits == 1
   float* part_acc = nullptr;  // [T, n_heads, splits, D]: unnormalized outputs of the splits
   float* part_ml = nullptr;   // [T, n_heads, splits, 2]: their max (log2 domain) and sum
+  // [T, n_kv_heads * slices]: the splits of a (token, slice) done so far; zero between launches
+  // (the merging block puts it back).
+  int32_t* arrivals = nullptr;
   const int32_t* positions = nullptr;
   const int32_t* seq_of = nullptr;
   const int32_t* block_tables = nullptr;
@@ -184,6 +188,53 @@ __device__ __forceinline__ void TeamStep(const DecodeParams& p, const uint8_t* s
   }
 }
 
+// After a block of a split context has left its partial states: the block that arrives last of
+// its token's splits with positions (n_valid of them) merges them into out, for its n_g heads
+// h0.., and puts the arrival count back to zero. Splits in ascending order, as a separate kernel
+// after the step would merge them. The partial states are read through L2 (__ldcg), where the
+// other blocks' writes are.
+template <int D>
+__device__ __forceinline__ void MergeSplits(const DecodeParams& p, int t, int h0, int n_g) {
+  __shared__ bool last;
+  __shared__ float merged_m[kDecodeHeads];
+  __shared__ float merged_l[kDecodeHeads];
+  int32_t* arrivals = p.arrivals + static_cast<int64_t>(t) * gridDim.y + blockIdx.y;
+  const int32_t pos = p.positions[t];
+  const int32_t n_keys = pos - FirstKey(pos, p.window) + 1;
+  const int n_valid = (n_keys + p.chunk - 1) / p.chunk;
+  __threadfence();  // this block's partial states, before its arrival is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(arrivals, 1) == n_valid - 1;
+    if (last) *arrivals = 0;  // every split of this launch has arrived
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int64_t th0 = static_cast<int64_t>(t) * p.n_heads + h0;
+  if (threadIdx.x < n_g) {
+    const float* ml = p.part_ml + 2 * (th0 + threadIdx.x) * p.splits;
+    float m = -INFINITY;
+    for (int s = 0; s < n_valid; ++s) m = fmaxf(m, __ldcg(ml + 2 * s));
+    float l = 0.0f;
+    for (int s = 0; s < n_valid; ++s)
+      l = fmaf(__ldcg(ml + 2 * s + 1), exp2f(__ldcg(ml + 2 * s) - m), l);
+    merged_m[threadIdx.x] = m;
+    merged_l[threadIdx.x] = l;
+  }
+  __syncthreads();
+  for (int o = threadIdx.x; o < n_g * D; o += kDecodeThreads) {
+    const int g = o / D;
+    const int d = o % D;
+    const float* ml = p.part_ml + 2 * (th0 + g) * p.splits;
+    const float* acc = p.part_acc + (th0 + g) * p.splits * D + d;
+    float a = 0.0f;
+    for (int s = 0; s < n_valid; ++s)
+      a = fmaf(__ldcg(acc + s * D), exp2f(__ldcg(ml + 2 * s) - merged_m[g]), a);
+    p.out[(th0 + g) * D + d] = a / merged_l[g];
+  }
+}
+
 // kG (4 or 8, >= the block's heads) sizes the registers: a group of 4 computes no idle heads.
 template <int D, typename Kv, int kG>
 __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(DecodeParams p) {
@@ -297,29 +348,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(DecodeParams p) {
       }
     }
   }
-}
-
-// grid (n_heads, T), D threads: merges the splits of token t's head h that had positions.
-__global__ void DecodeCombineKernel(DecodeParams p, int d_head) {
-  PdlWait();
-  const int h = blockIdx.x;
-  const int t = blockIdx.y;
-  const int d = threadIdx.x;
-  const int32_t pos = p.positions[t];
-  const int32_t n_keys = pos - FirstKey(pos, p.window) + 1;
-  const int n_valid = (n_keys + p.chunk - 1) / p.chunk;
-  const int64_t th = static_cast<int64_t>(t) * p.n_heads + h;
-  const int64_t part0 = th * p.splits;
-  float m = -INFINITY;
-  for (int s = 0; s < n_valid; ++s) m = fmaxf(m, p.part_ml[2 * (part0 + s)]);
-  float l = 0.0f;
-  float a = 0.0f;
-  for (int s = 0; s < n_valid; ++s) {
-    const float w = exp2f(p.part_ml[2 * (part0 + s)] - m);
-    l = fmaf(p.part_ml[2 * (part0 + s) + 1], w, l);
-    a = fmaf(p.part_acc[(part0 + s) * d_head + d], w, a);
-  }
-  p.out[th * d_head + d] = a / l;
+  if (p.splits > 1) MergeSplits<D>(p, t, h0, n_g);
 }
 
 }  // namespace moetier::cuda::attention

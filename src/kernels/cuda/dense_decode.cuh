@@ -284,38 +284,50 @@ constexpr int kChunkBytes = kChunkBlocks* kQBlockBytes<kD>;  // 2176 (Q8_0), 115
 static_assert(kChunkBytes<DType::kQ8_0> % 16 == 0 && kChunkBytes<DType::kQ4_0> % 16 == 0,
               "each warp's staging area must stay 16-byte aligned");
 
-// Copies n words of type V from global src to shared dst with the warp's lanes, at most kMax a
-// lane; all loads of a lane are issued before its stores. Returns the bytes copied.
-template <typename V, int kMax>
-__device__ __forceinline__ int CopyWords(const uint8_t* src, int n, uint8_t* dst, int lane) {
-  const auto* s = reinterpret_cast<const V*>(src);
-  auto* d = reinterpret_cast<V*>(dst);
-  V v[kMax];
+// Copies n words of type V from global src[i] to shared dst[i], i < kRows, with the warp's lanes,
+// at most kMax a lane a row; all loads of a lane are issued before its stores. Returns the bytes
+// copied from each row.
+template <typename V, int kMax, int kRows>
+__device__ __forceinline__ int CopyWords(const uint8_t* const (&src)[kRows], int n,
+                                         uint8_t* const (&dst)[kRows], int lane) {
+  V v[kRows][kMax];
 #pragma unroll
-  for (int k = 0; k < kMax; ++k)
-    if (lane + k * kWarp < n) v[k] = __ldg(s + lane + k * kWarp);
+  for (int r = 0; r < kRows; ++r)
 #pragma unroll
-  for (int k = 0; k < kMax; ++k)
-    if (lane + k * kWarp < n) d[lane + k * kWarp] = v[k];
+    for (int k = 0; k < kMax; ++k)
+      if (lane + k * kWarp < n)
+        v[r][k] = __ldg(reinterpret_cast<const V*>(src[r]) + lane + k * kWarp);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int k = 0; k < kMax; ++k)
+      if (lane + k * kWarp < n) reinterpret_cast<V*>(dst[r])[lane + k * kWarp] = v[r][k];
   return n * static_cast<int>(sizeof(V));
 }
 
-// Copies `bytes` (even, <= kChunkBytes) from global src (2-byte aligned) to shared dst (16-byte
-// aligned) with the warp's lanes, using 16- or 4-byte loads when src allows. All loads of a lane
-// are issued before its stores, so a chunk's bytes are in flight together.
-template <DType kD>
-__device__ __forceinline__ void StageChunk(const uint8_t* src, int bytes, uint8_t* dst, int lane) {
+// Copies `bytes` (even, <= kChunkBytes) from global src[i] (2-byte aligned) to shared dst[i]
+// (16-byte aligned), i < kRows, with the warp's lanes, using 16- or 4-byte loads when every src
+// allows. All loads of a lane (every row's) are issued before its stores, so the chunks' bytes
+// are in flight together.
+template <DType kD, int kRows>
+__device__ __forceinline__ void StageChunks(const uint8_t* const (&src)[kRows], int bytes,
+                                            uint8_t* const (&dst)[kRows], int lane) {
   constexpr int kMaxVec16 = (kChunkBytes<kD> / 16 + kWarp - 1) / kWarp;
   constexpr int kMaxVec4 = (kChunkBytes<kD> / 4 + kWarp - 1) / kWarp;
-  const auto addr = reinterpret_cast<uintptr_t>(src);
+  uintptr_t addr = 0;
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) addr |= reinterpret_cast<uintptr_t>(src[i]);
   int done = 0;  // bytes copied by the wide loads
   if ((addr & 15u) == 0)
-    done = CopyWords<uint4, kMaxVec16>(src, bytes / 16, dst, lane);
+    done = CopyWords<uint4, kMaxVec16, kRows>(src, bytes / 16, dst, lane);
   else if ((addr & 3u) == 0)
-    done = CopyWords<uint32_t, kMaxVec4>(src, bytes / 4, dst, lane);
-  const auto* s = reinterpret_cast<const uint16_t*>(src);
-  auto* d = reinterpret_cast<uint16_t*>(dst);
-  for (int i = done / 2 + lane; i < bytes / 2; i += kWarp) d[i] = __ldg(s + i);
+    done = CopyWords<uint32_t, kMaxVec4, kRows>(src, bytes / 4, dst, lane);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const auto* s = reinterpret_cast<const uint16_t*>(src[r]);
+    auto* d = reinterpret_cast<uint16_t*>(dst[r]);
+    for (int i = done / 2 + lane; i < bytes / 2; i += kWarp) d[i] = __ldg(s + i);
+  }
 }
 
 // A staged block's 32 weight codes as 8 words of 4 signed bytes, word k = elements 4k..4k+3.
@@ -338,54 +350,67 @@ __device__ __forceinline__ void UnpackCodes(const uint8_t* blk, int (&wq)[8]) {
   }
 }
 
-// The warp's dots of one row (n_blocks blocks) with nt <= kTok tokens' quantized activations:
-// xq [nt, n_blocks * 32] int8 (rows 16-byte aligned), dx [nt, n_blocks], in global or shared
-// memory; the row is staged through the warp's `my` kChunkBlocks blocks at a time.
-template <DType kD, int kTok>
-__device__ __forceinline__ void QuantRowDots(const uint8_t* row, int64_t n_blocks, const int8_t* xq,
-                                             const float* dx, int nt, uint8_t* my, int lane,
-                                             float (&acc)[kTok]) {
+// The warp's dots of kRows rows (n_blocks blocks each) with nt <= kTok tokens' quantized
+// activations: xq [nt, n_blocks * 32] int8 (rows 16-byte aligned), dx [nt, n_blocks], in global
+// or shared memory; the rows are staged together through the warp's `my[i]`, kChunkBlocks
+// blocks at a time. Row i's sums are the same bits whatever kRows.
+template <DType kD, int kTok, int kRows>
+__device__ __forceinline__ void QuantRowDots(const uint8_t* const (&row)[kRows], int64_t n_blocks,
+                                             const int8_t* xq, const float* dx, int nt,
+                                             uint8_t* const (&my)[kRows], int lane,
+                                             float (&acc)[kRows][kTok]) {
   constexpr int kBB = kQBlockBytes<kD>;
   const int64_t cols = n_blocks * 32;
 #pragma unroll
-  for (int t = 0; t < kTok; ++t) acc[t] = 0.0f;
+  for (int i = 0; i < kRows; ++i)
+#pragma unroll
+    for (int t = 0; t < kTok; ++t) acc[i][t] = 0.0f;
   for (int64_t b0 = 0; b0 < n_blocks; b0 += kChunkBlocks) {
     const int nb = static_cast<int>(n_blocks - b0 < kChunkBlocks ? n_blocks - b0 : kChunkBlocks);
+    const uint8_t* src[kRows];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) src[i] = row[i] + b0 * kBB;
     __syncwarp();  // the previous chunk's reads of `my` are done
-    StageChunk<kD>(row + b0 * kBB, nb * kBB, my, lane);
+    StageChunks<kD, kRows>(src, nb * kBB, my, lane);
     __syncwarp();
 #pragma unroll
     for (int k = 0; k < kQuantBlocksPerLane; ++k) {
       const int bl = lane + k * kWarp;
       if (bl >= nb) break;
-      const uint8_t* blk = my + bl * kBB;
-      const float d = F16BitsToFloat(LoadU16(blk));
-      int wq[8];
-      UnpackCodes<kD>(blk, wq);
       const int64_t b = b0 + bl;
 #pragma unroll
-      for (int t = 0; t < kTok; ++t) {
-        if (t < nt) {
-          const auto* xp = reinterpret_cast<const int4*>(xq + t * cols + b * 32);
-          const int dot = Dot32(wq, xp[0], xp[1]);
-          acc[t] = fmaf(static_cast<float>(dot), d * dx[t * n_blocks + b], acc[t]);
+      for (int i = 0; i < kRows; ++i) {
+        const uint8_t* blk = my[i] + bl * kBB;
+        const float d = F16BitsToFloat(LoadU16(blk));
+        int wq[8];
+        UnpackCodes<kD>(blk, wq);
+#pragma unroll
+        for (int t = 0; t < kTok; ++t) {
+          if (t < nt) {
+            const auto* xp = reinterpret_cast<const int4*>(xq + t * cols + b * 32);
+            const int dot = Dot32(wq, xp[0], xp[1]);
+            acc[i][t] = fmaf(static_cast<float>(dot), d * dx[t * n_blocks + b], acc[i][t]);
+          }
         }
       }
     }
   }
 }
 
-// One warp per `rows_per_warp` consecutive rows (the last warp's may be fewer). xq [n_tokens,
-// n_blocks * 32] int8 (rows 32-byte aligned), dx [n_tokens, n_blocks]; y [n_tokens, rows]. With
-// `prefetch` each warp asks L2 for all its rows before PdlWait: the reads of the later rows then
-// come from L2 while the earlier ones are computed, which keeps more of a long matrix (lm_head)
-// in flight than a warp's one staged row.
-template <DType kD, int kTok>
+// One warp per `rows_per_warp` consecutive rows (the last warp's may be fewer), staged kS at a
+// time: with kS = 2 two rows' loads are in flight instead of one (a warp's row of a 2048-wide
+// Q4_0 matrix is 1,152 bytes, 36 a lane), at twice the registers (fewer resident warps: for
+// matrices that give a warp several rows). xq [n_tokens, n_blocks * 32] int8 (rows 32-byte
+// aligned), dx [n_tokens, n_blocks]; y [n_tokens, rows]. With `prefetch` each warp asks L2 for
+// all its rows before PdlWait: the reads of the later rows then come from L2 while the earlier
+// ones are computed, which keeps more of a long matrix (lm_head) in flight than a warp's staged
+// rows.
+template <DType kD, int kTok, int kS>
 __global__ void __launch_bounds__(kDecodeThreads)
     QuantDecodeKernel(const uint8_t* w, int64_t rows, int64_t n_blocks, const int8_t* xq,
                       const float* dx, int64_t n_tokens, float* y, int rows_per_warp,
                       bool prefetch) {
-  __shared__ __align__(16) uint8_t stage[kDecodeWarps][kChunkBytes<kD>];
+  __shared__ __align__(16) uint8_t stage[kDecodeWarps][kS][kChunkBytes<kD>];
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kDecodeWarps + warp) * rows_per_warp;
@@ -395,13 +420,31 @@ __global__ void __launch_bounds__(kDecodeThreads)
   if (prefetch) PrefetchL2(w + r0 * row_bytes, (r1 - r0) * row_bytes, lane);
   PdlWait();
   const int64_t cols = n_blocks * 32;
-  for (int64_t r = r0; r < r1; ++r) {
+  uint8_t* areas[kS];
+#pragma unroll
+  for (int i = 0; i < kS; ++i) areas[i] = stage[warp][i];
+  uint8_t* const first_area[1] = {areas[0]};
+  for (int64_t r = r0; r < r1; r += kS) {
     for (int64_t t0 = 0; t0 < n_tokens; t0 += kTok) {
       const int nt = static_cast<int>(n_tokens - t0 < kTok ? n_tokens - t0 : kTok);
-      float acc[kTok];
-      QuantRowDots<kD, kTok>(w + r * row_bytes, n_blocks, xq + t0 * cols, dx + t0 * n_blocks, nt,
-                             stage[warp], lane, acc);
-      WriteRow<kTok>(acc, nt, lane, y + t0 * rows, rows, r);
+      if (r + kS <= r1) {  // warp-uniform
+        const uint8_t* src[kS];
+#pragma unroll
+        for (int i = 0; i < kS; ++i) src[i] = w + (r + i) * row_bytes;
+        float acc[kS][kTok];
+        QuantRowDots<kD, kTok, kS>(src, n_blocks, xq + t0 * cols, dx + t0 * n_blocks, nt, areas,
+                                   lane, acc);
+#pragma unroll
+        for (int i = 0; i < kS; ++i) WriteRow<kTok>(acc[i], nt, lane, y + t0 * rows, rows, r + i);
+      } else {  // the warp's last rows, fewer than kS
+        for (int64_t ri = r; ri < r1; ++ri) {
+          const uint8_t* const src[1] = {w + ri * row_bytes};
+          float acc[1][kTok];
+          QuantRowDots<kD, kTok, 1>(src, n_blocks, xq + t0 * cols, dx + t0 * n_blocks, nt,
+                                    first_area, lane, acc);
+          WriteRow<kTok>(acc[0], nt, lane, y + t0 * rows, rows, ri);
+        }
+      }
     }
   }
 }
@@ -425,7 +468,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
   const int64_t cols = n_blocks * 32;
-  uint8_t* my = smem + warp * kChunkBytes<kD>;
+  uint8_t* const mine[1] = {smem + warp * kChunkBytes<kD>};
   auto* xq = reinterpret_cast<int8_t*>(smem + kDecodeWarps * kChunkBytes<kD>);
   auto* dx = reinterpret_cast<float*>(xq + nt * cols);
   for (int64_t b = warp; b < nt * n_blocks; b += kDecodeWarps) QuantizeBlock(x, b, lane, xq, dx);
@@ -435,10 +478,10 @@ __global__ void __launch_bounds__(kDecodeThreads)
   for (int64_t g = static_cast<int64_t>(blockIdx.x) * kDecodeWarps + warp; g < total; g += stride) {
     ListedRow at;
     Locate(p, g, 1, &at);
-    float acc[kTok];
-    QuantRowDots<kD, kTok>(at.w + at.r * n_blocks * kQBlockBytes<kD>, n_blocks, xq, dx, nt, my,
-                           lane, acc);
-    WriteRow<kTok>(acc, nt, lane, at.y, at.rows, at.r);
+    const uint8_t* const src[1] = {at.w + at.r * n_blocks * kQBlockBytes<kD>};
+    float acc[1][kTok];
+    QuantRowDots<kD, kTok, 1>(src, n_blocks, xq, dx, nt, mine, lane, acc);
+    WriteRow<kTok>(acc[0], nt, lane, at.y, at.rows, at.r);
   }
 }
 

@@ -244,6 +244,7 @@ GemvArgs RunGemvGateUp(Scratch& s, const DeviceRouting& r, const ExpertPointers*
     QuantizeRows(x, r.n_tokens, p.d_model, s.x_q, s.x_q_stride, s.x_d, stream);
     p.x_q = s.x_q, p.x_d = s.x_d, p.x_q_stride = s.x_q_stride;
     p.h_q = s.h_q, p.h_d = s.h_d, p.h_q_stride = s.h_q_stride;
+    p.routing_settled = true;  // the quantizing launch lies between
   }
   const int64_t warps = r.n_assignments() * CeilDiv(p.width, kGemvGateUpRows);
   Launch(GemvGateUpKernel<F>, static_cast<unsigned>(CeilDiv(warps, kGemvWarps)), kGemvThreads,

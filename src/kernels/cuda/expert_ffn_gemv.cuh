@@ -65,6 +65,10 @@ struct GemvArgs {
   const float* partial = nullptr;  // summing: added to each sum when not null
   float* out = nullptr;            // summing: [n_tokens, d_model]
   int32_t* active_record = nullptr;
+  // Whether the routing and the table were written two or more launches before gate+up (x's
+  // quantizing lies between): gate+up then finds its expert and prefetches its rows before
+  // PdlWait (launch.cuh). Always so for down (after gate+up).
+  bool routing_settled = false;
 };
 
 // The active expert of expert-major assignment j: the a with begin[a] <= j < begin[a + 1].
@@ -224,27 +228,34 @@ __device__ __forceinline__ int64_t GemvWarp(unsigned char* smem, unsigned char**
 
 // A warp per (assignment j, kGemvGateUpRows consecutive rows r): h[j, r] = silu(gate · a) * (up ·
 // a), a = the activations of j's token (quantized for Q8_0/Q4_0). The warp finds j's expert once
-// for its rows.
+// for its rows, before PdlWait when the routing is settled (its rows then prefetched to L2).
 template <Fmt F>
 __global__ void __launch_bounds__(kGemvThreads) GemvGateUpKernel(GemvArgs p) {
-  PdlWait();
   extern __shared__ __align__(16) unsigned char gemv_smem[];
   unsigned char* slots = nullptr;
   const int64_t g = GemvWarp<F, 2>(gemv_smem, &slots);
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int64_t warps_per_j = (p.width + kGemvGateUpRows - 1) / kGemvGateUpRows;
   const int64_t j = g / warps_per_j, r0 = g % warps_per_j * kGemvGateUpRows;
-  if (j >= p.r.n_tokens * p.r.top_k) return;  // whole warps; no block barrier below
+  if (j >= p.r.n_tokens * p.r.top_k) return;  // whole warps, touching no memory; no barrier below
+  if (!p.routing_settled) PdlWait();
   const ExpertPointers e = p.table[p.r.experts[WarpActiveOf(p.r, static_cast<int32_t>(j), lane)]];
   const int64_t t = p.r.token_of[j];
   const int64_t row_bytes = FmtBytes(F, p.d_model);
+  const int64_t r1 = r0 + kGemvGateUpRows < p.width ? r0 + kGemvGateUpRows : p.width;
+  if (p.routing_settled) {
+    PrefetchL2(static_cast<const unsigned char*>(e.gate) + r0 * row_bytes, (r1 - r0) * row_bytes,
+               lane);
+    PrefetchL2(static_cast<const unsigned char*>(e.up) + r0 * row_bytes, (r1 - r0) * row_bytes,
+               lane);
+    PdlWait();
+  }
   GemvRow rows[2];
   for (GemvRow& row : rows) {
     row.act = p.x + t * p.d_model;
     row.act_q = p.x_q + t * p.x_q_stride;
     row.act_d = p.x_d + t * (p.d_model / kQBlock);
   }
-  const int64_t r1 = r0 + kGemvGateUpRows < p.width ? r0 + kGemvGateUpRows : p.width;
   for (int64_t r = r0; r < r1; ++r) {
     rows[0].w = static_cast<const unsigned char*>(e.gate) + r * row_bytes;
     rows[1].w = static_cast<const unsigned char*>(e.up) + r * row_bytes;
@@ -269,34 +280,40 @@ __device__ __forceinline__ GemvRow DownRow(const GemvArgs& p, const void* down, 
 
 // kSum: a warp per (token t, row r), out[t, r] = Σ_k weight_of[j_k] * (down · h_{j_k}) over
 // j_k = assign_of[t, k] in order, + partial[t, r] when given; and *active_record = *n_active.
-// Lane k < top_k (<= 32, UsesGemv) finds assignment j_k's expert and weight, all k at once,
-// before the first row is read. Otherwise a warp per (assignment j, row r): y[j, r] = down · h_j.
+// Lane k < top_k (<= 32, UsesGemv) finds assignment j_k's expert and weight, all k at once, and
+// prefetches its row to L2. Otherwise a warp per (assignment j, row r): y[j, r] = down · h_j.
+// Both find their rows before PdlWait: the routing is settled (GemvArgs), only h is not.
 template <Fmt F, bool kSum>
 __global__ void __launch_bounds__(kGemvThreads) GemvDownKernel(GemvArgs p) {
-  PdlWait();
   extern __shared__ __align__(16) unsigned char gemv_smem[];
   constexpr int kRows = kSum ? kGemvDownRows : 1;
   unsigned char* slots = nullptr;
   const int64_t g = GemvWarp<F, kRows>(gemv_smem, &slots);
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
-  if (kSum && g == 0 && lane == 0 && p.active_record != nullptr) *p.active_record = *p.r.n_active;
   const int64_t i = g / p.d_model, r = g % p.d_model;
+  const int64_t row_bytes = FmtBytes(F, p.width);
   if constexpr (!kSum) {
-    if (i >= p.r.n_tokens * p.r.top_k) return;  // whole warps; no block barrier below
+    if (i >= p.r.n_tokens * p.r.top_k) return;  // whole warps, touching no memory; no barrier
     const auto j = static_cast<int32_t>(i);
-    const ExpertPointers e = p.table[p.r.experts[WarpActiveOf(p.r, j, lane)]];
-    GemvRow rows[1] = {DownRow<F>(p, e.down, j, r)};
+    const void* down = p.table[p.r.experts[WarpActiveOf(p.r, j, lane)]].down;
+    GemvRow rows[1] = {DownRow<F>(p, down, j, r)};
+    PrefetchL2(rows[0].w, row_bytes, lane);
+    PdlWait();
     float acc[1];
     RowDots<F, 1>(rows, 1, p.width, slots, lane, acc);
     const float v = WarpSum(acc[0]);
     if (lane == 0) p.y[i * p.d_model + r] = v;
   } else {
-    if (i >= p.r.n_tokens) return;
+    if (i >= p.r.n_tokens) return;  // whole warps, touching no memory; no barrier below
     const int top_k = static_cast<int>(p.r.top_k);
     const int32_t my_j = lane < top_k ? p.r.assign_of[i * top_k + lane] : 0;
     const int my_a = WarpActiveOf(p.r, my_j, lane);
     const void* my_down = lane < top_k ? p.table[p.r.experts[my_a]].down : nullptr;
     const float my_weight = lane < top_k ? p.r.weight_of[my_j] : 0.0f;
+    if (lane < top_k)
+      PrefetchL2(static_cast<const unsigned char*>(my_down) + r * row_bytes, row_bytes, 0, 1);
+    PdlWait();
+    if (g == 0 && lane == 0 && p.active_record != nullptr) *p.active_record = *p.r.n_active;
     float sum = 0.0f;
     for (int k0 = 0; k0 < top_k; k0 += kRows) {
       const int n = top_k - k0 < kRows ? top_k - k0 : kRows;

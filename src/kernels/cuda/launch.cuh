@@ -9,6 +9,14 @@
 // the stream's plain ordering. The one thing a kernel does before PdlWait is PrefetchL2 of its
 // weights: a hint that reads nothing into the kernel, so that the fetch of its weights overlaps
 // the kernel before it (which is where PDL's gain lies in a chain of latency-bound kernels).
+//
+// What a kernel may read before PdlWait: what was written before the kernel before it. A kernel
+// is scheduled only once every block of the one before it has passed PdlWait, which returns only
+// after everything earlier on the stream has completed with its writes visible (copies and
+// others' kernels keep plain ordering, so they are complete before the next kernel starts at
+// all). So a kernel whose inputs were written two or more launches back (the routing, read by
+// the expert kernels after an activation quantizing or the gate+up launch) may follow them to
+// its weights and prefetch those before waiting for the launch just before it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,12 +36,14 @@ __device__ __forceinline__ void PdlWait() {
 }
 
 // Asks L2 to fetch the lines of [p, p + bytes), one 128-byte line a lane, the 32 lanes of a warp
-// together. Only a hint: it changes no result, whatever p points at.
-__device__ __forceinline__ void PrefetchL2(const void* p, int64_t bytes, int lane) {
+// together (lane in [0, 32)), or all by one lane (lane 0, stride 1). Only a hint: it changes no
+// result, whatever p points at.
+__device__ __forceinline__ void PrefetchL2(const void* p, int64_t bytes, int lane,
+                                           int stride = 32) {
   const auto begin = reinterpret_cast<uintptr_t>(p);
   const uintptr_t end = begin + static_cast<uintptr_t>(bytes);
   for (uintptr_t a = (begin & ~uintptr_t{127}) + static_cast<uintptr_t>(lane) * 128; a < end;
-       a += 32 * 128)
+       a += static_cast<uintptr_t>(stride) * 128)
     asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
 }
 

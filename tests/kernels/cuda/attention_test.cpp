@@ -385,11 +385,14 @@ void CheckCase(const Config& c, const Step& step, std::mt19937& rng, ThreadPool&
   const double tol = flips > 0 && c.dtype != DType::kF32 ? kFlipTol : kAttnAtol;
   const double e2e = Compare(out.Download<float>(), h.cpu_out, tol, kAttnRtol, "output");
 
-  // The attention kernels alone, on the CPU's pool and rotated q.
+  // The attention kernels alone, on the CPU's pool and rotated q, into an output of NaNs: a
+  // second launch on the same scratch (the splits' arrival counts must be back at zero) writes
+  // every element again.
   pool.Upload(after.data());
   q.Upload(h.cpu_q.data());
   double alone = 0.0;
   for (bool with_scratch : {true, false}) {
+    ASSERT_EQ(cudaMemset(out.as<void>(), 0xff, h.cpu_out.size() * sizeof(float)), cudaSuccess);
     cuda::LaunchPagedAttention(in.dims, in.batch, kLayer, kv, q.as<float>(), out.as<float>(),
                                with_scratch ? scratch.as<void>() : nullptr,
                                with_scratch ? scratch_bytes : 0, nullptr);

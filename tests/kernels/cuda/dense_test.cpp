@@ -108,24 +108,17 @@ std::vector<double> Int8HalfSteps(const float* x, int64_t cols) {
 
 class DenseMatMulTest : public ::testing::TestWithParam<DType> {};
 
-TEST_P(DenseMatMulTest, MatchesCpuMatMul) {
-  MT_REQUIRE_GPU();
-  std::mt19937 rng(testing::TestSeed());
-  const DType dtype = GetParam();
+// Each shape's product for each token count on the device against the CPU's.
+void CheckProducts(DType dtype, const std::vector<Shape>& shapes,
+                   const std::vector<int64_t>& token_counts, std::mt19937& rng) {
   const bool quant = IsBlockQuantized(dtype);
-  // Rows not multiples of the 8 rows a block takes (quantized: 17000 rows, more than the fused
-  // kernel's one wave of blocks takes at once; 17003 rows at 4 a warp, the last warp's 3);
-  // cols: tiny, one partial staging chunk
-  // (quantized: 96 = 3 blocks, 2080 = 65 blocks = one full chunk of 64 + 1), the per-element
-  // path for float formats (50 and 4100: rows not 16-byte aligned), model-like widths, and
-  // enough rows for the float kernels' 4-rows-a-warp (4100) and 2-rows-a-warp (2051) tilings.
-  const std::vector<Shape> shapes =
-      quant ? std::vector<Shape>{{1, 32},    {37, 96},   {133, 2048}, {61, 2080},
-                                 {19, 4096}, {4100, 64}, {17000, 32}, {17003, 64}}
-            : std::vector<Shape>{{1, 64},    {37, 48},   {13, 50},  {133, 2048},
-                                 {19, 4100}, {4100, 64}, {2051, 48}};
-  const std::vector<int64_t> token_counts = {1, 2, 3, 5, 16, 64, 65, 700};
-  auto mm = DenseMatMul::Create(700, 4100, 17000);
+  int64_t most_cols = 0, most_rows = 0, most_tokens = 0;
+  for (const Shape& s : shapes) {
+    most_cols = std::max(most_cols, s.cols);
+    most_rows = std::max(most_rows, s.rows);
+  }
+  for (int64_t n : token_counts) most_tokens = std::max(most_tokens, n);
+  auto mm = DenseMatMul::Create(most_tokens, most_cols, most_rows);
   ASSERT_TRUE(mm.ok()) << mm.status().message();
   for (const Shape& s : shapes) {
     const HostMatrix w = MakeMatrix(dtype, s.rows, s.cols, rng);
@@ -169,6 +162,34 @@ TEST_P(DenseMatMulTest, MatchesCpuMatMul) {
       }
     }
   }
+}
+
+TEST_P(DenseMatMulTest, MatchesCpuMatMul) {
+  MT_REQUIRE_GPU();
+  std::mt19937 rng(testing::TestSeed());
+  const DType dtype = GetParam();
+  const bool quant = IsBlockQuantized(dtype);
+  // Rows not multiples of the 8 rows a block takes (quantized: 17000 rows, more than the fused
+  // kernel's one wave of blocks takes at once; 17003 rows at 4 a warp, the last warp's 3);
+  // cols: tiny, one partial staging chunk
+  // (quantized: 96 = 3 blocks, 2080 = 65 blocks = one full chunk of 64 + 1), the per-element
+  // path for float formats (50 and 4100: rows not 16-byte aligned), model-like widths, and
+  // enough rows for the float kernels' 4-rows-a-warp (4100) and 2-rows-a-warp (2051) tilings.
+  const std::vector<Shape> shapes =
+      quant ? std::vector<Shape>{{1, 32},    {37, 96},   {133, 2048}, {61, 2080},
+                                 {19, 4096}, {4100, 64}, {17000, 32}, {17003, 64}}
+            : std::vector<Shape>{{1, 64},    {37, 48},   {13, 50},  {133, 2048},
+                                 {19, 4100}, {4100, 64}, {2051, 48}};
+  const std::vector<int64_t> token_counts = {1, 2, 3, 5, 16, 64, 65, 700};
+  CheckProducts(dtype, shapes, token_counts, rng);
+}
+
+// Matrices long enough that a warp takes several rows (the lm_head's case), Q4_0 staging two at
+// a time, with rows of two staging chunks and an odd count for the last warp.
+TEST_P(DenseMatMulTest, LongMatricesMatchCpuMatMul) {
+  MT_REQUIRE_GPU();
+  std::mt19937 rng(testing::TestSeed());
+  CheckProducts(GetParam(), {{8501, 2080}}, {1, 3}, rng);
 }
 
 // Prefill of a quantized matrix whose bf16 copy exceeds the 64 MB dequantization scratch: the
