@@ -193,14 +193,14 @@ struct DecodePlan {
   int64_t splits = 0;
 };
 
-// Splits of each token's context: enough blocks for the GPU, no chunk under MinChunk(), and no
-// more partial states than `scratch_bytes` holds.
+// Splits of each token's context: enough blocks for the GPU, no chunk under MinChunk(), at most
+// kMaxDecodeSplits, and no more partial states than `scratch_bytes` holds.
 DecodePlan PlanDecode(const AttentionDims& dims, int64_t n_tokens, int64_t context,
                       int64_t scratch_bytes) {
   const int64_t units = n_tokens * dims.n_kv_heads * DecodeSlices(dims);
   int64_t splits = (kDecodeTargetBlocks + units - 1) / units;
   const int64_t min_chunk = MinChunk();
-  splits = std::min(splits, (context + min_chunk - 1) / min_chunk);
+  splits = std::min({splits, (context + min_chunk - 1) / min_chunk, int64_t{kMaxDecodeSplits}});
   const int64_t fit = scratch_bytes / PartialBytes(dims, n_tokens, 1);
   if (splits > 1 && splits > fit) splits = fit;
   splits = std::max<int64_t>(splits, 1);

@@ -188,15 +188,20 @@ __device__ __forceinline__ void TeamStep(const DecodeParams& p, const uint8_t* s
   }
 }
 
+// Most splits of a token's context (PlanDecode): bounds the merge's shared memory.
+inline constexpr int kMaxDecodeSplits = 256;
+
 // After a block of a split context has left its partial states: the block that arrives last of
 // its token's splits with positions (n_valid of them) merges them into out, for its n_g heads
-// h0.., and puts the arrival count back to zero. Splits in ascending order, as a separate kernel
-// after the step would merge them. The partial states are read through L2 (__ldcg), where the
-// other blocks' writes are.
+// h0.., and puts the arrival count back to zero. The partial states are read through L2
+// (__ldcg), where the other blocks' writes are, every load of a round in flight together: the
+// splits' maxima and sums into `shared` (2 * kDecodeHeads * kMaxDecodeSplits floats), then a
+// thread's kOuts outputs split by split. The arithmetic, in ascending split order, is what a
+// separate merging kernel would do.
 template <int D>
-__device__ __forceinline__ void MergeSplits(const DecodeParams& p, int t, int h0, int n_g) {
+__device__ __forceinline__ void MergeSplits(const DecodeParams& p, int t, int h0, int n_g,
+                                            float* shared) {
   __shared__ bool last;
-  __shared__ float merged_m[kDecodeHeads];
   __shared__ float merged_l[kDecodeHeads];
   int32_t* arrivals = p.arrivals + static_cast<int64_t>(t) * gridDim.y + blockIdx.y;
   const int32_t pos = p.positions[t];
@@ -212,26 +217,47 @@ __device__ __forceinline__ void MergeSplits(const DecodeParams& p, int t, int h0
   if (!last) return;
   __threadfence();
   const int64_t th0 = static_cast<int64_t>(t) * p.n_heads + h0;
+  float* w = shared;                                       // [n_g, n_valid]: maxima, then weights
+  float* sums = shared + kDecodeHeads * kMaxDecodeSplits;  // [n_g, n_valid]
+  for (int i = threadIdx.x; i < n_g * n_valid; i += kDecodeThreads) {
+    const float* ml = p.part_ml + 2 * ((th0 + i / n_valid) * p.splits + i % n_valid);
+    w[i] = __ldcg(ml);
+    sums[i] = __ldcg(ml + 1);
+  }
+  __syncthreads();
   if (threadIdx.x < n_g) {
-    const float* ml = p.part_ml + 2 * (th0 + threadIdx.x) * p.splits;
+    float* wg = w + threadIdx.x * n_valid;
+    const float* lg = sums + threadIdx.x * n_valid;
     float m = -INFINITY;
-    for (int s = 0; s < n_valid; ++s) m = fmaxf(m, __ldcg(ml + 2 * s));
+    for (int s = 0; s < n_valid; ++s) m = fmaxf(m, wg[s]);
     float l = 0.0f;
-    for (int s = 0; s < n_valid; ++s)
-      l = fmaf(__ldcg(ml + 2 * s + 1), exp2f(__ldcg(ml + 2 * s) - m), l);
-    merged_m[threadIdx.x] = m;
+    for (int s = 0; s < n_valid; ++s) {
+      wg[s] = exp2f(wg[s] - m);
+      l = fmaf(lg[s], wg[s], l);
+    }
     merged_l[threadIdx.x] = l;
   }
   __syncthreads();
-  for (int o = threadIdx.x; o < n_g * D; o += kDecodeThreads) {
-    const int g = o / D;
-    const int d = o % D;
-    const float* ml = p.part_ml + 2 * (th0 + g) * p.splits;
-    const float* acc = p.part_acc + (th0 + g) * p.splits * D + d;
-    float a = 0.0f;
-    for (int s = 0; s < n_valid; ++s)
-      a = fmaf(__ldcg(acc + s * D), exp2f(__ldcg(ml + 2 * s) - merged_m[g]), a);
-    p.out[(th0 + g) * D + d] = a / merged_l[g];
+  constexpr int kOuts = (kDecodeHeads * D + kDecodeThreads - 1) / kDecodeThreads;
+  float a[kOuts];
+#pragma unroll
+  for (int k = 0; k < kOuts; ++k) a[k] = 0.0f;
+#pragma unroll 4
+  for (int s = 0; s < n_valid; ++s) {
+#pragma unroll
+    for (int k = 0; k < kOuts; ++k) {
+      const int o = threadIdx.x + k * kDecodeThreads;
+      if (o < n_g * D) {
+        const int g = o / D;
+        a[k] = fmaf(__ldcg(p.part_acc + ((th0 + g) * p.splits + s) * D + o % D), w[g * n_valid + s],
+                    a[k]);
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kOuts; ++k) {
+    const int o = threadIdx.x + k * kDecodeThreads;
+    if (o < n_g * D) p.out[(th0 + o / D) * D + o % D] = a[k] / merged_l[o / D];
   }
 }
 
@@ -348,7 +374,9 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(DecodeParams p) {
       }
     }
   }
-  if (p.splits > 1) MergeSplits<D>(p, t, h0, n_g);
+  static_assert(sizeof(smem) >= 2 * kDecodeHeads * kMaxDecodeSplits * sizeof(float),
+                "MergeSplits keeps the splits' maxima and sums in the stages");
+  if (p.splits > 1) MergeSplits<D>(p, t, h0, n_g, reinterpret_cast<float*>(smem));
 }
 
 }  // namespace moetier::cuda::attention

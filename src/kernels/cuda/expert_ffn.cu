@@ -244,8 +244,9 @@ GemvArgs RunGemvGateUp(Scratch& s, const DeviceRouting& r, const ExpertPointers*
     QuantizeRows(x, r.n_tokens, p.d_model, s.x_q, s.x_q_stride, s.x_d, stream);
     p.x_q = s.x_q, p.x_d = s.x_d, p.x_q_stride = s.x_q_stride;
     p.h_q = s.h_q, p.h_d = s.h_d, p.h_q_stride = s.h_q_stride;
-    p.routing_settled = true;  // the quantizing launch lies between
   }
+  // After x's quantizing the routing lies two launches back (launch.cuh).
+  p.rows_before_wait = F != Fmt::kBF16 && PrefetchWeights();
   const int64_t warps = r.n_assignments() * CeilDiv(p.width, kGemvGateUpRows);
   Launch(GemvGateUpKernel<F>, static_cast<unsigned>(CeilDiv(warps, kGemvWarps)), kGemvThreads,
          GemvSmemBytes(F, 2), stream, p);
@@ -256,8 +257,9 @@ GemvArgs RunGemvGateUp(Scratch& s, const DeviceRouting& r, const ExpertPointers*
 
 // The GEMV kernels' down: y per assignment, or (kSum) each token's routed sum into p.out.
 template <Fmt F, bool kSum>
-void LaunchGemvDown(const GemvArgs& p, cudaStream_t stream) {
+void LaunchGemvDown(GemvArgs p, cudaStream_t stream) {
   const int64_t rows = (kSum ? p.r.n_tokens : p.r.n_assignments()) * p.d_model;
+  p.rows_before_wait = PrefetchWeights();  // the routing lies two launches back, before gate+up
   Launch(GemvDownKernel<F, kSum>, static_cast<unsigned>(CeilDiv(rows, kGemvWarps)), kGemvThreads,
          GemvSmemBytes(F, kSum ? kGemvDownRows : 1), stream, p);
 }

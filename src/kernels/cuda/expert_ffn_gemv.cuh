@@ -65,10 +65,10 @@ struct GemvArgs {
   const float* partial = nullptr;  // summing: added to each sum when not null
   float* out = nullptr;            // summing: [n_tokens, d_model]
   int32_t* active_record = nullptr;
-  // Whether the routing and the table were written two or more launches before gate+up (x's
-  // quantizing lies between): gate+up then finds its expert and prefetches its rows before
-  // PdlWait (launch.cuh). Always so for down (after gate+up).
-  bool routing_settled = false;
+  // Whether the launch finds its rows and prefetches them to L2 before PdlWait: allowed when the
+  // routing and the table were written two or more launches back (launch.cuh), as for down
+  // (after gate+up) and for gate+up after x's quantizing.
+  bool rows_before_wait = false;
 };
 
 // The active expert of expert-major assignment j: the a with begin[a] <= j < begin[a + 1].
@@ -228,7 +228,7 @@ __device__ __forceinline__ int64_t GemvWarp(unsigned char* smem, unsigned char**
 
 // A warp per (assignment j, kGemvGateUpRows consecutive rows r): h[j, r] = silu(gate · a) * (up ·
 // a), a = the activations of j's token (quantized for Q8_0/Q4_0). The warp finds j's expert once
-// for its rows, before PdlWait when the routing is settled (its rows then prefetched to L2).
+// for its rows, before PdlWait with rows_before_wait (its rows then prefetched to L2).
 template <Fmt F>
 __global__ void __launch_bounds__(kGemvThreads) GemvGateUpKernel(GemvArgs p) {
   extern __shared__ __align__(16) unsigned char gemv_smem[];
@@ -238,12 +238,12 @@ __global__ void __launch_bounds__(kGemvThreads) GemvGateUpKernel(GemvArgs p) {
   const int64_t warps_per_j = (p.width + kGemvGateUpRows - 1) / kGemvGateUpRows;
   const int64_t j = g / warps_per_j, r0 = g % warps_per_j * kGemvGateUpRows;
   if (j >= p.r.n_tokens * p.r.top_k) return;  // whole warps, touching no memory; no barrier below
-  if (!p.routing_settled) PdlWait();
+  if (!p.rows_before_wait) PdlWait();
   const ExpertPointers e = p.table[p.r.experts[WarpActiveOf(p.r, static_cast<int32_t>(j), lane)]];
   const int64_t t = p.r.token_of[j];
   const int64_t row_bytes = FmtBytes(F, p.d_model);
   const int64_t r1 = r0 + kGemvGateUpRows < p.width ? r0 + kGemvGateUpRows : p.width;
-  if (p.routing_settled) {
+  if (p.rows_before_wait) {
     PrefetchL2(static_cast<const unsigned char*>(e.gate) + r0 * row_bytes, (r1 - r0) * row_bytes,
                lane);
     PrefetchL2(static_cast<const unsigned char*>(e.up) + r0 * row_bytes, (r1 - r0) * row_bytes,
@@ -282,7 +282,7 @@ __device__ __forceinline__ GemvRow DownRow(const GemvArgs& p, const void* down, 
 // j_k = assign_of[t, k] in order, + partial[t, r] when given; and *active_record = *n_active.
 // Lane k < top_k (<= 32, UsesGemv) finds assignment j_k's expert and weight, all k at once, and
 // prefetches its row to L2. Otherwise a warp per (assignment j, row r): y[j, r] = down · h_j.
-// Both find their rows before PdlWait: the routing is settled (GemvArgs), only h is not.
+// With rows_before_wait both find (and prefetch) their rows before PdlWait; h is read after it.
 template <Fmt F, bool kSum>
 __global__ void __launch_bounds__(kGemvThreads) GemvDownKernel(GemvArgs p) {
   extern __shared__ __align__(16) unsigned char gemv_smem[];
@@ -295,24 +295,30 @@ __global__ void __launch_bounds__(kGemvThreads) GemvDownKernel(GemvArgs p) {
   if constexpr (!kSum) {
     if (i >= p.r.n_tokens * p.r.top_k) return;  // whole warps, touching no memory; no barrier
     const auto j = static_cast<int32_t>(i);
+    if (!p.rows_before_wait) PdlWait();
     const void* down = p.table[p.r.experts[WarpActiveOf(p.r, j, lane)]].down;
     GemvRow rows[1] = {DownRow<F>(p, down, j, r)};
-    PrefetchL2(rows[0].w, row_bytes, lane);
-    PdlWait();
+    if (p.rows_before_wait) {
+      PrefetchL2(rows[0].w, row_bytes, lane);
+      PdlWait();
+    }
     float acc[1];
     RowDots<F, 1>(rows, 1, p.width, slots, lane, acc);
     const float v = WarpSum(acc[0]);
     if (lane == 0) p.y[i * p.d_model + r] = v;
   } else {
     if (i >= p.r.n_tokens) return;  // whole warps, touching no memory; no barrier below
+    if (!p.rows_before_wait) PdlWait();
     const int top_k = static_cast<int>(p.r.top_k);
     const int32_t my_j = lane < top_k ? p.r.assign_of[i * top_k + lane] : 0;
     const int my_a = WarpActiveOf(p.r, my_j, lane);
     const void* my_down = lane < top_k ? p.table[p.r.experts[my_a]].down : nullptr;
     const float my_weight = lane < top_k ? p.r.weight_of[my_j] : 0.0f;
-    if (lane < top_k)
-      PrefetchL2(static_cast<const unsigned char*>(my_down) + r * row_bytes, row_bytes, 0, 1);
-    PdlWait();
+    if (p.rows_before_wait) {
+      if (lane < top_k)
+        PrefetchL2(static_cast<const unsigned char*>(my_down) + r * row_bytes, row_bytes, 0, 1);
+      PdlWait();
+    }
     if (g == 0 && lane == 0 && p.active_record != nullptr) *p.active_record = *p.r.n_active;
     float sum = 0.0f;
     for (int k0 = 0; k0 < top_k; k0 += kRows) {

@@ -17,8 +17,10 @@ bool ProgrammaticLaunch();
 // benchmarks.md). The float formats' products of one x are one launch either way.
 bool FusedLaunches();
 
-// Whether the dense decode kernels ask L2 for their weights before they wait for the kernel
-// before them (MOETIER_CUDA_PREFETCH, default on): with PDL the fetch overlaps that kernel.
+// Whether the decode kernels ask L2 for their weights before they wait for the kernel before
+// them (MOETIER_CUDA_PREFETCH, default on): with PDL the fetch overlaps that kernel. The dense
+// products' weights, and the expert GEMV kernels' rows, found from a routing written two or more
+// launches back (launch.cuh).
 bool PrefetchWeights();
 
 // The fewest positions a split of the decode attention takes (MOETIER_CUDA_ATTN_CHUNK, default
