@@ -43,7 +43,8 @@
 #   KVTIER=1 times a 4,000-token prefix's second request after a filler evicted it from VRAM,
 #   with and without the host KV tier (bench/engine/prefix_ttft.sh), gpu and hybrid
 #   (KVTIER_DTYPES: which dtypes, default DTYPES);
-#   LLAMA_P4096=0 skips llama.cpp's 4096-token prefill runs; LLAMA_NCMOE=0 all its -ncmoe runs; DEADLINE=S (default 540) skips what would start after S seconds.
+#   LLAMA_P4096=0 skips llama.cpp's 4096-token prefill runs; LLAMA_BATCHED_ROUNDS=N runs
+#   llama-batched-bench N times (its figures move between runs); LLAMA_NCMOE=0 all its -ncmoe runs; DEADLINE=S (default 540) skips what would start after S seconds.
 set -u
 cd "$(dirname "$0")/.."
 START=$SECONDS
@@ -379,8 +380,10 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
         lb -ncmoe 8 -mmp 0 -p 4096 -n 0                    # prefill 4096, default batches
         lb -ncmoe 8 -mmp 0 -p 4096 -n 0 -ub 2048 -b 4096   # ... its best batches
       fi
-      run_timed 120 "$LB/llama-batched-bench" -m "$W/$g.gguf" -ngl 99 -ncmoe 8 --no-mmap -c 8192 \
-        -npp 128 -ntg 32 -npl 4,16 --output-format jsonl >> "$LOGS/llama-batched-$dt.jsonl" 2>&1
+      for round in $(seq "${LLAMA_BATCHED_ROUNDS:-1}"); do
+        run_timed 120 "$LB/llama-batched-bench" -m "$W/$g.gguf" -ngl 99 -ncmoe 8 --no-mmap -c 8192 \
+          -npp 128 -ntg 32 -npl 4,16 --output-format jsonl >> "$LOGS/llama-batched-$dt.jsonl" 2>&1
+      done
       grep '"pp"' "$LOGS/llama-batched-$dt.jsonl" | sed "s/^/llama-batched-bench $dt: /" >> "$S"
     done
     grep '|' "$LOGS/llama-bench.md" >> "$S"

@@ -455,13 +455,10 @@ void CudaBackend::Attend(const AttentionWeights& w, const AttentionShape& shape,
     BuffersMoving();
     Check(cudaStreamSynchronize(stream_), "waiting for the GPU");
     auto made = cuda::DeviceBuffer<uint8_t>::Create(scratch, "attention scratch");
-    if (made.ok()) {
+    if (made.ok())
       attn_scratch_ = std::move(*made);
-      Check(cudaMemsetAsync(attn_scratch_.data(), 0, scratch, stream_),
-            "zeroing the attention scratch");
-    } else if (error_.empty()) {
+    else if (error_.empty())
       error_ = made.status().message();
-    }
   }
   cuda::LaunchAttentionPrologue(p, dims, batch_dev_, layer, pool, q, k, v, stream_);
   cuda::LaunchPagedAttention(dims, batch_dev_, layer, pool, q, out, attn_scratch_.data(),

@@ -179,28 +179,19 @@ int64_t PartialBytes(const AttentionDims& dims, int64_t n_tokens, int64_t splits
          static_cast<int64_t>(sizeof(float));
 }
 
-// The scratch begins with the decode kernel's arrival counts, one per (token, kv head, slice) of
-// the largest decode call, at a fixed place: they stay zero between launches whatever a call's
-// splits. The partial states follow.
-int64_t ArrivalBytes(const AttentionDims& dims) {
-  const int64_t bytes = kDecodeMaxTokens * dims.n_kv_heads * DecodeSlices(dims) *
-                        static_cast<int64_t>(sizeof(int32_t));
-  return (bytes + 255) / 256 * 256;
-}
-
 struct DecodePlan {
   int64_t chunk = 0;
   int64_t splits = 0;
 };
 
-// Splits of each token's context: enough blocks for the GPU, no chunk under MinChunk(), at most
-// kMaxDecodeSplits, and no more partial states than `scratch_bytes` holds.
+// Splits of each token's context: enough blocks for the GPU, no chunk under MinChunk(), and no
+// more partial states than `scratch_bytes` holds.
 DecodePlan PlanDecode(const AttentionDims& dims, int64_t n_tokens, int64_t context,
                       int64_t scratch_bytes) {
   const int64_t units = n_tokens * dims.n_kv_heads * DecodeSlices(dims);
   int64_t splits = (kDecodeTargetBlocks + units - 1) / units;
   const int64_t min_chunk = MinChunk();
-  splits = std::min({splits, (context + min_chunk - 1) / min_chunk, int64_t{kMaxDecodeSplits}});
+  splits = std::min(splits, (context + min_chunk - 1) / min_chunk);
   const int64_t fit = scratch_bytes / PartialBytes(dims, n_tokens, 1);
   if (splits > 1 && splits > fit) splits = fit;
   splits = std::max<int64_t>(splits, 1);
@@ -239,6 +230,10 @@ void LaunchDecodeD(const DecodeParams& p, int64_t n_tokens, int64_t n_kv_heads,
     Launch(DecodeKernel<D, Kv, 4>, grid, kDecodeThreads, 0, stream, p);
   } else {
     Launch(DecodeKernel<D, Kv, kDecodeHeads>, grid, kDecodeThreads, 0, stream, p);
+  }
+  if (p.splits > 1) {
+    const dim3 combine(static_cast<unsigned>(p.n_heads), static_cast<unsigned>(n_tokens));
+    Launch(DecodeCombineKernel, combine, D, 0, stream, p, D);
   }
 }
 
@@ -350,7 +345,7 @@ size_t PagedAttentionScratchBytes(const AttentionDims& dims, int64_t max_tokens,
     const DecodePlan plan = PlanDecode(dims, n, context, INT64_MAX);
     if (plan.splits > 1) most = std::max(most, PartialBytes(dims, n, plan.splits));
   }
-  return most > 0 ? static_cast<size_t>(ArrivalBytes(dims) + most) : 0;
+  return static_cast<size_t>(most);
 }
 
 void LaunchPagedAttention(const AttentionDims& dims, const DeviceBatch& batch, int64_t layer,
@@ -366,21 +361,14 @@ void LaunchPagedAttention(const AttentionDims& dims, const DeviceBatch& batch, i
 
   if (T <= kDecodeMaxTokens || dims.head_dim < kPrefillMinHeadDim) {
     const int64_t context = Context(dims, batch.max_position);
-    // Splits need an arrival count per (token, kv head, slice): calls of the small heads' larger
-    // token counts run unsplit.
-    const int64_t arrival_bytes = ArrivalBytes(dims);
-    const int64_t partial_bytes = scratch == nullptr || T > kDecodeMaxTokens
-                                      ? 0
-                                      : static_cast<int64_t>(scratch_bytes) - arrival_bytes;
-    const DecodePlan plan = PlanDecode(dims, T, context, std::max<int64_t>(partial_bytes, 0));
+    const DecodePlan plan =
+        PlanDecode(dims, T, context, scratch == nullptr ? 0 : static_cast<int64_t>(scratch_bytes));
     DecodeParams p;
     p.q = q;
     p.out = out;
-    if (plan.splits > 1) {
-      p.arrivals = static_cast<int32_t*>(scratch);
-      p.part_acc = reinterpret_cast<float*>(static_cast<uint8_t*>(scratch) + arrival_bytes);
-      p.part_ml = p.part_acc + T * dims.n_heads * plan.splits * dims.head_dim;
-    }
+    p.part_acc = static_cast<float*>(scratch);
+    p.part_ml =
+        plan.splits > 1 ? p.part_acc + T * dims.n_heads * plan.splits * dims.head_dim : nullptr;
     p.positions = batch.positions;
     p.seq_of = batch.seq_of;
     p.block_tables = batch.block_tables;

@@ -71,9 +71,7 @@ bool AttentionHeadDimSupported(int64_t head_dim);
 
 // Bytes of scratch LaunchPagedAttention uses for calls of at most `max_tokens` tokens whose
 // positions are below `max_positions`: the partial softmax states of the decode kernel's splits
-// of long contexts (flash-decoding), and the counts by which the last split of each finds that
-// it is last. The caller allocates it once, at load, and zeroes it then (cudaMemset); the
-// kernels leave the counts at zero after every launch.
+// of long contexts (flash-decoding). The caller allocates it once, at load.
 size_t PagedAttentionScratchBytes(const AttentionDims& dims, int64_t max_tokens,
                                   int64_t max_positions);
 

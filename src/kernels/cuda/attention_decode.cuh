@@ -2,8 +2,7 @@
 // thousands of positions. Block (split, kv head slice, token) takes one contiguous chunk of the
 // token's positions for up to kDecodeHeads query heads of one key/value group, so each K/V row
 // is read once for all of them; with more than one split per token each block leaves its partial
-// softmax state (max, sum, unnormalized output) in scratch, and the split that finishes last
-// merges them (MergeSplits): a step's attention is one launch whatever its splits.
+// softmax state (max, sum, unnormalized output) in scratch and DecodeCombineKernel merges them.
 //
 // Within a block, the chunk's K and V rows are staged in shared memory tile by tile with cp.async
 // (kStages tiles in flight, 16-byte copies of whole contiguous row pieces). A "team" of kLanes
@@ -37,9 +36,6 @@ struct DecodeParams {
   float* out = nullptr;       // [T, n_heads, D]; written directly when splits == 1
   float* part_acc = nullptr;  // [T, n_heads, splits, D]: unnormalized outputs of the splits
   float* part_ml = nullptr;   // [T, n_heads, splits, 2]: their max (log2 domain) and sum
-  // [T, n_kv_heads * slices]: the splits of a (token, slice) done so far; zero between launches
-  // (the merging block puts it back).
-  int32_t* arrivals = nullptr;
   const int32_t* positions = nullptr;
   const int32_t* seq_of = nullptr;
   const int32_t* block_tables = nullptr;
@@ -188,79 +184,6 @@ __device__ __forceinline__ void TeamStep(const DecodeParams& p, const uint8_t* s
   }
 }
 
-// Most splits of a token's context (PlanDecode): bounds the merge's shared memory.
-inline constexpr int kMaxDecodeSplits = 256;
-
-// After a block of a split context has left its partial states: the block that arrives last of
-// its token's splits with positions (n_valid of them) merges them into out, for its n_g heads
-// h0.., and puts the arrival count back to zero. The partial states are read through L2
-// (__ldcg), where the other blocks' writes are, every load of a round in flight together: the
-// splits' maxima and sums into `shared` (2 * kDecodeHeads * kMaxDecodeSplits floats), then a
-// thread's kOuts outputs split by split. The arithmetic, in ascending split order, is what a
-// separate merging kernel would do.
-template <int D>
-__device__ __forceinline__ void MergeSplits(const DecodeParams& p, int t, int h0, int n_g,
-                                            float* shared) {
-  __shared__ bool last;
-  __shared__ float merged_l[kDecodeHeads];
-  int32_t* arrivals = p.arrivals + static_cast<int64_t>(t) * gridDim.y + blockIdx.y;
-  const int32_t pos = p.positions[t];
-  const int32_t n_keys = pos - FirstKey(pos, p.window) + 1;
-  const int n_valid = (n_keys + p.chunk - 1) / p.chunk;
-  __threadfence();  // this block's partial states, before its arrival is counted
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(arrivals, 1) == n_valid - 1;
-    if (last) *arrivals = 0;  // every split of this launch has arrived
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int64_t th0 = static_cast<int64_t>(t) * p.n_heads + h0;
-  float* w = shared;                                       // [n_g, n_valid]: maxima, then weights
-  float* sums = shared + kDecodeHeads * kMaxDecodeSplits;  // [n_g, n_valid]
-  for (int i = threadIdx.x; i < n_g * n_valid; i += kDecodeThreads) {
-    const float* ml = p.part_ml + 2 * ((th0 + i / n_valid) * p.splits + i % n_valid);
-    w[i] = __ldcg(ml);
-    sums[i] = __ldcg(ml + 1);
-  }
-  __syncthreads();
-  if (threadIdx.x < n_g) {
-    float* wg = w + threadIdx.x * n_valid;
-    const float* lg = sums + threadIdx.x * n_valid;
-    float m = -INFINITY;
-    for (int s = 0; s < n_valid; ++s) m = fmaxf(m, wg[s]);
-    float l = 0.0f;
-    for (int s = 0; s < n_valid; ++s) {
-      wg[s] = exp2f(wg[s] - m);
-      l = fmaf(lg[s], wg[s], l);
-    }
-    merged_l[threadIdx.x] = l;
-  }
-  __syncthreads();
-  constexpr int kOuts = (kDecodeHeads * D + kDecodeThreads - 1) / kDecodeThreads;
-  float a[kOuts];
-#pragma unroll
-  for (int k = 0; k < kOuts; ++k) a[k] = 0.0f;
-#pragma unroll 4
-  for (int s = 0; s < n_valid; ++s) {
-#pragma unroll
-    for (int k = 0; k < kOuts; ++k) {
-      const int o = threadIdx.x + k * kDecodeThreads;
-      if (o < n_g * D) {
-        const int g = o / D;
-        a[k] = fmaf(__ldcg(p.part_acc + ((th0 + g) * p.splits + s) * D + o % D), w[g * n_valid + s],
-                    a[k]);
-      }
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < kOuts; ++k) {
-    const int o = threadIdx.x + k * kDecodeThreads;
-    if (o < n_g * D) p.out[(th0 + o / D) * D + o % D] = a[k] / merged_l[o / D];
-  }
-}
-
 // kG (4 or 8, >= the block's heads) sizes the registers: a group of 4 computes no idle heads.
 template <int D, typename Kv, int kG>
 __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(DecodeParams p) {
@@ -374,9 +297,31 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(DecodeParams p) {
       }
     }
   }
-  static_assert(sizeof(smem) >= 2 * kDecodeHeads * kMaxDecodeSplits * sizeof(float),
-                "MergeSplits keeps the splits' maxima and sums in the stages");
-  if (p.splits > 1) MergeSplits<D>(p, t, h0, n_g, reinterpret_cast<float*>(smem));
+}
+
+// grid (n_heads, T), D threads: merges the splits of token t's head h that had positions.
+__global__ void DecodeCombineKernel(DecodeParams p, int d_head) {
+  PdlWait();
+  const int h = blockIdx.x;
+  const int t = blockIdx.y;
+  const int d = threadIdx.x;
+  const int32_t pos = p.positions[t];
+  const int32_t n_keys = pos - FirstKey(pos, p.window) + 1;
+  const int n_valid = (n_keys + p.chunk - 1) / p.chunk;
+  const int64_t th = static_cast<int64_t>(t) * p.n_heads + h;
+  const int64_t part0 = th * p.splits;
+  float m = -INFINITY;
+#pragma unroll 4
+  for (int s = 0; s < n_valid; ++s) m = fmaxf(m, p.part_ml[2 * (part0 + s)]);
+  float l = 0.0f;
+  float a = 0.0f;
+#pragma unroll 4  // the loads of four splits in flight together
+  for (int s = 0; s < n_valid; ++s) {
+    const float w = exp2f(p.part_ml[2 * (part0 + s)] - m);
+    l = fmaf(p.part_ml[2 * (part0 + s) + 1], w, l);
+    a = fmaf(p.part_acc[(part0 + s) * d_head + d], w, a);
+  }
+  p.out[th * d_head + d] = a / l;
 }
 
 }  // namespace moetier::cuda::attention

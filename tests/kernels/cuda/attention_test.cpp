@@ -385,9 +385,8 @@ void CheckCase(const Config& c, const Step& step, std::mt19937& rng, ThreadPool&
   const double tol = flips > 0 && c.dtype != DType::kF32 ? kFlipTol : kAttnAtol;
   const double e2e = Compare(out.Download<float>(), h.cpu_out, tol, kAttnRtol, "output");
 
-  // The attention kernels alone, on the CPU's pool and rotated q, into an output of NaNs: a
-  // second launch on the same scratch (the splits' arrival counts must be back at zero) writes
-  // every element again.
+  // The attention kernels alone, on the CPU's pool and rotated q, into an output of NaNs: every
+  // launch, the second on the same scratch too, writes every element.
   pool.Upload(after.data());
   q.Upload(h.cpu_q.data());
   double alone = 0.0;
