@@ -6,17 +6,18 @@
 // The rule that keeps it correct: every kernel launched by Launch calls PdlWait() before it
 // touches memory, which waits for the kernels before it to complete and their writes to be
 // visible, then lets the next kernel be scheduled. Kernels of others (cuBLAS) and copies keep
-// the stream's plain ordering. The one thing a kernel does before PdlWait is PrefetchL2 of its
-// weights: a hint that reads nothing into the kernel, so that the fetch of its weights overlaps
-// the kernel before it (which is where PDL's gain lies in a chain of latency-bound kernels).
+// the stream's plain ordering. Before PdlWait a kernel only asks L2 for its weights
+// (PrefetchL2: a hint that reads nothing into the kernel), so that their fetch overlaps the
+// kernel before it (which is where PDL's gain lies in a chain of latency-bound kernels), and
+// finds them from inputs the launches before that one wrote:
 //
 // What a kernel may read before PdlWait: what was written before the kernel before it. A kernel
-// is scheduled only once every block of the one before it has passed PdlWait, which returns only
-// after everything earlier on the stream has completed with its writes visible (copies and
-// others' kernels keep plain ordering, so they are complete before the next kernel starts at
-// all). So a kernel whose inputs were written two or more launches back (the routing, read by
-// the expert kernels after an activation quantizing or the gate+up launch) may follow them to
-// its weights and prefetch those before waiting for the launch just before it.
+// is scheduled only once every block of the one before it has passed PdlWait or exited, and
+// PdlWait returns only after everything earlier on the stream has completed with its writes
+// visible (copies and others' kernels keep plain ordering: they are complete before the next
+// kernel starts at all). So a kernel whose inputs were written two or more launches back (the
+// routing, read by the expert kernels after an activation quantizing or the gate+up launch) may
+// follow them to its weights and prefetch those before waiting for the launch just before it.
 #pragma once
 
 #include <cuda_runtime.h>
