@@ -12,7 +12,7 @@
 // finds them from inputs the launches before that one wrote:
 //
 // What a kernel may read before PdlWait: what was written before the kernel before it. A kernel
-// is scheduled only once every block of the one before it has passed PdlWait or exited, and
+// is scheduled only once every block of the one before it has returned from PdlWait or exited, and
 // PdlWait returns only after everything earlier on the stream has completed with its writes
 // visible (copies and others' kernels keep plain ordering: they are complete before the next
 // kernel starts at all). So a kernel whose inputs were written two or more launches back (the
