@@ -433,6 +433,7 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
                          # (MOETIER_SPIN_US=N), fixP (MOETIER_FETCH_PERCENT=P), async (the CPU's
                          # share on a worker thread), profile (--profile), topp (sampled with
                          # top-p alone: the engine's sample pool draws from whole rows),
+                         # nocopy (--weight-packing none: no bf16c CPU copies of pinned layers),
                          # NAME=VALUE (that environment variable); each variant keeps its own
                          # measured split
           HYBRID=(--moe-backend hybrid --moe-collect-stats --moe-cache-gb "${CACHE_MIN[$dt]}"
@@ -452,6 +453,7 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
                       fix*) export MOETIER_FETCH_PERCENT=${part#fix} ;;
                       async) export MOETIER_CPU_SHARE_ASYNC=1 ;;
                       profile) args+=(--profile) ;;
+                      nocopy) args+=(--weight-packing none) ;;  # the CPU's share reads the pinned bf16
                       *=*) export "${part?}" ;;
                     esac
                   done

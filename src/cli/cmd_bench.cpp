@@ -56,6 +56,15 @@ std::string HeldDTypes(const CausalLM& lm) {
                                       : std::string(DTypeName(lm.expert_dtype()));
 }
 
+// Hybrid's CPU copies of pinned layers, as settled (residency_plan.h): their bytes.
+uint64_t CpuCopyBytes(const CausalLM& lm) {
+  const auto& settled = lm.residency().settled;
+  uint64_t n = 0;
+  if (settled)
+    for (const LayerResidency& l : *settled) n += l.cpu_copy_bytes;
+  return n;
+}
+
 // The bandwidth buffer must be far past the caches (so the figure is DRAM's) and fit the RAM
 // available now (or the pages it touches would be swapped, or the process killed).
 Status CheckBandwidthBuffer(double mib) {
@@ -249,6 +258,7 @@ int Run(const Opts& o) {
   // may hold bf16 as bf16c (the same values; decode_bytes_per_token counts the held bytes).
   j["dtype"] = std::string(DTypeName(lm.residency().stored_dtype));
   j["held_dtype"] = HeldDTypes(lm);
+  j["cpu_copy_bytes"] = CpuCopyBytes(lm);  // hybrid: what the CPU's share reads (BF16C)
   // Where the dense matrices stream from: "copy" (anonymous memory), "mapped" (the model file's
   // mapping) or "" (another backend); see --dense-memory.
   j["dense_memory"] = lm.residency().dense ? lm.residency().dense->memory : std::string();
@@ -330,9 +340,9 @@ int Run(const Opts& o) {
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("experts  %s, held as %s\n",
-                std::string(DTypeName(lm.residency().stored_dtype)).c_str(),
-                HeldDTypes(lm).c_str());
+    std::printf("experts  %s, held as %s%s\n",
+                std::string(DTypeName(lm.residency().stored_dtype)).c_str(), HeldDTypes(lm).c_str(),
+                CpuCopyBytes(lm) > 0 ? " (pinned layers with a CPU copy)" : "");
     std::printf("prefill  %.1f tokens/s (%lld-token prompt; %s kernels, %d threads)\n", prefill,
                 static_cast<long long>(o.prompt_tokens),
                 std::string(kernels::CpuIsaName(kernels::ActiveCpuIsa())).c_str(), threads);

@@ -55,7 +55,10 @@ void AddResidencyOptions(CLI::App& cmd, ModelOptions& opts) {
       "(default): bf16 matrices are packed losslessly into bf16c as they load (the same values "
       "in ~77% of the bytes: faster decode, more layers within the lock budget; costs load "
       "time): experts of CPU layers and, when the CPU runs them, the dense matrices but the "
-      "routers; rows too short to shrink by 10% (under 224 weights) stay. none: as stored. bf16c: "
+      "routers; with --moe-backend hybrid, also a locked bf16c copy of each pinned layer's "
+      "experts for the CPU's share of decode steps, where the lock budget and free RAM hold it "
+      "(~0.77x the pinned bytes more RAM); rows too short to shrink by 10% (under 224 weights) "
+      "stay. none: as stored, no copies. bf16c: "
       "as `convert --dtype bf16c --dense-dtype bf16c` (experts whatever it saves; an error if "
       "they are not bf16)");
   g->add_option(

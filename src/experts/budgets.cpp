@@ -48,12 +48,20 @@ std::optional<uint64_t> DefaultPinBudget(const HostMemoryInfo& host, std::string
   return std::nullopt;
 }
 
-uint64_t DefaultLockBudget(const HostMemoryInfo& host, std::string* why) {
-  const uint64_t margin = std::max<uint64_t>(
+uint64_t RamMargin(const HostMemoryInfo& host) {
+  return std::max<uint64_t>(
       kLockMarginMinBytes,
       static_cast<uint64_t>(static_cast<double>(host.total_bytes) * kLockMarginFractionOfRam));
-  const uint64_t free_less_margin =
-      host.available_bytes > margin ? host.available_bytes - margin : 0;
+}
+
+uint64_t RamForBanks(const HostMemoryInfo& host) {
+  const uint64_t margin = RamMargin(host);
+  return host.available_bytes > margin ? host.available_bytes - margin : 0;
+}
+
+uint64_t DefaultLockBudget(const HostMemoryInfo& host, std::string* why) {
+  const uint64_t margin = RamMargin(host);
+  const uint64_t free_less_margin = RamForBanks(host);
   if (host.may_lock_without_limit()) {
     *why = "default: available RAM less a " + FormatGb(margin) + " margin";
     return free_less_margin;

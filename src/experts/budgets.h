@@ -40,6 +40,11 @@ std::string FormatGb(uint64_t bytes);
 
 // Default pin budget: uncapped on Linux, kWslPinFractionOfRam of RAM under WSL.
 std::optional<uint64_t> DefaultPinBudget(const HostMemoryInfo& host, std::string* why);
+// The RAM kept free beside the banks: kLockMarginMinBytes or kLockMarginFractionOfRam of RAM,
+// whichever is more.
+uint64_t RamMargin(const HostMemoryInfo& host);
+// What the banks of every tier may take together: available RAM less RamMargin (0 if less).
+uint64_t RamForBanks(const HostMemoryInfo& host);
 // Default lock budget: RLIMIT_MEMLOCK unless the process may lock without limit, and never
 // more than available RAM less the margin.
 uint64_t DefaultLockBudget(const HostMemoryInfo& host, std::string* why);

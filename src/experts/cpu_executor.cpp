@@ -31,7 +31,7 @@ CpuExpertExecutor::CpuExpertExecutor(const ExpertSource& experts, ThreadPool& po
     : experts_(experts), pool_(pool), d_model_(d_model) {}
 
 void CpuExpertExecutor::Run(int64_t layer, const Routing& r, const float* x, float* out) {
-  const ExpertWeights& e0 = experts_.Expert(layer, r.experts.front());
+  const ExpertWeights& e0 = experts_.CpuExpert(layer, r.experts.front());
   const int64_t width = e0.gate.shape.front();
   ScopedPhase phase(times_, Phase::kRouting);
   PrepareInputs(r, x, e0.gate.dtype);
@@ -77,7 +77,7 @@ void CpuExpertExecutor::GateUp(int64_t layer, const Routing& r, int64_t width, D
     const size_t a = task / static_cast<size_t>(blocks);
     const int64_t r0 = static_cast<int64_t>(task % static_cast<size_t>(blocks)) * rows;
     const int64_t r1 = std::min(width, r0 + rows);
-    const ExpertWeights& w = experts_.Expert(layer, r.experts[a]);
+    const ExpertWeights& w = experts_.CpuExpert(layer, r.experts[a]);
     const int64_t j0 = r.first(a), m = r.count(a);
     kernels::DotRows(w.gate, r0, r1, InputOf(r, a), hidden + j0 * width, width);
     kernels::DotRows(w.up, r0, r1, InputOf(r, a), up + j0 * width, width);
@@ -118,8 +118,9 @@ void CpuExpertExecutor::DownExpertMajor(int64_t layer, const Routing& r, int64_t
   pool_.ParallelTasks(n_active * static_cast<size_t>(blocks), [&](size_t task, int) {
     const size_t a = task / static_cast<size_t>(blocks);
     const int64_t r0 = static_cast<int64_t>(task % static_cast<size_t>(blocks)) * rows;
-    kernels::DotRows(experts_.Expert(layer, r.experts[a]).down, r0, std::min(d_model_, r0 + rows),
-                     h_prep_[a], y + r.first(a) * d_model_, d_model_);
+    kernels::DotRows(experts_.CpuExpert(layer, r.experts[a]).down, r0,
+                     std::min(d_model_, r0 + rows), h_prep_[a], y + r.first(a) * d_model_,
+                     d_model_);
   });
   RoutedSum(r, y, out);
 }
@@ -162,7 +163,7 @@ void CpuExpertExecutor::DownRowMajor(int64_t layer, const Routing& r, int64_t wi
       std::memset(out + t * d_model_ + r0, 0, static_cast<size_t>(r1 - r0) * sizeof(float));
     for (size_t a = 0; a < n_active; ++a) {
       const int64_t j0 = r.first(a), m = r.count(a);
-      kernels::DotRows(experts_.Expert(layer, r.experts[a]).down, r0, r1, h_prep_[a],
+      kernels::DotRows(experts_.CpuExpert(layer, r.experts[a]).down, r0, r1, h_prep_[a],
                        y + j0 * d_model_, d_model_);
       for (int64_t j = j0; j < j0 + m; ++j)
         kernels::Axpy(r.weight_of[static_cast<size_t>(j)], y + j * d_model_ + r0, r1 - r0,

@@ -105,8 +105,16 @@ Expected<CpuLayersSpec> ParseCpuLayersSpec(const std::string& raw) {
 
 uint64_t ResidencyPlan::BytesIn(Tier t) const {
   uint64_t n = 0;
-  for (const auto& l : layers)
+  for (const auto& l : layers) {
     if (l.tier == t) n += l.bytes;
+    if (l.has_cpu_copy() && l.cpu_copy_tier == t) n += l.cpu_copy_bytes;
+  }
+  return n;
+}
+
+uint64_t ResidencyPlan::CpuCopyBytes() const {
+  uint64_t n = 0;
+  for (const auto& l : layers) n += l.cpu_copy_bytes;
   return n;
 }
 
@@ -243,7 +251,40 @@ Expected<ResidencyPlan> PlanResidency(const PlanInputs& in) {
           ") and stay pageable: the OS may evict them, and every evicted page costs a disk read "
           "during decode; raise --lock-budget-gb or `ulimit -l`");
   }
+  if (plan.backend == Backend::kHybrid) PlanCpuCopies(in, plan);
   return plan;
+}
+
+void PlanCpuCopies(const PlanInputs& in, ResidencyPlan& plan) {
+  if (in.ram_for_banks == 0 || !in.gpu_available) return;
+  uint64_t held = 0;
+  for (const LayerResidency& l : plan.layers) held += l.bytes;
+  uint64_t locked = plan.BytesIn(Tier::kLocked);
+  int64_t left_out = 0;
+  uint64_t left_out_bytes = 0;
+  for (size_t i = 0; i < plan.layers.size(); ++i) {
+    LayerResidency& l = plan.layers[i];
+    const LayerBank& b = in.banks[i];
+    if (l.tier != Tier::kPinned || b.cpu_bytes == 0) continue;
+    const bool fits_lock = !in.budgets.lock_bytes || locked + b.cpu_bytes <= *in.budgets.lock_bytes;
+    if (!fits_lock || held + b.cpu_bytes > in.ram_for_banks) {
+      ++left_out;
+      left_out_bytes += b.cpu_bytes;
+      continue;
+    }
+    l.cpu_copy_bytes = b.cpu_bytes;
+    l.cpu_copy_dtype = b.cpu_dtype;
+    l.cpu_copy_tier = Tier::kLocked;
+    locked += b.cpu_bytes;
+    held += b.cpu_bytes;
+  }
+  if (left_out > 0)
+    plan.warnings.push_back(
+        "hybrid: " + std::to_string(left_out) + " pinned layer(s) keep no " +
+        std::string(DTypeName(in.banks.front().cpu_dtype)) + " copy for the CPU executor (" +
+        FormatGb(left_out_bytes) +
+        " more than the lock budget or free RAM allow): the CPU's share of their experts reads "
+        "the pinned bank, more bytes for the same values; raise --lock-budget-gb or free RAM");
 }
 
 }  // namespace moetier

@@ -1,6 +1,8 @@
 // The residency plan: per MoE layer, the tier its expert bank should settle to, chosen from the
 // backend, the pin and lock budgets and --moe-cpu-layers before a weight byte is read. A layer on
-// a CPU tier counts its packed bytes (LayerBank::cpu_bytes) against the lock budget.
+// a CPU tier counts its packed bytes (LayerBank::cpu_bytes) against the lock budget. With
+// hybrid, a pinned layer whose experts the CPU holds packed may also keep a packed copy for the
+// CPU executor's share of its steps (PlanCpuCopies).
 #pragma once
 
 #include <cstdint>
@@ -49,6 +51,14 @@ struct LayerResidency {
   Tier tier = Tier::kPageable;
   uint64_t bytes = 0;          // as held in that tier (packed on the CPU tiers)
   DType dtype = DType::kBF16;  // as held in that tier
+  // A pinned layer's copy of its experts for the CPU executor (LayerBank::cpu_dtype): hybrid
+  // steps' CPU share reads it instead of the pinned bank, fewer bytes for the same values.
+  // 0 bytes: none. Planned locked; settled locked, or pageable where the lock failed.
+  uint64_t cpu_copy_bytes = 0;
+  DType cpu_copy_dtype = DType::kBF16;
+  Tier cpu_copy_tier = Tier::kLocked;
+
+  bool has_cpu_copy() const { return cpu_copy_bytes != 0; }
 };
 
 struct ResidencyPlan {
@@ -57,7 +67,8 @@ struct ResidencyPlan {
   Budgets budgets;
   std::vector<std::string> warnings;  // one line each, for stderr
 
-  uint64_t BytesIn(Tier t) const;
+  uint64_t BytesIn(Tier t) const;  // banks and CPU copies held in tier t
+  uint64_t CpuCopyBytes() const;
 };
 
 struct PlanInputs {
@@ -66,6 +77,9 @@ struct PlanInputs {
   std::vector<LayerBank> banks;  // the model's MoE layers, ascending
   Budgets budgets;
   CpuLayersSpec cpu_layers;
+  // What the banks and CPU copies may take together (budgets.h RamForBanks); 0: unknown, and
+  // no CPU copies are planned.
+  uint64_t ram_for_banks = 0;
 };
 
 // The order in which layers leave a tier when a budget is short (to the CPU when pinned bytes
@@ -74,6 +88,14 @@ struct PlanInputs {
 // move then frees the most budget and the fewest layers move; on equal sizes the lower layer id
 // first, as llama.cpp's --n-cpu-moe does, so a user comparing the two sees the same split.
 std::vector<size_t> LayerMoveOrder(const std::vector<LayerBank>& banks);
+
+// Hybrid's CPU copies (LayerResidency::cpu_copy_bytes), added to a plan whose tiers are set,
+// when a GPU is usable: one for every pinned layer whose experts the CPU holds packed
+// (LayerBank::cpu_bytes), while the locked bytes with the copies stay within the lock budget and
+// every bank with the copies within in.ram_for_banks. A copy is an optimisation: where they do not
+// all fit, the plan warns and the layers without one have their CPU share read from the pinned
+// bank.
+void PlanCpuCopies(const PlanInputs& in, ResidencyPlan& plan);
 
 Expected<ResidencyPlan> PlanResidency(const PlanInputs& in);
 

@@ -30,18 +30,21 @@ struct ResidencyReport {
   std::optional<DenseReport> dense;   // cpu backend, after loading
 };
 
-// {"plan":[{"layer":i,"tier":…,"bytes":n,"dtype":…}], "settled":[…],
-//  "bytes":{"pinned":…,"locked":…,"pageable":…}, "stored_dtype":…,
+// {"plan":[{"layer":i,"tier":…,"bytes":n,"dtype":…[,"cpu_copy":{"tier":…,"bytes":n,
+//  "dtype":…}]}], "settled":[…], "bytes":{"gpu":…,"pinned":…,"locked":…,"pageable":…,
+//  "cpu_copies":…}, "stored_dtype":…,
 //  "pin_budget_bytes":n|null, "lock_budget_bytes":n|null, "vmlck_bytes":n,
 //  "dense":{"memory":…,"packed_matrices":n,"copied_matrices":n,"held_bytes":n} (when loaded
 //  with the cpu backend)}
-// "bytes" sums the settled tiers when there are any, else the planned ones.
+// "bytes" sums the settled tiers' banks when there are any, else the planned ones, and apart
+// from them the CPU copies (residency_plan.h) in whatever tier they settled.
 nlohmann::ordered_json ResidencyReportJson(const ResidencyReport& r);
 
 // The distinct dtypes of `layers`, in layer order, joined by '+': "BF16C", "BF16C+BF16".
 std::string HeldDTypes(const std::vector<LayerResidency>& layers);
 
-// "pinned: 3 layers, 1.21 GB as BF16" for each tier in use (settled if present, else planned).
+// "pinned: 3 layers, 1.21 GB as BF16" for each tier in use (settled if present, else planned),
+// then one line for the CPU copies, if any.
 std::vector<std::string> TierSummaryLines(const std::vector<LayerResidency>& layers);
 
 }  // namespace moetier

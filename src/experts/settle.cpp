@@ -58,8 +58,8 @@ Expected<FailureInjection> FailureInjectionFromEnv() {
 }
 
 SettleResult SettleBank(HostBank& bank, int64_t layer, Tier planned, bool gpu_available,
-                        const FailureInjection& inject) {
-  const std::string name = "layer " + std::to_string(layer);
+                        const FailureInjection& inject, const std::string& of) {
+  const std::string name = "layer " + std::to_string(layer) + of;
   SettleResult r;
   std::string why_not_pinned;
   if (planned == Tier::kPinned) {

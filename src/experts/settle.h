@@ -30,7 +30,8 @@ struct SettleResult {
   std::string warning;  // empty when the plan was met
 };
 
+// `of` names what the bank is in warnings, after "layer N" (a CPU copy: "'s CPU copy").
 SettleResult SettleBank(HostBank& bank, int64_t layer, Tier planned, bool gpu_available,
-                        const FailureInjection& inject);
+                        const FailureInjection& inject, const std::string& of = "");
 
 }  // namespace moetier

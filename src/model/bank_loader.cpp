@@ -55,13 +55,14 @@ class Finisher {
 
   Finisher(const ModelSource& s, const ResidencyPlan& plan, const BankLoadOptions& opts,
            ThreadPool& pool, std::vector<HostBank>& banks, std::vector<ExpertLayout>& layouts,
-           std::vector<LayerResidency>& settled)
+           std::vector<CpuCopy>& copies, std::vector<LayerResidency>& settled)
       : s_(s),
         plan_(plan),
         opts_(opts),
         pool_(pool),
         banks_(banks),
         layouts_(layouts),
+        copies_(copies),
         settled_(settled),
         thread_([this] { Run(); }) {}
   ~Finisher() { Finish(); }
@@ -143,10 +144,55 @@ class Finisher {
     HostBank& stored = job.staging != nullptr ? *job.staging : banks_[i];
     if (s_.converted && opts_.verify) MT_RETURN_IF_ERROR(VerifyBank(s_, i, stored, layer));
     if (packs) MT_RETURN_IF_ERROR(Pack(job, stored));
+    const LayerResidency& planned = plan_.layers[i];
     const SettleResult r =
-        SettleBank(banks_[i], layer, plan_.layers[i].tier, opts_.gpu_available, opts_.inject);
+        SettleBank(banks_[i], layer, planned.tier, opts_.gpu_available, opts_.inject);
     settled_[i] = {layer, r.tier, banks_[i].size(), layouts_[i].dtype};
     if (!r.warning.empty()) warnings.push_back(r.warning);
+    if (planned.has_cpu_copy()) MT_RETURN_IF_ERROR(MakeCpuCopy(i));
+    return OkStatus();
+  }
+
+  // Bank i's experts, as stored, in `packed`'s format: Ok with an empty bank when a row does not
+  // pack (the reason added to the warnings, ending with `otherwise`).
+  Expected<HostBank> Packed(size_t i, const std::vector<ExpertWeights>& from,
+                            const ExpertLayout& packed, const std::string& otherwise) {
+    const int64_t layer = plan_.layers[i].layer;
+    MT_ASSIGN_OR_RETURN(HostBank bank, HostBank::Allocate(packed.bank_bytes(s_.config.n_experts)));
+    const auto t0 = std::chrono::steady_clock::now();
+    const Status st = PackExpertBank(from, packed, bank.data(), layer, pool_);
+    LogDebug("bank " + std::to_string(i) + " packed in " +
+             std::to_string(
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) +
+             " s");
+    if (st.ok()) return bank;
+    warnings.push_back(st.message() + "; " + otherwise);
+    return HostBank();
+  }
+
+  std::vector<ExpertWeights> StoredViews(const HostBank& stored) const {
+    std::vector<ExpertWeights> views;
+    for (int64_t e = 0; e < s_.config.n_experts; ++e)
+      views.push_back(s_.layout.Views(stored.data(), e));
+    return views;
+  }
+
+  // Bank i (as stored) packed once more for the CPU executor (the plan gives pinned layers one
+  // for the CPU's share of hybrid steps; a bank that did not pin then runs on the CPU alone, from
+  // this copy), and locked. Without it (a row that does not pack) the CPU reads the bank itself.
+  Status MakeCpuCopy(size_t i) {
+    const LayerResidency& planned = plan_.layers[i];
+    const ExpertLayout packed{s_.layout.d_model, s_.layout.width, planned.cpu_copy_dtype};
+    MT_ASSIGN_OR_RETURN(HostBank copy, Packed(i, StoredViews(banks_[i]), packed,
+                                              "the CPU reads this layer's pinned bank"));
+    if (copy.size() == 0) return OkStatus();
+    const SettleResult r = SettleBank(copy, planned.layer, planned.cpu_copy_tier,
+                                      opts_.gpu_available, opts_.inject, "'s CPU copy");
+    if (!r.warning.empty()) warnings.push_back(r.warning);
+    settled_[i].cpu_copy_bytes = copy.size();
+    settled_[i].cpu_copy_dtype = packed.dtype;
+    settled_[i].cpu_copy_tier = r.tier;
+    copies_[i] = CpuCopy{std::move(copy), packed};
     return OkStatus();
   }
 
@@ -154,26 +200,17 @@ class Finisher {
   // with a warning: packing is an optimisation, never a reason not to load.
   Status Pack(Job& job, HostBank& stored) {
     const size_t i = job.i;
-    const int64_t layer = plan_.layers[i].layer;
-    const int64_t E = s_.config.n_experts;
     std::vector<ExpertWeights> from = std::move(job.checkpoint);
-    if (from.empty())
-      for (int64_t e = 0; e < E; ++e) from.push_back(s_.layout.Views(stored.data(), e));
+    if (from.empty()) from = StoredViews(stored);
     const ExpertLayout packed{s_.layout.d_model, s_.layout.width, plan_.layers[i].dtype};
-    MT_ASSIGN_OR_RETURN(HostBank bank, HostBank::Allocate(packed.bank_bytes(E)));
-    const auto t0 = std::chrono::steady_clock::now();
-    const Status st = PackExpertBank(from, packed, bank.data(), layer, pool_);
-    LogDebug("bank " + std::to_string(i) + " packed in " +
-             std::to_string(
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) +
-             " s");
-    if (st.ok()) {
+    MT_ASSIGN_OR_RETURN(
+        HostBank bank,
+        Packed(i, from, packed, "the layer stays " + std::string(DTypeName(s_.layout.dtype))));
+    if (bank.size() != 0) {
       banks_[i] = std::move(bank);
       layouts_[i] = packed;
       return OkStatus();
     }
-    warnings.push_back(st.message() + "; the layer stays " +
-                       std::string(DTypeName(s_.layout.dtype)));
     if (job.staging != nullptr) {
       // Keep the staging buffer itself as the bank; the next AcquireStaging allocates anew.
       banks_[i] = std::move(stored);
@@ -191,6 +228,7 @@ class Finisher {
   ThreadPool& pool_;
   std::vector<HostBank>& banks_;
   std::vector<ExpertLayout>& layouts_;
+  std::vector<CpuCopy>& copies_;
   std::vector<LayerResidency>& settled_;
   HostBank staging_[kStagingBuffers];
   bool busy_[kStagingBuffers] = {};
@@ -229,19 +267,21 @@ Expected<LoadedBanks> LoadBanks(const ModelSource& s, const ResidencyPlan& plan,
   out.settled.resize(n);
   std::vector<HostBank> banks(n);
   std::vector<ExpertLayout> layouts(n, s.layout);
+  std::vector<CpuCopy> copies(n);
   uint64_t total = 0, done = 0;
   for (const auto& b : s.banks) total += b.bytes;
   std::string title = "loading experts";
   for (const auto& l : plan.layers)
-    if (l.dtype != s.layout.dtype) {
+    if (l.dtype != s.layout.dtype || l.has_cpu_copy()) {
       title += " (packing " + std::string(DTypeName(s.layout.dtype)) + " as " +
-               std::string(DTypeName(l.dtype)) + ")";
+               std::string(DTypeName(l.has_cpu_copy() ? l.cpu_copy_dtype : l.dtype)) +
+               (l.has_cpu_copy() ? " for the CPU" : "") + ")";
       break;
     }
   Progress progress(title, total);
   ReadMode mode = ReadMode::kDirect;
   {
-    Finisher finisher(s, plan, opts, pack_pool, banks, layouts, out.settled);
+    Finisher finisher(s, plan, opts, pack_pool, banks, layouts, copies, out.settled);
     for (size_t i = 0; i < n; ++i) {
       const auto t_read = std::chrono::steady_clock::now();
       const bool packs = plan.layers[i].dtype != s.layout.dtype;
@@ -274,7 +314,7 @@ Expected<LoadedBanks> LoadBanks(const ModelSource& s, const ResidencyPlan& plan,
   for (const auto& b : s.banks) layers.push_back(b.layer);
   out.experts =
       std::make_unique<BankedExperts>(s.config.n_layers, std::move(layers), std::move(banks),
-                                      std::move(layouts), s.config.n_experts);
+                                      std::move(layouts), s.config.n_experts, std::move(copies));
   return out;
 }
 

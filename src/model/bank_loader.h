@@ -1,7 +1,8 @@
 // Fills one host bank per MoE layer — as stored, or packed where the plan says (a CPU tier's
 // bf16 experts as bf16c) — and settles each to its planned tier (degrading where a pin or lock
-// fails). Settling — checksum, cudaHostRegister or mlock — runs on a second thread while
-// the next layer is read, so it overlaps the reads.
+// fails); a pinned layer the plan gives a CPU copy (hybrid) gets a second, packed bank, locked.
+// Settling — checksum, packing, cudaHostRegister or mlock — runs on a second thread while the
+// next layer is read, so it overlaps the reads.
 #pragma once
 
 #include <memory>

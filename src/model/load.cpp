@@ -78,7 +78,8 @@ Backend ResolveAutoBackend(const ModelSource& s, const ResidencyOptions& o) {
 }
 
 Expected<ResidencyPlan> PlanFor(const ModelSource& s, const ResidencyOptions& o) {
-  MT_ASSIGN_OR_RETURN(Budgets budgets, ResolveBudgets(o.budgets, ReadHostMemoryInfo()));
+  const HostMemoryInfo host = ReadHostMemoryInfo();
+  MT_ASSIGN_OR_RETURN(Budgets budgets, ResolveBudgets(o.budgets, host));
   MT_ASSIGN_OR_RETURN(CpuLayersSpec spec, ParseCpuLayersSpec(o.cpu_layers));
   MT_ASSIGN_OR_RETURN(const DType cpu_dtype, CpuExpertDType(s.layout, o.packing));
   PlanInputs in;
@@ -94,6 +95,7 @@ Expected<ResidencyPlan> PlanFor(const ModelSource& s, const ResidencyOptions& o)
   }
   in.budgets = budgets;
   in.cpu_layers = spec;
+  in.ram_for_banks = RamForBanks(host);
   return PlanResidency(in);
 }
 
@@ -192,10 +194,11 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
                              : std::min(kDefaultIoThreads, ThreadPool::AvailableThreads());
   ThreadPool io_pool(io_threads);
   // Packing and copying: every core this process may use, and only while the model loads.
-  const bool packs =
-      HoldsDense(report.plan, options.residency) ||
-      std::any_of(report.plan.layers.begin(), report.plan.layers.end(),
-                  [&](const LayerResidency& l) { return l.dtype != s.layout.dtype; });
+  const bool packs = HoldsDense(report.plan, options.residency) ||
+                     std::any_of(report.plan.layers.begin(), report.plan.layers.end(),
+                                 [&](const LayerResidency& l) {
+                                   return l.dtype != s.layout.dtype || l.has_cpu_copy();
+                                 });
   ThreadPool pack_pool(packs ? ThreadPool::DefaultThreads() : 1);
   MT_ASSIGN_OR_RETURN(LoadedBanks banks,
                       LoadBanks(s, report.plan, bank_options, io_pool, pack_pool));

@@ -24,6 +24,11 @@ class ExpertSource {
   virtual ~ExpertSource() = default;
   // Valid for MoE layers and expert < n_experts; the reference lives as long as the source.
   virtual const ExpertWeights& Expert(int64_t layer, int64_t expert) const = 0;
+  // The weights the CPU executor computes from: a copy kept for it (packed: fewer bytes, the
+  // same values) where the source holds one beside a bank a GPU reads, else Expert().
+  virtual const ExpertWeights& CpuExpert(int64_t layer, int64_t expert) const {
+    return Expert(layer, expert);
+  }
   // Frees the host memory of these layers' experts, once a device holds its own copy: Expert()
   // of them then gives views with null data that still say what the experts are (dtype, shape,
   // bytes: what a decode step reads is counted from them). Returns the bytes freed; a source

@@ -64,6 +64,7 @@ ordered_json LayersJson(const ResidencyReport& report,
         settled != nullptr ? ordered_json(std::string(TierName(settled->tier))) : ordered_json();
     j["bytes"] = held.bytes;
     j["dtype"] = std::string(DTypeName(held.dtype));
+    j["cpu_copy_bytes"] = held.cpu_copy_bytes;  // hybrid: a pinned layer's copy for the CPU
     AddCounters(stats ? FindStats(*stats, planned.layer) : nullptr, j);
     layers.push_back(std::move(j));
   }

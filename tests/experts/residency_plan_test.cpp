@@ -219,6 +219,74 @@ TEST(Plan, PinnedLayersKeepTheStoredFormatAndCpuLayersArePacked) {
   EXPECT_EQ(h->layers[3].dtype, DType::kBF16);
 }
 
+// Hybrid with RAM known: the plan's copies for the CPU executor's share.
+ResidencyPlan HybridPlan(const std::string& spec, std::optional<uint64_t> lock, uint64_t ram,
+                         std::vector<LayerBank> banks) {
+  PlanInputs in;
+  in.backend = Backend::kHybrid;
+  in.gpu_available = true;
+  in.banks = std::move(banks);
+  in.budgets.lock_bytes = lock;
+  in.cpu_layers = *ParseCpuLayersSpec(spec);
+  in.ram_for_banks = ram;
+  auto p = PlanResidency(in);
+  EXPECT_TRUE(p.ok()) << p.message();
+  return *p;
+}
+
+TEST(Plan, HybridPinnedLayersKeepAPackedCopyForTheCpu) {
+  // Layer 1 on the CPU; the pinned layers 0, 2 and 3 keep a BF16C copy each, locked.
+  ResidencyPlan p = HybridPlan("1,", std::nullopt, 10'000, PackedBanks(4));
+  EXPECT_EQ(Tiers(p), (std::vector<Tier>{P, L, P, P}));
+  for (const auto& l : p.layers) {
+    EXPECT_EQ(l.has_cpu_copy(), l.tier == P) << l.layer;
+    if (!l.has_cpu_copy()) continue;
+    EXPECT_EQ(l.cpu_copy_bytes, 80u);
+    EXPECT_EQ(l.cpu_copy_dtype, DType::kBF16C);
+    EXPECT_EQ(l.cpu_copy_tier, L);
+    EXPECT_EQ(l.bytes, 100u);  // the pinned bank itself stays as stored
+    EXPECT_EQ(l.dtype, DType::kBF16);
+  }
+  EXPECT_EQ(p.CpuCopyBytes(), 240u);
+  EXPECT_EQ(p.BytesIn(Tier::kLocked), 80u + 240u);
+  EXPECT_EQ(p.BytesIn(Tier::kPinned), 300u);
+  EXPECT_TRUE(p.warnings.empty());
+}
+
+TEST(Plan, CpuCopiesStayWithinTheLockBudgetAndRam) {
+  // Lock budget 250: the locked layer's 80, then two copies (240); the third does not fit.
+  ResidencyPlan lock = HybridPlan("1,", 250, 10'000, PackedBanks(4));
+  EXPECT_EQ(lock.CpuCopyBytes(), 160u);
+  EXPECT_TRUE(lock.layers[0].has_cpu_copy());
+  EXPECT_FALSE(lock.layers[3].has_cpu_copy());
+  ASSERT_EQ(lock.warnings.size(), 1u);
+  EXPECT_NE(lock.warnings[0].find("1 pinned layer(s) keep no BF16C copy"), std::string::npos)
+      << lock.warnings[0];
+  EXPECT_NE(lock.warnings[0].find("--lock-budget-gb"), std::string::npos);
+  // RAM for 4 banks (380 held) and one copy: 460 <= 470 < 540.
+  ResidencyPlan ram = HybridPlan("1,", std::nullopt, 470, PackedBanks(4));
+  EXPECT_EQ(ram.CpuCopyBytes(), 80u);
+  EXPECT_EQ(ram.warnings.size(), 1u);
+  // RAM unknown: no copies, nothing to warn about.
+  ResidencyPlan unknown = HybridPlan("1,", std::nullopt, 0, PackedBanks(4));
+  EXPECT_EQ(unknown.CpuCopyBytes(), 0u);
+  EXPECT_TRUE(unknown.warnings.empty());
+}
+
+TEST(Plan, CpuCopiesOnlyWithHybridAndAPackedCpuFormat) {
+  // As stored for the CPU (--weight-packing none, or a format that does not pack): no copy.
+  EXPECT_EQ(HybridPlan("0", std::nullopt, 10'000, Banks(4)).CpuCopyBytes(), 0u);
+  // Offload computes no pinned layer's experts on the CPU.
+  PlanInputs in;
+  in.backend = Backend::kOffload;
+  in.gpu_available = true;
+  in.banks = PackedBanks(4);
+  in.ram_for_banks = 10'000;
+  auto p = PlanResidency(in);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->CpuCopyBytes(), 0u);
+}
+
 TEST(Backend, Parse) {
   EXPECT_EQ(*ParseBackend("hybrid"), Backend::kHybrid);
   EXPECT_EQ(*ParseBackend("gpu"), Backend::kGpu);

@@ -23,17 +23,19 @@ namespace moetier {
 namespace {
 
 struct Outcome {
-  std::vector<float> logits;  // the prompt's every position, then each decoded token's
-  LayerExpertStats totals;    // with offload
+  std::vector<float> logits;    // the prompt's every position, then each decoded token's
+  LayerExpertStats totals;      // with offload
+  uint64_t cpu_copy_bytes = 0;  // hybrid's CPU copies of pinned layers, as settled
 };
 
 // A 24-token prompt in one step (above the fixtures' streaming threshold: 2 x experts / top-k,
 // their banks being tiny), then 8 steps of one token each.
 Outcome PromptThenDecode(const std::filesystem::path& dir, Backend backend, uint64_t cache_bytes,
                          double fetch_share = -1, const std::string& cpu_layers = "0",
-                         int stage_locked = -1) {
+                         int stage_locked = -1, WeightPacking packing = WeightPacking::kAuto) {
   LoadOptions o;
   o.residency.backend = backend;
+  o.residency.packing = packing;
   o.residency.cpu_layers = cpu_layers;
   o.stage_locked = stage_locked;
   o.residency.expert_cache_bytes = cache_bytes;
@@ -57,6 +59,7 @@ Outcome PromptThenDecode(const std::filesystem::path& dir, Backend backend, uint
     r.logits.insert(r.logits.end(), logits.begin(), logits.end());
   }
   for (const LayerExpertStats& l : lm.expert_stats()->Snapshot()) r.totals += l;
+  for (const LayerResidency& l : *lm.residency().settled) r.cpu_copy_bytes += l.cpu_copy_bytes;
   return r;
 }
 
@@ -136,7 +139,18 @@ TEST_P(GpuPlacement, HybridMatchesOffload) {
     if (share == 0.0) {
       EXPECT_GT(hybrid.totals.cpu_experts, 0);
     }
+    EXPECT_EQ(hybrid.cpu_copy_bytes, 0u) << "rows this short stay as stored under auto";
   }
+  // With a bf16c copy of every pinned layer, the CPU computes its share from the copy: the same
+  // values, so within the same tolerance.
+  const Outcome copied =
+      PromptThenDecode(dir, Backend::kHybrid, one_layer, 0.0, "0", -1, WeightPacking::kBf16c);
+  EXPECT_GT(copied.cpu_copy_bytes, 0u);
+  EXPECT_GT(copied.totals.cpu_experts, 0);
+  ASSERT_EQ(copied.logits.size(), offload.logits.size());
+  for (size_t i = 0; i < offload.logits.size(); ++i)
+    ASSERT_NEAR(copied.logits[i], offload.logits[i], 4e-5f * (1.0f + std::fabs(offload.logits[i])))
+        << "logit " << i;
 }
 
 struct Decoded {

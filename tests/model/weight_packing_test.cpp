@@ -17,10 +17,12 @@
 
 #include "core/dtype.h"
 #include "experts/expert_layout.h"
+#include "experts/residency_report.h"
 #include "io/bank_index.h"
 #include "kernels/cpu/bf16c.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "model/arch/arch.h"
+#include "model/bank_loader.h"
 #include "model/causal_lm.h"
 #include "model/convert.h"
 #include "model/model_source.h"
@@ -326,6 +328,103 @@ TEST(WeightPackingLoad, ACheckpointsExpertsAreNotPackedAgainAsDenseMatrices) {
       if (w.find("pack as bf16c") != std::string::npos) ++n_unpackable;
     }
     EXPECT_EQ(n_unpackable, 1) << ::testing::PrintToString(warnings);
+  }
+}
+
+// LoadBanks with a plan that gives every layer a CPU copy (hybrid's, residency_plan.h; here on
+// layers settled without a GPU): the bank stays as stored, the copy holds its values as BF16C,
+// the CPU executor computes from the copy (the logits of the bf16 model), the report counts the
+// copies, and ReleaseHost frees both.
+TEST(WeightPackingLoad, ACpuCopyHoldsTheBankPackedAndTheCpuComputesFromIt) {
+  for (const std::string& fixture : kFixtures) {
+    SCOPED_TRACE(fixture);
+    const fs::path hf = testing::HfFixture(fixture);
+    testing::TempDir tmp;
+    const fs::path b = tmp.path() / "b";
+    ASSERT_TRUE(ConvertCheckpoint(hf, b, Opts(DType::kBF16)).ok());
+    const Loaded none = Load(b, WeightPacking::kNone);
+    ASSERT_TRUE(none.model);
+
+    auto s = OpenModelSource(b);
+    ASSERT_TRUE(s.ok()) << s.message();
+    const ModelConfig config = s->config;
+    const uint64_t packed_bytes = BankBytes(config, DType::kBF16C);
+    ResidencyPlan plan;
+    plan.backend = Backend::kHybrid;
+    for (const LayerBank& bank : s->banks) {
+      LayerResidency l{bank.layer, Tier::kPinned, bank.bytes, DType::kBF16};
+      l.cpu_copy_bytes = packed_bytes;
+      l.cpu_copy_dtype = DType::kBF16C;
+      plan.layers.push_back(l);
+    }
+    ThreadPool io_pool(2), pack_pool(2);
+    BankLoadOptions no_gpu;  // the banks settle locked (pinned needs a GPU)
+    auto banks = LoadBanks(*s, plan, no_gpu, io_pool, pack_pool);
+    ASSERT_TRUE(banks.ok()) << banks.message();
+    for (const LayerResidency& l : banks->settled) {
+      EXPECT_EQ(l.dtype, DType::kBF16) << "layer " << l.layer;
+      EXPECT_EQ(l.bytes, BankBytes(config, DType::kBF16)) << "layer " << l.layer;
+      EXPECT_EQ(l.cpu_copy_bytes, packed_bytes) << "layer " << l.layer;
+      EXPECT_EQ(l.cpu_copy_dtype, DType::kBF16C);
+      EXPECT_TRUE(l.cpu_copy_tier == Tier::kLocked || l.cpu_copy_tier == Tier::kPageable);
+    }
+    for (const std::string& w : banks->warnings)  // every row packs; a lock may fail here
+      EXPECT_EQ(w.find("pack as bf16c"), std::string::npos) << w;
+
+    // Every row of the copy unpacks to the bank's bits.
+    const BankedExperts& experts = *banks->experts;
+    for (const LayerBank& bank : s->banks)
+      for (int64_t e = 0; e < config.n_experts; ++e) {
+        const ExpertWeights& stored = experts.Expert(bank.layer, e);
+        const ExpertWeights& cpu = experts.CpuExpert(bank.layer, e);
+        for (auto [from, packed] :
+             {std::pair{&stored.gate, &cpu.gate}, std::pair{&stored.up, &cpu.up},
+              std::pair{&stored.down, &cpu.down}}) {
+          ASSERT_EQ(from->dtype, DType::kBF16);
+          ASSERT_EQ(packed->dtype, DType::kBF16C);
+          ASSERT_EQ(packed->shape, from->shape);
+          const int64_t k = from->shape[1];
+          std::vector<uint16_t> row(static_cast<size_t>(k));
+          for (int64_t r = 0; r < from->shape[0]; ++r) {
+            kernels::UnpackRowBf16c(
+                static_cast<const uint8_t*>(packed->data) + r * DTypeRowBytes(DType::kBF16C, k), k,
+                row.data());
+            ASSERT_EQ(0, std::memcmp(row.data(), static_cast<const uint16_t*>(from->data) + r * k,
+                                     row.size() * sizeof(uint16_t)))
+                << "layer " << bank.layer << " expert " << e << " row " << r;
+          }
+        }
+      }
+
+    ResidencyReport report;
+    report.plan = plan;
+    report.settled = banks->settled;
+    const auto j = ResidencyReportJson(report);
+    EXPECT_EQ(j["bytes"]["cpu_copies"].get<uint64_t>(), packed_bytes * s->banks.size());
+    EXPECT_EQ(j["settled"][0]["cpu_copy"]["dtype"], "BF16C");
+    const std::vector<std::string> lines = TierSummaryLines(*report.settled);
+    ASSERT_FALSE(lines.empty());
+    EXPECT_NE(lines.back().find("pinned layers' CPU copies: " + std::to_string(s->banks.size()) +
+                                " layers"),
+              std::string::npos)
+        << lines.back();
+
+    // The CPU computes the bf16 model's logits from the copies.
+    std::unique_ptr<BankedExperts> held = std::move(banks->experts);
+    BankedExperts* raw = held.get();
+    auto model =
+        s->spec->create(config, s->TakeDense(), std::move(held), ComputeOptions{.n_threads = 2});
+    ASSERT_TRUE(model.ok()) << model.message();
+    KvCache cache = *(*model)->NewCache(64);
+    std::vector<float> logits;
+    ASSERT_TRUE((*model)->Forward(kTokens, cache, LogitsFor::kAllTokens, logits).ok());
+    ExpectSameLogits(none.logits, logits);
+
+    const int64_t first = s->banks[0].layer;
+    const std::vector<int64_t> released = {first};
+    EXPECT_EQ(raw->ReleaseHost(released), BankBytes(config, DType::kBF16) + packed_bytes);
+    EXPECT_EQ(raw->CpuExpert(first, 0).gate.data, nullptr);
+    EXPECT_EQ(raw->CpuExpert(first, 0).gate.dtype, DType::kBF16C);
   }
 }
 

@@ -174,7 +174,11 @@ Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOpti
   }
   o->split_ = options.split_misses && o->has_cached_layers();
   if (o->split_) {
-    o->MakeSplitModel(options, experts.Expert(dims.moe_layers.front(), 0).gate.dtype);
+    const int64_t first_cached =
+        *std::find_if(dims.moe_layers.begin(), dims.moe_layers.end(),
+                      [&](int64_t layer) { return o->home(layer) == ExpertHome::kGpuCache; });
+    o->MakeSplitModel(options, experts.Expert(first_cached, 0).gate.dtype,
+                      experts.CpuExpert(first_cached, 0).gate.dtype);
     o->step_cpu_experts_.assign(static_cast<size_t>(dims.n_layers), 0);
   }
   o->timed_experts_.assign(static_cast<size_t>(dims.n_layers), 0);
@@ -224,14 +228,18 @@ void ExpertOffload::FindStageableLayers(const ExpertSource& experts) {
   }
 }
 
-void ExpertOffload::MakeSplitModel(const ComputeOptions& options, DType dtype) {
+void ExpertOffload::MakeSplitModel(const ComputeOptions& options, DType dtype, DType cpu_dtype) {
   std::optional<SplitRates> start;
   if (options.fetch_share < 0) {
     cudaDeviceProp prop{};
     const std::string gpu =
         cudaGetDeviceProperties(&prop, 0) == cudaSuccess ? prop.name : "unknown GPU";
     const int threads = options.n_threads > 0 ? options.n_threads : ThreadPool::DefaultThreads();
-    split_key_ = SplitProfileKey(gpu, std::string(DTypeName(dtype)), expert_bytes_, threads);
+    // The CPU's rate depends on the format it reads: a CPU copy's (residency_plan.h) is its own.
+    const std::string formats =
+        std::string(DTypeName(dtype)) +
+        (cpu_dtype != dtype ? "/cpu " + std::string(DTypeName(cpu_dtype)) : "");
+    split_key_ = SplitProfileKey(gpu, formats, expert_bytes_, threads);
     split_profile_ = SplitProfilePath();
   }
   if (!split_profile_.empty()) {

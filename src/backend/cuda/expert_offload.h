@@ -13,7 +13,8 @@
 //   cache is left as it was. No routing comes to the host, and copies overlap compute.
 // - Hybrid (ComputeOptions::split_misses), in decode-sized steps: the misses are split
 //   (experts/miss_split.h) — a share fetched as above, the rest computed by the CPU executor in
-//   place, from the layer's input and routing read back with the active ids. The GPU computes
+//   place (from the layer's CPU copy where it has one: ExpertSource::CpuExpert), from the
+//   layer's input and routing read back with the active ids. The GPU computes
 //   the hits and fetched experts (the CPU's point at a zeroed slot, so their outputs are zero)
 //   while the CPU computes its share; their partial sums meet in the routed sum. The host thread
 //   computes the share before queuing the rest of the step; with MOETIER_CPU_SHARE_ASYNC=1 (and
@@ -168,8 +169,9 @@ class ExpertOffload {
   ExpertOffload(const ExpertSource& experts, const ModelDims& dims);
 
   // The hybrid split, starting from the rates an earlier run on this GPU measured for experts
-  // of this format and size with this many threads (split_profile.h), when q* is not forced.
-  void MakeSplitModel(const ComputeOptions& options, DType dtype);
+  // of this format and size, read by the CPU in cpu_dtype (a CPU copy's, else the same), with
+  // this many threads (split_profile.h), when q* is not forced.
+  void MakeSplitModel(const ComputeOptions& options, DType dtype, DType cpu_dtype);
   // Keeps the split's measured rates for the next run (at destruction).
   void SaveSplitRates() const;
 
