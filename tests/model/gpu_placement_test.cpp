@@ -10,9 +10,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
+#include "experts/expert_layout.h"
 #include "io/safetensors.h"
 #include "model/causal_lm.h"
 #include "model/model_source.h"
@@ -142,7 +144,14 @@ TEST_P(GpuPlacement, HybridMatchesOffload) {
     EXPECT_EQ(hybrid.cpu_copy_bytes, 0u) << "rows this short stay as stored under auto";
   }
   // With a bf16c copy of every pinned layer, the CPU computes its share from the copy: the same
-  // values, so within the same tolerance.
+  // values, so within the same tolerance. (Where the experts' rows fit bf16c: whole 32-blocks.)
+  auto s = OpenModelSource(dir);
+  ASSERT_TRUE(s.ok()) << s.message();
+  if (!ExpertLayout{s->layout.d_model, s->layout.width, DType::kBF16C}.valid()) {
+    std::printf("[ NOTE ] %s: expert rows do not fit bf16c; no CPU copy to compare\n",
+                GetParam().c_str());
+    return;
+  }
   const Outcome copied =
       PromptThenDecode(dir, Backend::kHybrid, one_layer, 0.0, "0", -1, WeightPacking::kBf16c);
   EXPECT_GT(copied.cpu_copy_bytes, 0u);
