@@ -612,44 +612,51 @@ TEST(Bf16c, TensorRowToF32WholeAndPartialRanges) {
   }
 }
 
-// One token through DotRows: BF16C computes with bf16's values in bf16's order, so it matches
-// plain bf16 weights run on the level it was prepared for, bit for bit.
-TEST(Bf16c, DotRowsOneTokenMatchesBf16) {
+// Tokens through DotRows (one; the few a tile holds, decoded once in registers for all of them;
+// more): BF16C computes with bf16's values in bf16's order, so it matches plain bf16 weights run
+// on the level it was prepared for, bit for bit.
+TEST(Bf16c, DotRowsMatchesBf16) {
   Seeded s;
   SCOPED_TRACE(s.Trace());
   for (kernels::CpuIsa level : kernels::kAllCpuIsas) {
     if (!kernels::CpuSupports(level)) continue;
-    for (int64_t k : {int64_t{32}, int64_t{768}, int64_t{4096}}) {
-      SCOPED_TRACE(std::string(kernels::CpuIsaName(level)) + " k " + std::to_string(k));
-      const int64_t rows = 9;
-      std::vector<uint16_t> w;
-      std::vector<uint8_t> packed;
-      for (int64_t r = 0; r < rows; ++r) {
-        const auto bits = k >= 64
-                              ? RowWithExceptions(k, static_cast<int>(s.rng() % 13), 1, s.rng, true)
-                              : NormalRow(k, 0.02f, true, s.rng);
-        std::vector<uint8_t> row(RowBytes(k));
-        ASSERT_GE(PackRowBf16c(bits.data(), k, row.data()), 0);
-        w.insert(w.end(), bits.begin(), bits.end());
-        packed.insert(packed.end(), row.begin(), row.end());
+    for (int64_t k : {int64_t{32}, int64_t{768}, int64_t{4096}})
+      for (int64_t n_tokens : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}}) {
+        SCOPED_TRACE(std::string(kernels::CpuIsaName(level)) + " k " + std::to_string(k) +
+                     " tokens " + std::to_string(n_tokens));
+        const int64_t rows = 9;
+        std::vector<uint16_t> w;
+        std::vector<uint8_t> packed;
+        for (int64_t r = 0; r < rows; ++r) {
+          const auto bits =
+              k >= 64 ? RowWithExceptions(k, static_cast<int>(s.rng() % 13), 1, s.rng, true)
+                      : NormalRow(k, 0.02f, true, s.rng);
+          std::vector<uint8_t> row(RowBytes(k));
+          ASSERT_GE(PackRowBf16c(bits.data(), k, row.data()), 0);
+          w.insert(w.end(), bits.begin(), bits.end());
+          packed.insert(packed.end(), row.begin(), row.end());
+        }
+        std::normal_distribution<float> dist(0.0f, 1.0f);
+        std::vector<float> x(static_cast<size_t>(k * n_tokens));
+        for (auto& v : x) v = dist(s.rng);
+        kernels::PreparedActivations pc, pb;
+        pc.Prepare(x.data(), n_tokens, k, DType::kBF16C, level);
+        pb.Prepare(x.data(), n_tokens, k, DType::kBF16, pc.isa());
+        const TensorView vc{DType::kBF16C, {rows, k}, packed.data(), packed.size()};
+        const TensorView vb{DType::kBF16, {rows, k}, w.data(), w.size() * 2};
+        const auto n = static_cast<size_t>(rows * n_tokens);
+        std::vector<float> yc(n, NAN), yb(n, NAN);
+        // Rows 2..8 in one call (a range that starts inside the matrix), then rows 0..1.
+        for (auto [r0, r1] : {std::pair<int64_t, int64_t>{2, rows}, {0, 2}}) {
+          kernels::DotRows(vc, r0, r1, pc, yc.data(), rows);
+          kernels::DotRows(vb, r0, r1, pb, yb.data(), rows);
+        }
+        for (size_t i = 0; i < n; ++i) {
+          if (!std::isfinite(yb[i])) continue;  // huge weights times x may overflow
+          EXPECT_EQ(FloatBits(yc[i]), FloatBits(yb[i]))
+              << "token " << i / rows << " row " << i % rows << ": " << yc[i] << " vs " << yb[i];
+        }
       }
-      std::normal_distribution<float> dist(0.0f, 1.0f);
-      std::vector<float> x(static_cast<size_t>(k));
-      for (auto& v : x) v = dist(s.rng);
-      kernels::PreparedActivations pc, pb;
-      pc.Prepare(x.data(), 1, k, DType::kBF16C, level);
-      pb.Prepare(x.data(), 1, k, DType::kBF16, pc.isa());
-      const TensorView vc{DType::kBF16C, {rows, k}, packed.data(), packed.size()};
-      const TensorView vb{DType::kBF16, {rows, k}, w.data(), w.size() * 2};
-      std::vector<float> yc(rows, NAN), yb(rows, NAN);
-      kernels::DotRows(vc, 0, rows, pc, yc.data(), rows);
-      kernels::DotRows(vb, 0, rows, pb, yb.data(), rows);
-      for (int64_t r = 0; r < rows; ++r) {
-        if (!std::isfinite(yb[r])) continue;  // huge weights times x may overflow
-        EXPECT_EQ(FloatBits(yc[r]), FloatBits(yb[r]))
-            << "row " << r << ": " << yc[r] << " vs " << yb[r];
-      }
-    }
   }
 }
 

@@ -258,30 +258,37 @@ class Bf16cExceptions {
   int64_t next_block_ = 0;
 };
 
-// Decode: `n_rows` rows one after the other against one token, the arithmetic of
-// FloatTile<kBF16, 1, 1> (block b's four vectors are its steps 4b..4b+3, into accumulators
-// 0..3), so BF16C gives bf16's results bit for bit.
-void Bf16cDecodeRows(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
-                     int64_t n_rows, int64_t ahead) {
+// `n_rows` rows one after the other against C tokens (C <= 3: 4 C accumulators and a block's 4
+// vectors fill the 16 registers), the arithmetic of FloatTile<kBF16, 1, C> (block b's four
+// vectors are its steps 4b..4b+3, into accumulators 0..3), so BF16C gives bf16's results bit for
+// bit. Each block is decoded once in registers for all C tokens.
+template <int C>
+void Bf16cRows(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
+               int64_t y_stride, int64_t n_rows, int64_t ahead) {
+  static_assert(C >= 1 && C <= 3);
   const uintptr_t stop = reinterpret_cast<uintptr_t>(w + n_rows * row_bytes);  // see Prefetch
   const int64_t nb = k / kBlock;
-  TileOut<1, 1> out(y, 0);
-  for (int64_t r = 0; r < n_rows; ++r, w += row_bytes) {
+  TileOut<1, C> out(y, y_stride);
+  for (int64_t r = 0; r < n_rows; ++r, w += row_bytes, out.NextTile()) {
     const __m256i table = Bf16cTable(w);
     Bf16cExceptions ex(w, k);
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                     _mm256_setzero_ps()};
+    __m256 acc[C][4];
+    MOETIER_UNROLL for (int c = 0; c < C; ++c) MOETIER_UNROLL for (int a = 0; a < 4; ++a)
+        acc[c][a] = _mm256_setzero_ps();
     const uint8_t* blk = w + kBf16cHeader;
     for (int64_t b = 0; b < nb; ++b, blk += kBf16cBlock) {
       Prefetch(blk, ahead, stop);
       __m256 v[4];
       Bf16cDecode(table, blk, v);
       if (b == ex.next_block()) ex.Patch(b, v);
-      MOETIER_UNROLL for (int a = 0; a < 4; ++a) acc[a] =
-          _mm256_fmadd_ps(v[a], _mm256_loadu_ps(x + b * kBlock + 8 * a), acc[a]);
+      MOETIER_UNROLL for (int c = 0; c < C; ++c) MOETIER_UNROLL for (int a = 0; a < 4; ++a)
+          acc[c][a] =
+              _mm256_fmadd_ps(v[a], _mm256_loadu_ps(x + c * k + b * kBlock + 8 * a), acc[c][a]);
     }
-    out.Put(0, 0,
-            HSum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))));
+    MOETIER_UNROLL for (int c = 0; c < C; ++c)
+        out.Put(0, c,
+                HSum(_mm256_add_ps(_mm256_add_ps(acc[c][0], acc[c][1]),
+                                   _mm256_add_ps(acc[c][2], acc[c][3]))));
   }
   out.Flush();
 }
@@ -598,20 +605,28 @@ void FloatRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t r
   // 16 ymm registers: 1 row x 3 tokens x 4 accumulators = 12.
   constexpr int64_t kRows = 1, kTokens = 3;
   const int64_t k = x.k;
+  if constexpr (F == WFormat::kBF16C) {
+    // Up to a tile's tokens: the whole row range in one call, each block decoded once in
+    // registers (converting rows to float32 first reads and writes 4 bytes a weight more).
+    if (x.n_tokens <= kTokens) {
+      if (row_end <= row_begin) return;
+      const uint8_t* rows = w + row_begin * row_bytes;
+      const int64_t n = row_end - row_begin, ahead = x.float_prefetch_bytes;
+      if (x.n_tokens == 1) Bf16cRows<1>(rows, row_bytes, x.x, k, y + row_begin, 0, n, ahead);
+      if (x.n_tokens == 2) Bf16cRows<2>(rows, row_bytes, x.x, k, y + row_begin, y_stride, n, ahead);
+      if (x.n_tokens == 3) Bf16cRows<3>(rows, row_bytes, x.x, k, y + row_begin, y_stride, n, ahead);
+      return;
+    }
+  }
   if (x.n_tokens == 1) {  // decode: the whole row range in one call
-    if (row_end <= row_begin) return;
-    if constexpr (F == WFormat::kBF16C) {
-      Bf16cDecodeRows(w + row_begin * row_bytes, row_bytes, x.x, k, y + row_begin,
-                      row_end - row_begin, x.float_prefetch_bytes);
-    } else {
+    if (row_end > row_begin)
       FloatTile<F, 1, 1>(w + row_begin * row_bytes, row_bytes, x.x, k, y + row_begin, y_stride,
                          row_end - row_begin, x.float_prefetch_bytes,
                          reinterpret_cast<uintptr_t>(w + row_end * row_bytes));
-    }
     return;
   }
   // With more tokens than one tile holds, convert each row once (exactly) and reuse it for
-  // every token tile; with fewer, convert in registers (BF16C always converts).
+  // every token tile; with fewer, convert in registers (BF16C, above, too).
   const bool convert = F == WFormat::kBF16C || (F != WFormat::kF32 && x.n_tokens > kTokens);
   const int64_t stride = RoundUp(k, 64);
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
