@@ -44,7 +44,7 @@
 #   with and without the host KV tier (bench/engine/prefix_ttft.sh), gpu and hybrid
 #   (KVTIER_DTYPES: which dtypes, default DTYPES);
 #   LLAMA_P4096=0 skips llama.cpp's 4096-token prefill runs; LLAMA_BATCHED_ROUNDS=N runs
-#   llama-batched-bench N times (its figures move between runs); LLAMA_NCMOE=0 all its -ncmoe runs; DEADLINE=S (default 540) skips what would start after S seconds.
+#   llama-batched-bench N times (its figures move between runs); LLAMA_NCMOE=0 its -ncmoe llama-bench runs (LLAMA_BATCHED_ROUNDS=0: llama-batched-bench's); DEADLINE=S (default 540) skips what would start after S seconds.
 set -u
 cd "$(dirname "$0")/.."
 START=$SECONDS
@@ -373,10 +373,11 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
     for dt in $DTYPES; do
       g=q3moe-8L; [ "$dt" = q4_0 ] && g=q3moe-8L-q4_0
       lb -p 512 -n 128                                   # everything on the GPU
-      [ "${LLAMA_NCMOE:-1}" = 1 ] || continue
-      lb -ncmoe 8 -mmp 1 -p 0 -n 128                     # experts on the CPU, mmap'd
-      lb -ncmoe 8 -mmp 0 -p 0 -n 128                     # ... in a pinned buffer
-      if [ "${LLAMA_P4096:-1}" = 1 ]; then
+      if [ "${LLAMA_NCMOE:-1}" = 1 ]; then
+        lb -ncmoe 8 -mmp 1 -p 0 -n 128                     # experts on the CPU, mmap'd
+        lb -ncmoe 8 -mmp 0 -p 0 -n 128                     # ... in a pinned buffer
+      fi
+      if [ "${LLAMA_NCMOE:-1}" = 1 ] && [ "${LLAMA_P4096:-1}" = 1 ]; then
         lb -ncmoe 8 -mmp 0 -p 4096 -n 0                    # prefill 4096, default batches
         lb -ncmoe 8 -mmp 0 -p 4096 -n 0 -ub 2048 -b 4096   # ... its best batches
       fi
@@ -384,7 +385,7 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
         run_timed 120 "$LB/llama-batched-bench" -m "$W/$g.gguf" -ngl 99 -ncmoe 8 --no-mmap -c 8192 \
           -npp 128 -ntg 32 -npl 4,16 --output-format jsonl >> "$LOGS/llama-batched-$dt.jsonl" 2>&1
       done
-      grep '"pp"' "$LOGS/llama-batched-$dt.jsonl" | sed "s/^/llama-batched-bench $dt: /" >> "$S"
+      grep '"pp"' "$LOGS/llama-batched-$dt.jsonl" 2>/dev/null | sed "s/^/llama-batched-bench $dt: /" >> "$S"
     done
     grep '|' "$LOGS/llama-bench.md" >> "$S"
   fi
