@@ -258,37 +258,49 @@ class Bf16cExceptions {
   int64_t next_block_ = 0;
 };
 
-// `n_rows` rows one after the other against C tokens (C <= 3: 4 C accumulators and a block's 4
-// vectors fill the 16 registers), the arithmetic of FloatTile<kBF16, 1, C> (block b's four
-// vectors are its steps 4b..4b+3, into accumulators 0..3), so BF16C gives bf16's results bit for
-// bit. Each block is decoded once in registers for all C tokens.
+// One BF16C row against C tokens (x: C rows of k), the arithmetic of FloatTile<kBF16, 1, C>
+// (block b's four vectors are its steps 4b..4b+3, into accumulators 0..3), so BF16C gives bf16's
+// results bit for bit; sums[c] gets token c's. Each block is decoded once for all C tokens.
+// Blocks are prefetched `ahead` bytes in front, short of `stop` (see Prefetch); ahead 0: none.
+template <int C>
+inline void Bf16cRowDots(const uint8_t* row, const float* x, int64_t k, int64_t ahead,
+                         uintptr_t stop, float* sums) {
+  const __m256i table = Bf16cTable(row);
+  Bf16cExceptions ex(row, k);
+  __m256 acc[C][4];
+  MOETIER_UNROLL for (int c = 0; c < C; ++c) MOETIER_UNROLL for (int a = 0; a < 4; ++a) acc[c][a] =
+      _mm256_setzero_ps();
+  const uint8_t* blk = row + kBf16cHeader;
+  for (int64_t b = 0; b < k / kBlock; ++b, blk += kBf16cBlock) {
+    if (ahead > 0) Prefetch(blk, ahead, stop);
+    __m256 v[4];
+    Bf16cDecode(table, blk, v);
+    if (b == ex.next_block()) ex.Patch(b, v);
+    MOETIER_UNROLL for (int c = 0; c < C; ++c) MOETIER_UNROLL for (int a = 0; a < 4; ++a)
+        acc[c][a] =
+            _mm256_fmadd_ps(v[a], _mm256_loadu_ps(x + c * k + b * kBlock + 8 * a), acc[c][a]);
+  }
+  MOETIER_UNROLL for (int c = 0; c < C; ++c) sums[c] =
+      HSum(_mm256_add_ps(_mm256_add_ps(acc[c][0], acc[c][1]), _mm256_add_ps(acc[c][2], acc[c][3])));
+}
+
+// `n_rows` rows one after the other against C <= 3 tokens. Three tokens' 12 accumulators and a
+// block's 4 vectors would fill all 16 registers: a row runs as two tokens, then (from L1) one.
 template <int C>
 void Bf16cRows(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
                int64_t y_stride, int64_t n_rows, int64_t ahead) {
   static_assert(C >= 1 && C <= 3);
   const uintptr_t stop = reinterpret_cast<uintptr_t>(w + n_rows * row_bytes);  // see Prefetch
-  const int64_t nb = k / kBlock;
   TileOut<1, C> out(y, y_stride);
   for (int64_t r = 0; r < n_rows; ++r, w += row_bytes, out.NextTile()) {
-    const __m256i table = Bf16cTable(w);
-    Bf16cExceptions ex(w, k);
-    __m256 acc[C][4];
-    MOETIER_UNROLL for (int c = 0; c < C; ++c) MOETIER_UNROLL for (int a = 0; a < 4; ++a)
-        acc[c][a] = _mm256_setzero_ps();
-    const uint8_t* blk = w + kBf16cHeader;
-    for (int64_t b = 0; b < nb; ++b, blk += kBf16cBlock) {
-      Prefetch(blk, ahead, stop);
-      __m256 v[4];
-      Bf16cDecode(table, blk, v);
-      if (b == ex.next_block()) ex.Patch(b, v);
-      MOETIER_UNROLL for (int c = 0; c < C; ++c) MOETIER_UNROLL for (int a = 0; a < 4; ++a)
-          acc[c][a] =
-              _mm256_fmadd_ps(v[a], _mm256_loadu_ps(x + c * k + b * kBlock + 8 * a), acc[c][a]);
+    float sums[C];
+    if constexpr (C == 3) {
+      Bf16cRowDots<2>(w, x, k, ahead, stop, sums);
+      Bf16cRowDots<1>(w, x + 2 * k, k, 0, stop, sums + 2);
+    } else {
+      Bf16cRowDots<C>(w, x, k, ahead, stop, sums);
     }
-    MOETIER_UNROLL for (int c = 0; c < C; ++c)
-        out.Put(0, c,
-                HSum(_mm256_add_ps(_mm256_add_ps(acc[c][0], acc[c][1]),
-                                   _mm256_add_ps(acc[c][2], acc[c][3]))));
+    MOETIER_UNROLL for (int c = 0; c < C; ++c) out.Put(0, c, sums[c]);
   }
   out.Flush();
 }
