@@ -149,7 +149,7 @@ void FloatTile(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, f
             _mm256_fmadd_ps(wv[r], xv, acc[r][c][a]);
       }
     };
-    constexpr int64_t kIter = 8 * kFloatAcc;  // elements per pass over the accumulators
+    constexpr int64_t kIter = 8 * kFloatAcc;  // elements per round over the 4 accumulators
     int64_t i = 0;
     for (; i + kIter <= k; i += kIter) {
       MOETIER_UNROLL for (int r = 0; r < R; ++r) {
