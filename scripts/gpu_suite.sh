@@ -35,6 +35,8 @@
 #   BACKENDS=hybrid-evict: the expert cache's eviction rules (MOETIER_CACHE_LRU) side by side;
 #   BACKENDS=halfpin: hybrid with half the banks pinned, recorded and profiled, and cpu profiled;
 #   BACKENDS=hybrid16: hybrid at 16 sequences twice and at 4 (the smallest cache);
+#   BACKENDS=offload-packed: offload with pinned banks as stored and as bf16c (MOETIER_PACK_PINNED),
+#   prefill 4096 and decode at 1 and 16 sequences, interleaved ROUNDS times;
 #   BACKENDS=hybrid-threads: hybrid at 1, 16 and 4 sequences under the CPU-thread variants
 #   HYBRID_VARIANTS (the mode's comment says which), interleaved;
 #   BACKENDS=gpu-ab: all-VRAM decode with PDL, the weight prefetch and the fused launches on and
@@ -253,7 +255,7 @@ if [ "${SYNTH:-0}" = 1 ]; then
           bench offload-100 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_100[$dt]}" --prompt-tokens 32 --gen-tokens 64
           bench offload-par16 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \
             --parallel 16 --prompt-tokens 128 --gen-tokens 32 ;;
-        cpu | cpu-only | offload-decode | hybrid | hybrid-ab | hybrid-evict | hybrid-threads | hybrid16 | halfpin | staged) ;;  # after llama.cpp's build
+        cpu | cpu-only | offload-decode | offload-packed | hybrid | hybrid-ab | hybrid-evict | hybrid-threads | hybrid16 | halfpin | staged) ;;  # after llama.cpp's build
       esac
     done
   done
@@ -403,6 +405,20 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
             bench "offload-par$n" "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \
               --parallel "$n" --prompt-tokens 128 --gen-tokens 32
           done ;;
+        offload-packed)  # pinned banks as stored and held as bf16c (MOETIER_PACK_PINNED=1: copied
+                         # packed, expanded in VRAM), interleaved, ROUNDS times: prefill 4096
+                         # (streamed banks), decode at 1 and 16 sequences, the smallest cache
+          for round in $(seq "${ROUNDS:-1}"); do
+            for pk in 0 1; do
+              MOETIER_PACK_PINNED=$pk bench "offload-pack$pk-p4096-r$round" "$dt" "${OFFLOAD[@]}" \
+                --moe-cache-gb "${CACHE_MIN[$dt]}" --prompt-tokens 4096 --max-batch-tokens 4096 \
+                --gen-tokens 16
+              MOETIER_PACK_PINNED=$pk bench "offload-pack$pk-min-r$round" "$dt" "${OFFLOAD[@]}" \
+                --moe-cache-gb "${CACHE_MIN[$dt]}" --prompt-tokens 32 --gen-tokens 64
+              MOETIER_PACK_PINNED=$pk bench "offload-pack$pk-par16-r$round" "$dt" "${OFFLOAD[@]}" \
+                --moe-cache-gb "${CACHE_MIN[$dt]}" --parallel 16 --prompt-tokens 128 --gen-tokens 32
+            done
+          done ;;
         hybrid)  # the same with the misses split (decode steps recorded as graph segments; then
                  # launched call by call, and timed by --profile); then half the banks pinned
           HYBRID=(--moe-backend hybrid --moe-collect-stats --moe-cache-gb "${CACHE_MIN[$dt]}")
@@ -435,6 +451,8 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
                          # share on a worker thread), profile (--profile), topp (sampled with
                          # top-p alone: the engine's sample pool draws from whole rows),
                          # nocopy (--weight-packing none: no bf16c CPU copies of pinned layers),
+                         # packed (MOETIER_PACK_PINNED=1: pinned banks held as bf16c, copied
+                         # packed and expanded in VRAM; the CPU's share reads them, no copies),
                          # NAME=VALUE (that environment variable); each variant keeps its own
                          # measured split
           HYBRID=(--moe-backend hybrid --moe-collect-stats --moe-cache-gb "${CACHE_MIN[$dt]}"
@@ -455,6 +473,7 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
                       async) export MOETIER_CPU_SHARE_ASYNC=1 ;;
                       profile) args+=(--profile) ;;
                       nocopy) args+=(--weight-packing none) ;;  # the CPU's share reads the pinned bf16
+                      packed) export MOETIER_PACK_PINNED=1 ;;
                       *=*) export "${part?}" ;;
                     esac
                   done

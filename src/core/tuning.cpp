@@ -7,7 +7,7 @@
 
 namespace moetier {
 
-const std::array<TuningKnobSpec, 21> kTuningKnobSpecs = {{
+const std::array<TuningKnobSpec, 22> kTuningKnobSpecs = {{
     {"MOETIER_AMX_MIN_TOKENS", &TuningKnobs::amx_min_tokens, 1, 1 << 20,
      "smallest batch of tokens whose q8_0/bf16 matmuls use AMX tiles"},
     {"MOETIER_BF16C_EXPAND_MIN_TOKENS", &TuningKnobs::bf16c_expand_min_tokens, 1, 1 << 20,
@@ -57,6 +57,9 @@ const std::array<TuningKnobSpec, 21> kTuningKnobSpecs = {{
     {"MOETIER_STAGE_LOCKED", &TuningKnobs::stage_locked, 0, 1,
      "with a GPU: 1 stages locked layers' banks to the GPU for every long prefill step, 0 "
      "never (the CPU executor computes them); unset: the cheaper as measured"},
+    {"MOETIER_PACK_PINNED", &TuningKnobs::pack_pinned, 0, 1,
+     "offload/hybrid: 1 holds pinned bf16 banks as bf16c, copied packed and expanded in VRAM; "
+     "0 (default) as stored"},
 }};
 
 const std::array<std::string_view, 7> kOtherEnvironmentVariables = {

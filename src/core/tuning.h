@@ -44,6 +44,7 @@ struct TuningKnobs {
   std::optional<int64_t> cuda_attn_chunk;          // MOETIER_CUDA_ATTN_CHUNK
   std::optional<int64_t> cuda_gemv_assign;         // MOETIER_CUDA_GEMV_ASSIGN
   std::optional<int64_t> stage_locked;             // MOETIER_STAGE_LOCKED (0 or 1)
+  std::optional<int64_t> pack_pinned;              // MOETIER_PACK_PINNED (0 or 1)
 };
 
 // One knob: its variable, the field it sets, its accepted range and what it does.
@@ -53,7 +54,7 @@ struct TuningKnobSpec {
   int64_t min, max;
   std::string_view help;
 };
-extern const std::array<TuningKnobSpec, 21> kTuningKnobSpecs;
+extern const std::array<TuningKnobSpec, 22> kTuningKnobSpecs;
 
 // MOETIER_* variables parsed elsewhere (with their own validation, reported by
 // CheckEnvironment): the kernel level, budgets, failure injection and seeds for tests, debug

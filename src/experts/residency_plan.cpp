@@ -118,6 +118,10 @@ uint64_t ResidencyPlan::CpuCopyBytes() const {
   return n;
 }
 
+bool PinsPacked(const PlanInputs& in, const LayerBank& b) {
+  return in.pack_pinned && in.gpu_available && b.cpu_bytes != 0 && b.cpu_dtype == DType::kBF16C;
+}
+
 std::vector<size_t> LayerMoveOrder(const std::vector<LayerBank>& banks) {
   std::vector<size_t> order(banks.size());
   std::iota(order.begin(), order.end(), size_t{0});
@@ -129,6 +133,10 @@ std::vector<size_t> LayerMoveOrder(const std::vector<LayerBank>& banks) {
 }
 
 namespace {
+
+uint64_t PinnedBytes(const PlanInputs& in, const LayerBank& b) {
+  return PinsPacked(in, b) ? b.cpu_bytes : b.bytes;
+}
 
 size_t BankIndexOf(const std::vector<LayerBank>& banks, int64_t layer) {
   auto it = std::find_if(banks.begin(), banks.end(),
@@ -206,15 +214,15 @@ Expected<ResidencyPlan> PlanResidency(const PlanInputs& in) {
     if (in.budgets.pin_bytes) {
       uint64_t pinned = 0;
       for (size_t i = 0; i < n; ++i)
-        if (!on_cpu[i]) pinned += in.banks[i].bytes;
+        if (!on_cpu[i]) pinned += PinnedBytes(in, in.banks[i]);
       size_t moved = 0;
       uint64_t moved_bytes = 0;
       for (size_t i : order) {
         if (pinned <= *in.budgets.pin_bytes) break;
         if (on_cpu[i]) continue;
         on_cpu[i] = true;
-        pinned -= in.banks[i].bytes;
-        moved_bytes += in.banks[i].bytes;
+        pinned -= PinnedBytes(in, in.banks[i]);
+        moved_bytes += PinnedBytes(in, in.banks[i]);
         ++moved;
       }
       if (moved > 0 && spec.kind != CpuLayersSpec::Kind::kAuto)
@@ -229,7 +237,9 @@ Expected<ResidencyPlan> PlanResidency(const PlanInputs& in) {
   for (size_t i = 0; i < n; ++i) {
     const LayerBank& b = in.banks[i];
     plan.layers[i] = on_cpu[i] ? LayerResidency{b.layer, Tier::kLocked, b.CpuBytes(), b.CpuDType()}
-                               : LayerResidency{b.layer, Tier::kPinned, b.bytes, b.dtype};
+                     : PinsPacked(in, b)
+                         ? LayerResidency{b.layer, Tier::kPinned, b.cpu_bytes, b.cpu_dtype}
+                         : LayerResidency{b.layer, Tier::kPinned, b.bytes, b.dtype};
   }
 
   if (in.budgets.lock_bytes) {
@@ -265,7 +275,7 @@ void PlanCpuCopies(const PlanInputs& in, ResidencyPlan& plan) {
   for (size_t i = 0; i < plan.layers.size(); ++i) {
     LayerResidency& l = plan.layers[i];
     const LayerBank& b = in.banks[i];
-    if (l.tier != Tier::kPinned || b.cpu_bytes == 0) continue;
+    if (l.tier != Tier::kPinned || b.cpu_bytes == 0 || l.dtype == b.cpu_dtype) continue;
     const bool fits_lock = !in.budgets.lock_bytes || locked + b.cpu_bytes <= *in.budgets.lock_bytes;
     if (!fits_lock || held + b.cpu_bytes > in.ram_for_banks) {
       ++left_out;

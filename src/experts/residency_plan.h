@@ -1,8 +1,10 @@
 // The residency plan: per MoE layer, the tier its expert bank should settle to, chosen from the
 // backend, the pin and lock budgets and --moe-cpu-layers before a weight byte is read. A layer on
-// a CPU tier counts its packed bytes (LayerBank::cpu_bytes) against the lock budget. With
-// hybrid, a pinned layer whose experts the CPU holds packed may also keep a packed copy for the
-// CPU executor's share of its steps (PlanCpuCopies).
+// a CPU tier counts its packed bytes (LayerBank::cpu_bytes) against the lock budget. Pinned
+// layers keep the stored format, unless PlanInputs::pack_pinned holds them as BF16C (which the
+// GPU expands after the copy: fewer bytes pinned and across PCIe). With hybrid, a pinned layer
+// held as stored whose experts the CPU holds packed may also keep a packed copy for the CPU
+// executor's share of its steps (PlanCpuCopies).
 #pragma once
 
 #include <cstdint>
@@ -80,7 +82,13 @@ struct PlanInputs {
   // What the banks and CPU copies may take together (budgets.h RamForBanks); 0: unknown, and
   // no CPU copies are planned.
   uint64_t ram_for_banks = 0;
+  // Pinned banks held as BF16C where the CPU holds them so (LayerBank::cpu_dtype), for a GPU
+  // that expands them in VRAM (kernels/cuda/bf16c_expand.h); they then need no CPU copy.
+  bool pack_pinned = false;
 };
+
+// Whether a pinned bank is held packed (PlanInputs::pack_pinned).
+bool PinsPacked(const PlanInputs& in, const LayerBank& b);
 
 // The order in which layers leave a tier when a budget is short (to the CPU when pinned bytes
 // exceed the pin budget, and to pageable when locked bytes exceed the lock budget), and in which
@@ -90,10 +98,10 @@ struct PlanInputs {
 std::vector<size_t> LayerMoveOrder(const std::vector<LayerBank>& banks);
 
 // Hybrid's CPU copies (LayerResidency::cpu_copy_bytes), added to a plan whose tiers are set,
-// when a GPU is usable: one for every pinned layer whose experts the CPU holds packed
-// (LayerBank::cpu_bytes), while the locked bytes with the copies stay within the lock budget and
-// every bank with the copies within in.ram_for_banks. A copy is an optimisation: where they do not
-// all fit, the plan warns and the layers without one have their CPU share read from the pinned
+// when a GPU is usable: one for every pinned layer held as stored whose experts the CPU holds
+// packed (LayerBank::cpu_bytes), while the locked bytes with the copies stay within the lock budget
+// and every bank with the copies within in.ram_for_banks. A copy is an optimisation: where they do
+// not all fit, the plan warns and the layers without one have their CPU share read from the pinned
 // bank.
 void PlanCpuCopies(const PlanInputs& in, ResidencyPlan& plan);
 

@@ -4,8 +4,9 @@
 // bandwidth streams fewer bytes per token and the lock budget holds more layers.
 //
 // What is packed: the experts of CPU-run tiers (locked, pageable) — banks pinned for the GPU keep
-// the stored format, the one the device copies and computes with — and, with the cpu backend,
-// the dense matrices but the routers (model/dense_holding.h).
+// the stored format, the one the device computes with, unless PlanInputs::pack_pinned holds them
+// packed too (the GPU expands them after each copy) — and, with the cpu backend, the dense
+// matrices but the routers (model/dense_holding.h).
 #pragma once
 
 #include <string>

@@ -139,6 +139,9 @@ struct ResidencyOptions {
   int n_io_threads = 0;              // threads reading banks (0: a default)
   WeightPacking packing = WeightPacking::kAuto;   // --weight-packing
   DenseMemory dense_memory = DenseMemory::kAuto;  // --dense-memory
+  // Pinned bf16 banks held as BF16C and expanded by the GPU after each copy (1), as stored (0),
+  // or as MOETIER_PACK_PINNED says (-1; unset: as stored).
+  int pack_pinned = -1;
 };
 
 struct LoadOptions {

@@ -287,6 +287,45 @@ TEST(Plan, CpuCopiesOnlyWithHybridAndAPackedCpuFormat) {
   EXPECT_EQ(p->CpuCopyBytes(), 0u);
 }
 
+// pack_pinned: pinned layers held as BF16C (the GPU expands them), so they count their packed
+// bytes against the pin budget and need no CPU copy; without a GPU, or where the CPU format is
+// not BF16C, nothing changes.
+TEST(Plan, PackedPinnedBanksCountTheirPackedBytesAndKeepNoCopy) {
+  PlanInputs in;
+  in.backend = Backend::kHybrid;
+  in.gpu_available = true;
+  in.banks = PackedBanks(4);
+  in.ram_for_banks = 10'000;
+  in.pack_pinned = true;
+  in.budgets.pin_bytes = 320;  // all four packed (80 each); as stored only three (100 each)
+  auto p = PlanResidency(in);
+  ASSERT_TRUE(p.ok()) << p.message();
+  EXPECT_EQ(Tiers(*p), (std::vector<Tier>{P, P, P, P}));
+  for (const auto& l : p->layers) {
+    EXPECT_EQ(l.bytes, 80u) << l.layer;
+    EXPECT_EQ(l.dtype, DType::kBF16C) << l.layer;
+  }
+  EXPECT_EQ(p->BytesIn(Tier::kPinned), 320u);
+  EXPECT_EQ(p->CpuCopyBytes(), 0u);
+  EXPECT_TRUE(p->warnings.empty());
+  in.pack_pinned = false;
+  auto stored = PlanResidency(in);
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(Tiers(*stored), (std::vector<Tier>{L, P, P, P}));
+  EXPECT_EQ(stored->layers[1].dtype, DType::kBF16);
+  // No CPU format to pack into (--weight-packing none), or no GPU: as stored.
+  in.pack_pinned = true;
+  in.banks = Banks(4);
+  auto none = PlanResidency(in);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->layers[1].dtype, DType::kBF16);
+  EXPECT_EQ(none->layers[1].bytes, 100u);
+  in.banks = PackedBanks(4);
+  in.gpu_available = false;
+  in.backend = Backend::kOffload;
+  EXPECT_FALSE(PinsPacked(in, in.banks[0]));
+}
+
 TEST(Backend, Parse) {
   EXPECT_EQ(*ParseBackend("hybrid"), Backend::kHybrid);
   EXPECT_EQ(*ParseBackend("gpu"), Backend::kGpu);

@@ -25,18 +25,21 @@ namespace moetier {
 namespace {
 
 struct Outcome {
-  std::vector<float> logits;    // the prompt's every position, then each decoded token's
-  LayerExpertStats totals;      // with offload
-  uint64_t cpu_copy_bytes = 0;  // hybrid's CPU copies of pinned layers, as settled
+  std::vector<float> logits;         // the prompt's every position, then each decoded token's
+  LayerExpertStats totals;           // with offload
+  uint64_t cpu_copy_bytes = 0;       // hybrid's CPU copies of pinned layers, as settled
+  DType pinned_dtype = DType::kF32;  // the first pinned bank's, as settled
 };
 
 // A 24-token prompt in one step (above the fixtures' streaming threshold: 2 x experts / top-k,
 // their banks being tiny), then 8 steps of one token each.
 Outcome PromptThenDecode(const std::filesystem::path& dir, Backend backend, uint64_t cache_bytes,
                          double fetch_share = -1, const std::string& cpu_layers = "0",
-                         int stage_locked = -1, WeightPacking packing = WeightPacking::kAuto) {
+                         int stage_locked = -1, WeightPacking packing = WeightPacking::kAuto,
+                         int pack_pinned = 0) {
   LoadOptions o;
   o.residency.backend = backend;
+  o.residency.pack_pinned = pack_pinned;
   o.residency.packing = packing;
   o.residency.cpu_layers = cpu_layers;
   o.stage_locked = stage_locked;
@@ -61,7 +64,10 @@ Outcome PromptThenDecode(const std::filesystem::path& dir, Backend backend, uint
     r.logits.insert(r.logits.end(), logits.begin(), logits.end());
   }
   for (const LayerExpertStats& l : lm.expert_stats()->Snapshot()) r.totals += l;
-  for (const LayerResidency& l : *lm.residency().settled) r.cpu_copy_bytes += l.cpu_copy_bytes;
+  for (const LayerResidency& l : *lm.residency().settled) {
+    r.cpu_copy_bytes += l.cpu_copy_bytes;
+    if (l.tier == Tier::kPinned && r.pinned_dtype == DType::kF32) r.pinned_dtype = l.dtype;
+  }
   return r;
 }
 
@@ -159,6 +165,47 @@ TEST_P(GpuPlacement, HybridMatchesOffload) {
   ASSERT_EQ(copied.logits.size(), offload.logits.size());
   for (size_t i = 0; i < offload.logits.size(); ++i)
     ASSERT_NEAR(copied.logits[i], offload.logits[i], 4e-5f * (1.0f + std::fabs(offload.logits[i])))
+        << "logit " << i;
+}
+
+// Pinned banks held as BF16C (pack_pinned) cross PCIe packed and are expanded into the cache's
+// slots and the prefill stream buffers: the bf16 a stored bank puts there, so offload gives the
+// same bits, having copied the packed bytes. Hybrid's CPU share reads the packed bank itself (no
+// CPU copy): within the tolerance above.
+TEST_P(GpuPlacement, PackedPinnedBanksGiveTheStoredBits) {
+  MT_REQUIRE_GPU();
+  const auto dir = testing::HfFixture(GetParam());
+  auto s = OpenModelSource(dir);
+  ASSERT_TRUE(s.ok()) << s.message();
+  const ExpertLayout packed_layout{s->layout.d_model, s->layout.width, DType::kBF16C};
+  if (!packed_layout.valid()) {
+    std::printf("[ NOTE ] %s: expert rows do not fit bf16c; nothing to pack\n", GetParam().c_str());
+    return;
+  }
+  const uint64_t one_layer = testing::OneLayerOfExperts(dir);
+  const Outcome stored = PromptThenDecode(dir, Backend::kOffload, one_layer);
+  // (bf16c packing: these short rows do not shrink, so auto would not pack them.)
+  const Outcome packed = PromptThenDecode(dir, Backend::kOffload, one_layer, -1, "0", -1,
+                                          WeightPacking::kBf16c, /*pack_pinned=*/1);
+  ASSERT_FALSE(stored.logits.empty());
+  EXPECT_EQ(stored.pinned_dtype, DType::kBF16);
+  EXPECT_EQ(packed.pinned_dtype, DType::kBF16C);
+  EXPECT_EQ(packed.logits, stored.logits);
+  // The same routing through the same cache: the same experts fetched, each its packed bytes.
+  EXPECT_EQ(packed.totals.fetched_experts, stored.totals.fetched_experts);
+  EXPECT_EQ(packed.totals.bytes_h2d,
+            packed.totals.fetched_experts * static_cast<int64_t>(packed_layout.expert_bytes()));
+  EXPECT_GT(packed.totals.h2d_ns, 0);
+
+  const Outcome hybrid = PromptThenDecode(dir, Backend::kHybrid, one_layer, 0.5, "0", -1,
+                                          WeightPacking::kBf16c, /*pack_pinned=*/1);
+  EXPECT_EQ(hybrid.pinned_dtype, DType::kBF16C);
+  EXPECT_EQ(hybrid.cpu_copy_bytes, 0u);
+  EXPECT_GT(hybrid.totals.cpu_experts, 0);
+  EXPECT_GT(hybrid.totals.fetched_experts, 0);
+  ASSERT_EQ(hybrid.logits.size(), stored.logits.size());
+  for (size_t i = 0; i < stored.logits.size(); ++i)
+    ASSERT_NEAR(hybrid.logits[i], stored.logits[i], 4e-5f * (1.0f + std::fabs(stored.logits[i])))
         << "logit " << i;
 }
 

@@ -428,5 +428,50 @@ TEST(WeightPackingLoad, ACpuCopyHoldsTheBankPackedAndTheCpuComputesFromIt) {
   }
 }
 
+// LoadBanks with a plan that holds the pinned banks packed (PlanInputs::pack_pinned; here settled
+// without a GPU): the bank itself is BF16C, with no copy beside it, the CPU reads that bank, and
+// computes the bf16 model's logits from it.
+TEST(WeightPackingLoad, APackedPinnedBankIsTheCpusTooWithoutACopy) {
+  for (const std::string& fixture : kFixtures) {
+    SCOPED_TRACE(fixture);
+    const fs::path hf = testing::HfFixture(fixture);
+    testing::TempDir tmp;
+    const fs::path b = tmp.path() / "b";
+    ASSERT_TRUE(ConvertCheckpoint(hf, b, Opts(DType::kBF16)).ok());
+    const Loaded none = Load(b, WeightPacking::kNone);
+    ASSERT_TRUE(none.model);
+
+    auto s = OpenModelSource(b);
+    ASSERT_TRUE(s.ok()) << s.message();
+    const ModelConfig config = s->config;
+    const uint64_t packed_bytes = BankBytes(config, DType::kBF16C);
+    ResidencyPlan plan;
+    plan.backend = Backend::kOffload;
+    for (const LayerBank& bank : s->banks)
+      plan.layers.push_back(LayerResidency{bank.layer, Tier::kPinned, packed_bytes, DType::kBF16C});
+    ThreadPool io_pool(2), pack_pool(2);
+    auto banks = LoadBanks(*s, plan, BankLoadOptions{}, io_pool, pack_pool);
+    ASSERT_TRUE(banks.ok()) << banks.message();
+    for (const LayerResidency& l : banks->settled) {
+      EXPECT_EQ(l.dtype, DType::kBF16C) << "layer " << l.layer;
+      EXPECT_EQ(l.bytes, packed_bytes) << "layer " << l.layer;
+      EXPECT_FALSE(l.has_cpu_copy()) << "layer " << l.layer;
+    }
+    const BankedExperts& experts = *banks->experts;
+    for (const LayerBank& bank : s->banks) {
+      EXPECT_EQ(experts.Expert(bank.layer, 0).gate.dtype, DType::kBF16C);
+      EXPECT_EQ(experts.CpuExpert(bank.layer, 0).gate.data,
+                experts.Expert(bank.layer, 0).gate.data);
+    }
+    auto model = s->spec->create(config, s->TakeDense(), std::move(banks->experts),
+                                 ComputeOptions{.n_threads = 2});
+    ASSERT_TRUE(model.ok()) << model.message();
+    KvCache cache = *(*model)->NewCache(64);
+    std::vector<float> logits;
+    ASSERT_TRUE((*model)->Forward(kTokens, cache, LogitsFor::kAllTokens, logits).ok());
+    ExpectSameLogits(none.logits, logits);
+  }
+}
+
 }  // namespace
 }  // namespace moetier

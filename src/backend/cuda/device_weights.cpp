@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "kernels/cuda/bf16c_expand.h"
+
 namespace moetier::cuda {
 
 namespace {
@@ -50,13 +52,17 @@ Status DeviceWeights::AddExperts(const ExpertSource& experts, std::span<const in
   n_experts_ = n_experts;
   if (shape_layer < 0 || n_experts == 0) return OkStatus();
   const ExpertWeights& e0 = experts.Expert(shape_layer, 0);
-  if (e0.gate.dtype != DType::kBF16 && e0.gate.dtype != DType::kQ8_0 &&
-      e0.gate.dtype != DType::kQ4_0)
+  const DType computed = GpuExpertDType(e0.gate.dtype);  // a BF16C bank is expanded to bf16
+  if (computed != DType::kBF16 && computed != DType::kQ8_0 && computed != DType::kQ4_0)
     return Status::Error("experts of dtype " + std::string(DTypeName(e0.gate.dtype)) +
                          " cannot run on the GPU (bf16, q8_0 or q4_0 only)");
-  expert_shape_ = ExpertShape{e0.gate.dtype, e0.gate.dim(1), e0.gate.dim(0)};
+  expert_shape_ = ExpertShape{computed, e0.gate.dim(1), e0.gate.dim(0)};
   std::vector<ExpertPointers> table(static_cast<size_t>(n_layers * n_experts));
   for (int64_t layer : vram_layers) {
+    if (experts.Expert(layer, 0).gate.dtype != computed)
+      return Status::Error("the experts of layer " + std::to_string(layer) + " are " +
+                           std::string(DTypeName(experts.Expert(layer, 0).gate.dtype)) +
+                           ": VRAM holds bf16, q8_0 or q4_0 banks as they are stored");
     const uint64_t expert_bytes = e0.gate.n_bytes + e0.up.n_bytes + e0.down.n_bytes;
     const std::string what = "the experts of layer " + std::to_string(layer);
     MT_ASSIGN_OR_RETURN(DeviceBuffer<uint8_t> bank,

@@ -10,6 +10,8 @@
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "core/tuning.h"
+#include "experts/expert_layout.h"
+#include "kernels/cuda/bf16c_expand.h"
 #include "kernels/cuda/cuda_check.h"
 
 namespace moetier {
@@ -59,9 +61,18 @@ constexpr bool kCpuShareOnWorker = false;
 // unmeasured. Spinning costs nothing measurable there (docs/benchmarks.md, hybrid decode);
 // idle, the threads sleep 50 ms after the last step.
 constexpr int kCpuShareSpinMicros = 50000;
+// Packed (BF16C) misses are expanded on their own stream a group at a time, while the copy
+// engine goes on with the next ones: a group's expansion (~5 µs an expert) then overlaps the
+// copies after it, and only the last group's is left when a layer's copies end.
+constexpr size_t kExpandGroup = 4;
 
 bool GpuReadsExperts(DType t) {
   return t == DType::kBF16 || t == DType::kQ8_0 || t == DType::kQ4_0;
+}
+
+// Whether the GPU computes experts held as `t`: as stored, or expanded from BF16C.
+bool GpuComputesDType(DType t) {
+  return GpuReadsExperts(cuda::GpuExpertDType(t));
 }
 
 std::string Gb(uint64_t bytes) {
@@ -106,7 +117,13 @@ ExpertOffload::~ExpertOffload() {
     cudaStreamSynchronize(copy_stream_);
     cudaStreamDestroy(copy_stream_);
   }
+  if (expand_stream_ != nullptr) {
+    cudaStreamSynchronize(expand_stream_);
+    cudaStreamDestroy(expand_stream_);
+  }
   if (copied_ != nullptr) cudaEventDestroy(copied_);
+  if (expanded_ != nullptr) cudaEventDestroy(expanded_);
+  if (staged_ != nullptr) cudaEventDestroy(staged_);
   if (stream_ready_ != nullptr) cudaEventDestroy(stream_ready_);
   for (cudaEvent_t e : copy_start_) cudaEventDestroy(e);
   for (cudaEvent_t e : copy_end_) cudaEventDestroy(e);
@@ -121,24 +138,11 @@ Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOpti
   o->requested_cache_bytes_ = options.expert_cache_bytes;
   const int64_t E = dims.n_experts;
   bool cpu_layers = false;
+  o->packed_.assign(static_cast<size_t>(dims.n_layers), false);
   for (int64_t layer : dims.moe_layers) {
     if (o->home(layer) == ExpertHome::kCpuExecutor) cpu_layers = true;
     if (o->home(layer) != ExpertHome::kGpuCache) continue;
-    const std::string where = "the experts of layer " + std::to_string(layer);
-    for (int64_t e = 0; e < E; ++e) {
-      const ExpertWeights& w = experts.Expert(layer, e);
-      if (!GpuReadsExperts(w.gate.dtype))
-        return Status::Error(where + " are " + std::string(DTypeName(w.gate.dtype)) +
-                             ": the GPU reads bf16, q8_0 or q4_0 experts");
-      if (!OneRange(w))
-        return Status::Error(where + " are not stored as one range per expert (a bank)");
-      const uint64_t bytes = BytesOf(w);
-      if (o->expert_bytes_ != 0 && bytes != o->expert_bytes_)
-        return Status::Error(where + " differ in size from the other cached layers'");
-      o->expert_bytes_ = bytes;
-      o->gate_bytes_ = w.gate.n_bytes;
-      o->up_bytes_ = w.up.n_bytes;
-    }
+    MT_RETURN_IF_ERROR(o->CheckCachedLayer(layer));
     o->cached_bytes_ += o->expert_bytes_ * static_cast<uint64_t>(E);
     ++o->n_cached_layers_;
   }
@@ -150,8 +154,9 @@ Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOpti
   o->slot_stride_ = (o->expert_bytes_ + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
   const int64_t routed_enough =
       (kStreamAssignmentsPerExpert * E + dims.top_k - 1) / std::max<int64_t>(1, dims.top_k);
+  const uint64_t copied_bytes = o->packed_bytes_ != 0 ? o->packed_bytes_ : o->expert_bytes_;
   const auto compute_enough = static_cast<int64_t>(
-      std::ceil(kStreamTokensPerBankGb * static_cast<double>(o->expert_bytes_ * E) / 1e9));
+      std::ceil(kStreamTokensPerBankGb * static_cast<double>(copied_bytes * E) / 1e9));
   o->stream_min_tokens_ =
       Tuning().stream_min_tokens.value_or(std::max<int64_t>({1, routed_enough, compute_enough}));
   if (o->has_cached_layers() || o->has_stageable_) {
@@ -161,6 +166,7 @@ Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOpti
                             "creating the expert copy event");
     MT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&o->stream_ready_, cudaEventDisableTiming),
                             "creating the expert stream event");
+    if (o->packed_bytes_ != 0) MT_RETURN_IF_ERROR(o->CreateExpandStream());
     for (int64_t l = 0; l < dims.n_layers; ++l)
       for (auto* events : {&o->copy_start_, &o->copy_end_}) {
         cudaEvent_t e = nullptr;
@@ -198,11 +204,45 @@ Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOpti
   return o;
 }
 
+Status ExpertOffload::CheckCachedLayer(int64_t layer) {
+  const std::string where = "the experts of layer " + std::to_string(layer);
+  for (int64_t e = 0; e < dims_.n_experts; ++e) {
+    const ExpertWeights& w = experts_.Expert(layer, e);
+    if (!GpuComputesDType(w.gate.dtype))
+      return Status::Error(where + " are " + std::string(DTypeName(w.gate.dtype)) +
+                           ": the GPU reads bf16, bf16c, q8_0 or q4_0 experts");
+    if (!OneRange(w))
+      return Status::Error(where + " are not stored as one range per expert (a bank)");
+    // In a slot, as the GPU computes them.
+    const ExpertLayout slot{w.gate.dim(1), w.gate.dim(0), cuda::GpuExpertDType(w.gate.dtype)};
+    if (expert_bytes_ != 0 && slot.expert_bytes() != expert_bytes_)
+      return Status::Error(where + " differ in size from the other cached layers'");
+    expert_bytes_ = slot.expert_bytes();
+    gate_bytes_ = up_bytes_ = slot.gate_up_bytes();
+    if (w.gate.dtype != DType::kBF16C) continue;
+    if (packed_bytes_ != 0 && BytesOf(w) != packed_bytes_)
+      return Status::Error(where + " differ in size from the other packed layers'");
+    packed_bytes_ = BytesOf(w);
+    packed_[static_cast<size_t>(layer)] = true;
+  }
+  return OkStatus();
+}
+
+Status ExpertOffload::CreateExpandStream() {
+  MT_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&expand_stream_, cudaStreamNonBlocking),
+                          "creating the expansion stream of packed experts");
+  for (cudaEvent_t* e : {&expanded_, &staged_})
+    MT_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming),
+                            "creating the expansion events of packed experts");
+  staging_stride_ = AlignUp(packed_bytes_, kBankAlignment);
+  return OkStatus();
+}
+
 void ExpertOffload::FindStageableLayers(const ExpertSource& experts) {
-  DType dtype = DType::kF32;
+  DType dtype = DType::kF32;  // what the GPU computes the cached layers' experts as
   for (int64_t layer : dims_.moe_layers)
     if (home(layer) == ExpertHome::kGpuCache) {
-      dtype = experts.Expert(layer, 0).gate.dtype;
+      dtype = cuda::GpuExpertDType(experts.Expert(layer, 0).gate.dtype);
       break;
     }
   for (int64_t layer : dims_.moe_layers) {
@@ -268,6 +308,11 @@ void ExpertOffload::SaveSplitRates() const {
 Status ExpertOffload::AllocateCache() {
   if (cache_allocated() || (!has_cached_layers() && !has_stageable_)) return OkStatus();
   const int64_t E = dims_.n_experts;
+  if (packed_bytes_ != 0) {  // a layer's packed experts on their way to slots or a stream buffer
+    MT_ASSIGN_OR_RETURN(
+        staging_, cuda::DeviceBuffer<uint8_t>::Create(staging_stride_ * static_cast<uint64_t>(E),
+                                                      "the packed experts' staging buffer"));
+  }
   const uint64_t min_bytes = slot_stride_ * static_cast<uint64_t>(E);  // a step may use them all
   const uint64_t all_bytes = min_bytes * static_cast<uint64_t>(n_cached_layers_);
   // The stream buffers first, when the VRAM left after them still holds the smallest cache;
@@ -385,28 +430,39 @@ Status ExpertOffload::StreamBank(int64_t layer, int b, cudaStream_t compute) {
   uint8_t* dst = stream_buf_.data() + static_cast<uint64_t>(b) * slot_stride_ * E;
   stream_layer_[b] = layer;
   if (home(layer) == ExpertHome::kCpuExecutor) return StageBank(layer, dst);
+  const bool packed = packed_[static_cast<size_t>(layer)];
+  // A packed bank goes to the staging buffer first, and is expanded from there into dst.
+  uint8_t* to = packed ? staging_.data() : dst;
+  const uint64_t bytes = CopiedBytes(layer), stride = packed ? staging_stride_ : slot_stride_;
+  if (packed) MT_RETURN_IF_ERROR(WaitForStaging());
   const auto* first = static_cast<const uint8_t*>(experts_.Expert(layer, 0).gate.data);
-  // One copy when the bank holds its experts back to back at the slots' stride; else one each.
-  bool one_range = expert_bytes_ == slot_stride_;
+  // One copy when the bank holds its experts back to back at the destination's stride; else one
+  // each.
+  bool one_range = bytes == stride || packed;
   for (int64_t e = 1; one_range && e < E; ++e)
-    one_range = experts_.Expert(layer, e).gate.data == first + e * expert_bytes_;
+    one_range = experts_.Expert(layer, e).gate.data == first + e * stride;
   MT_RETURN_IF_ERROR(TimeCopies(layer, true));
   if (one_range) {
     MT_RETURN_IF_ERROR(LayerStatus(
-        cudaMemcpyAsync(dst, first, expert_bytes_ * E, cudaMemcpyHostToDevice, copy_stream_),
+        cudaMemcpyAsync(to, first, stride * (E - 1) + bytes, cudaMemcpyHostToDevice, copy_stream_),
         "streaming", layer, "'s bank to the GPU"));
   } else {
     for (int64_t e = 0; e < E; ++e)
       MT_RETURN_IF_ERROR(
-          LayerStatus(cudaMemcpyAsync(dst + e * slot_stride_, experts_.Expert(layer, e).gate.data,
-                                      expert_bytes_, cudaMemcpyHostToDevice, copy_stream_),
+          LayerStatus(cudaMemcpyAsync(to + e * stride, experts_.Expert(layer, e).gate.data, bytes,
+                                      cudaMemcpyHostToDevice, copy_stream_),
                       "streaming", layer, "'s bank to the GPU"));
   }
   MT_RETURN_IF_ERROR(TimeCopies(layer, false, E));
+  if (packed) {
+    for (int64_t e = 0; e < E; ++e)
+      expansions_.push_back({staging_.data() + e * staging_stride_, dst + e * slot_stride_});
+    MT_RETURN_IF_ERROR(ExpandStaged(layer));
+  }
   LayerExpertStats d;
   d.layer = layer;
   d.cache_misses = d.fetched_experts = E;
-  d.bytes_h2d = static_cast<int64_t>(expert_bytes_) * E;
+  d.bytes_h2d = static_cast<int64_t>(bytes) * E;
   if (stats_ != nullptr) stats_->Add(d);
   return OkStatus();
 }
@@ -441,6 +497,9 @@ Status ExpertOffload::PublishTable(int64_t layer, cuda::ExpertPointers* device_t
                   "copying", layer, "'s expert table"));
   MT_CUDA_RETURN_IF_ERROR(cudaEventRecord(copied_, copy_stream_), "recording the copies");
   MT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, copied_, 0), "waiting for the copies");
+  if (expanded_ != nullptr)  // (an expansion that finished long ago costs the wait nothing)
+    MT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, expanded_, 0),
+                            "waiting for the packed experts' expansion");
   return OkStatus();
 }
 
@@ -517,9 +576,42 @@ Status ExpertOffload::QueueRoutingRead(int64_t layer, const cuda::DeviceRouting&
 }
 
 Status ExpertOffload::CopyExpert(int64_t layer, int32_t expert, uint8_t* slot) {
-  return LayerStatus(cudaMemcpyAsync(slot, experts_.Expert(layer, expert).gate.data, expert_bytes_,
-                                     cudaMemcpyHostToDevice, copy_stream_),
-                     "copying", layer, "'s experts to the GPU");
+  const void* from = experts_.Expert(layer, expert).gate.data;
+  if (!packed_[static_cast<size_t>(layer)])
+    return LayerStatus(
+        cudaMemcpyAsync(slot, from, expert_bytes_, cudaMemcpyHostToDevice, copy_stream_), "copying",
+        layer, "'s experts to the GPU");
+  if (n_staged_ == 0) MT_RETURN_IF_ERROR(WaitForStaging());
+  uint8_t* staged = staging_.data() + static_cast<uint64_t>(n_staged_++) * staging_stride_;
+  MT_RETURN_IF_ERROR(LayerStatus(
+      cudaMemcpyAsync(staged, from, packed_bytes_, cudaMemcpyHostToDevice, copy_stream_), "copying",
+      layer, "'s experts to the GPU"));
+  expansions_.push_back({staged, slot});
+  return expansions_.size() == kExpandGroup ? QueueExpansions(layer) : OkStatus();
+}
+
+Status ExpertOffload::WaitForStaging() {
+  MT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, expanded_, 0),
+                          "ordering the packed experts' copies");
+  return OkStatus();
+}
+
+Status ExpertOffload::QueueExpansions(int64_t layer) {
+  if (expansions_.empty()) return OkStatus();
+  MT_CUDA_RETURN_IF_ERROR(cudaEventRecord(staged_, copy_stream_), "recording the staged experts");
+  MT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(expand_stream_, staged_, 0),
+                          "ordering the packed experts' expansion");
+  cuda::LaunchExpandBf16c(expansions_, dims_.d_model, dims_.expert_width, expand_stream_);
+  expansions_.clear();
+  return LayerStatus(cudaGetLastError(), "expanding", layer, "'s packed experts");
+}
+
+Status ExpertOffload::ExpandStaged(int64_t layer) {
+  MT_RETURN_IF_ERROR(QueueExpansions(layer));
+  n_staged_ = 0;
+  MT_CUDA_RETURN_IF_ERROR(cudaEventRecord(expanded_, expand_stream_),
+                          "recording the packed experts' expansion");
+  return OkStatus();
 }
 
 Status ExpertOffload::Fetch(int64_t layer, const cuda::DeviceRouting& r, const float* x,
@@ -548,8 +640,9 @@ Status ExpertOffload::Fetch(int64_t layer, const cuda::DeviceRouting& r, const f
     staged[ids[i]] = SlotPointers(slot);
   }
   d.fetched_experts = d.cache_misses;
-  d.bytes_h2d = d.fetched_experts * static_cast<int64_t>(expert_bytes_);
+  d.bytes_h2d = d.fetched_experts * static_cast<int64_t>(CopiedBytes(layer));
   if (d.cache_misses > 0) MT_RETURN_IF_ERROR(TimeCopies(layer, false, d.cache_misses));
+  if (n_staged_ > 0) MT_RETURN_IF_ERROR(ExpandStaged(layer));
   MT_RETURN_IF_ERROR(PublishTable(layer, device_table, compute));
   if (stats_ != nullptr) stats_->Add(d);
   return OkStatus();
@@ -616,6 +709,7 @@ Status ExpertOffload::FetchSplit(int64_t layer, const cuda::DeviceRouting& r, co
     staged[gpu_ids_[i]] = SlotPointers(slot);
   }
   if (n_fetched > 0) MT_RETURN_IF_ERROR(TimeCopies(layer, false, n_fetched));
+  if (n_staged_ > 0) MT_RETURN_IF_ERROR(ExpandStaged(layer));
 
   // The CPU's experts: their assignments over every token of the step, ascending ids as routed.
   cpu_routing_.n_tokens = r.n_tokens;
@@ -643,7 +737,7 @@ Status ExpertOffload::FetchSplit(int64_t layer, const cuda::DeviceRouting& r, co
   d.cache_misses = n_misses;
   d.fetched_experts = n_fetched;
   d.cpu_experts = n_cpu;
-  d.bytes_h2d = n_fetched * static_cast<int64_t>(expert_bytes_);
+  d.bytes_h2d = n_fetched * static_cast<int64_t>(CopiedBytes(layer));
   d.split_calls = 1;
   d.q_star_sum = split_model_->q_star();
   if (stats_ != nullptr) stats_->Add(d);

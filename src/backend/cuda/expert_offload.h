@@ -6,7 +6,9 @@
 //   layer, once the GPU router has chosen, the active expert ids come to the host; hits keep
 //   their slots, misses are copied from the bank's pinned pages by the copy engine on its own
 //   stream (one contiguous range per expert), the layer's pointer table follows, and the
-//   compute stream waits for those copies only.
+//   compute stream waits for those copies only. A bank held as BF16C (PlanInputs::pack_pinned)
+//   is copied packed into a staging buffer and expanded to bf16 into the slot on a third stream
+//   (kernels/cuda/bf16c_expand.h): fewer bytes over PCIe, the same bf16 in the slot.
 // - Prefill streaming: in a step of at least stream_min_tokens() tokens (most of every layer's
 //   experts are active), each kGpuCache layer's whole bank is copied into one of two VRAM
 //   buffers instead, the next cached layer's into the other while this one computes, and the
@@ -59,6 +61,7 @@
 #include "experts/locked_prefill.h"
 #include "experts/miss_split.h"
 #include "experts/routing.h"
+#include "kernels/cuda/bf16c_expand.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/expert_ffn.h"
 #include "kernels/cuda/host_flag.h"
@@ -193,8 +196,24 @@ class ExpertOffload {
   void ResumeSegment(int variant) {
     if (segments_ != nullptr) segments_->Resume(variant);
   }
-  // Queues the copy of (layer, expert) into slot `slot` on the copy stream.
+  // Queues the copy of (layer, expert) into slot `slot` on the copy stream (a packed expert's
+  // into the staging buffer, its expansion into the slot queued with its group's).
   Status CopyExpert(int64_t layer, int32_t expert, uint8_t* slot);
+  // Checks a kGpuCache layer's bank (what Create says) and notes its sizes and whether it is
+  // packed.
+  Status CheckCachedLayer(int64_t layer);
+  Status CreateExpandStream();
+  // One expert's bytes as `layer`'s copies move them (packed, or as the slots hold them).
+  uint64_t CopiedBytes(int64_t layer) const {
+    return packed_[static_cast<size_t>(layer)] ? packed_bytes_ : expert_bytes_;
+  }
+  // Makes the copy stream wait until the staging buffer's last expansion has read it.
+  Status WaitForStaging();
+  // Queues the expansion of the experts staged since the last call (after their copies).
+  Status QueueExpansions(int64_t layer);
+  // Queues what is left of a layer's expansions; `expanded_` then marks their end, which
+  // PublishTable has the compute stream wait for and the next staging copies too.
+  Status ExpandStaged(int64_t layer);
   // Host buffers for a layer's input and output of n_tokens tokens, and with the split the
   // device buffer for the CPU's output (synchronizes to regrow).
   Status ReserveHostRows(int64_t layer, int64_t n_tokens, cudaStream_t compute);
@@ -222,11 +241,22 @@ class ExpertOffload {
   ModelDims dims_;
   std::vector<ExpertHome> homes_;  // per layer id
   uint64_t requested_cache_bytes_ = 0;
-  uint64_t expert_bytes_ = 0;  // gate + up + down of one expert, as stored
+  uint64_t expert_bytes_ = 0;  // gate + up + down of one expert, as a slot holds it
   uint64_t slot_stride_ = 0;   // expert_bytes_ rounded up for aligned slots
   uint64_t cached_bytes_ = 0;  // every kGpuCache layer's experts
   int64_t n_cached_layers_ = 0;
   uint64_t gate_bytes_ = 0, up_bytes_ = 0;
+  // Packed (BF16C) cached layers: which, one expert's packed bytes, and the staging buffer that
+  // holds one layer's (experts staging_stride_ apart, as in a bank) between copy and expansion.
+  std::vector<bool> packed_;  // per layer id
+  uint64_t packed_bytes_ = 0;
+  uint64_t staging_stride_ = 0;
+  cuda::DeviceBuffer<uint8_t> staging_;
+  cudaStream_t expand_stream_ = nullptr;
+  cudaEvent_t staged_ = nullptr;    // on the copy stream: a group's copies are done
+  cudaEvent_t expanded_ = nullptr;  // on the expansion stream: the last layer's expansions
+  std::vector<cuda::Bf16cExpansion> expansions_;  // staged, not queued yet
+  int64_t n_staged_ = 0;                          // this layer's experts in the staging buffer
 
   cudaStream_t copy_stream_ = nullptr;
   cudaEvent_t copied_ = nullptr;
