@@ -29,6 +29,7 @@ struct Outcome {
   LayerExpertStats totals;           // with offload
   uint64_t cpu_copy_bytes = 0;       // hybrid's CPU copies of pinned layers, as settled
   DType pinned_dtype = DType::kF32;  // the first pinned bank's, as settled
+  DType locked_dtype = DType::kF32;  // the first locked (or pageable) bank's
 };
 
 // A 24-token prompt in one step (above the fixtures' streaming threshold: 2 x experts / top-k,
@@ -67,6 +68,7 @@ Outcome PromptThenDecode(const std::filesystem::path& dir, Backend backend, uint
   for (const LayerResidency& l : *lm.residency().settled) {
     r.cpu_copy_bytes += l.cpu_copy_bytes;
     if (l.tier == Tier::kPinned && r.pinned_dtype == DType::kF32) r.pinned_dtype = l.dtype;
+    if (IsCpuTier(l.tier) && r.locked_dtype == DType::kF32) r.locked_dtype = l.dtype;
   }
   return r;
 }
@@ -118,6 +120,17 @@ TEST_P(GpuPlacement, StagedLockedLayerGivesThePinnedBits) {
   // The prompt step copied every layer's bank, the staged one's too.
   const int64_t bank_misses = s->config.n_moe_layers() * s->config.n_experts;
   EXPECT_GE(staged.totals.fetched_experts, bank_misses);
+  // The locked layer held as BF16C (as bf16 models' locked layers are by default, where their
+  // rows shrink): staged packed, expanded on the GPU, the same bits.
+  if (!ExpertLayout{s->layout.d_model, s->layout.width, DType::kBF16C}.valid()) return;
+  const Outcome packed =
+      PromptThenDecode(dir, Backend::kOffload, one_layer, -1, "1", 1, WeightPacking::kBf16c);
+  EXPECT_EQ(packed.locked_dtype, DType::kBF16C);
+  EXPECT_EQ(packed.pinned_dtype, DType::kBF16);
+  ASSERT_EQ(packed.logits.size(), pinned.logits.size());
+  EXPECT_TRUE(
+      std::equal(packed.logits.begin(), packed.logits.begin() + prompt, pinned.logits.begin()));
+  EXPECT_GE(packed.totals.fetched_experts, bank_misses);
 }
 
 // Hybrid fetching every miss runs offload's kernels on offload's routing (the split's path,

@@ -66,13 +66,10 @@ constexpr int kCpuShareSpinMicros = 50000;
 // copies after it, and only the last group's is left when a layer's copies end.
 constexpr size_t kExpandGroup = 4;
 
-bool GpuReadsExperts(DType t) {
-  return t == DType::kBF16 || t == DType::kQ8_0 || t == DType::kQ4_0;
-}
-
 // Whether the GPU computes experts held as `t`: as stored, or expanded from BF16C.
 bool GpuComputesDType(DType t) {
-  return GpuReadsExperts(cuda::GpuExpertDType(t));
+  const DType c = cuda::GpuExpertDType(t);
+  return c == DType::kBF16 || c == DType::kQ8_0 || c == DType::kQ4_0;
 }
 
 std::string Gb(uint64_t bytes) {
@@ -147,7 +144,7 @@ Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOpti
     ++o->n_cached_layers_;
   }
   o->stageable_.assign(static_cast<size_t>(dims.n_layers), false);
-  if (options.stage_locked != 0) o->FindStageableLayers(experts);
+  if (options.stage_locked != 0) o->FindStageableLayers();
   if (o->has_stageable_)
     o->locked_prefill_ = std::make_unique<LockedPrefill>(
         options.stage_locked == 1 ? std::optional(LockedPrefill::Way::kStage) : std::nullopt);
@@ -204,27 +201,49 @@ Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOpti
   return o;
 }
 
-Status ExpertOffload::CheckCachedLayer(int64_t layer) {
-  const std::string where = "the experts of layer " + std::to_string(layer);
+std::string ExpertOffload::FetchableBank(int64_t layer, BankShape& shape) const {
+  const ExpertWeights& w0 = experts_.Expert(layer, 0);
+  shape.packed = w0.gate.dtype == DType::kBF16C;
+  shape.bytes = BytesOf(w0);
+  // In a slot, as the GPU computes them.
+  const ExpertLayout slot{w0.gate.dim(1), w0.gate.dim(0), cuda::GpuExpertDType(w0.gate.dtype)};
+  shape.computed = slot.dtype;
+  shape.slot_bytes = slot.expert_bytes();
+  shape.gate_up_bytes = slot.gate_up_bytes();
+  if (!GpuComputesDType(w0.gate.dtype))
+    return " are " + std::string(DTypeName(w0.gate.dtype)) +
+           ": the GPU reads bf16, bf16c, q8_0 or q4_0 experts";
   for (int64_t e = 0; e < dims_.n_experts; ++e) {
     const ExpertWeights& w = experts_.Expert(layer, e);
-    if (!GpuComputesDType(w.gate.dtype))
-      return Status::Error(where + " are " + std::string(DTypeName(w.gate.dtype)) +
-                           ": the GPU reads bf16, bf16c, q8_0 or q4_0 experts");
-    if (!OneRange(w))
-      return Status::Error(where + " are not stored as one range per expert (a bank)");
-    // In a slot, as the GPU computes them.
-    const ExpertLayout slot{w.gate.dim(1), w.gate.dim(0), cuda::GpuExpertDType(w.gate.dtype)};
-    if (expert_bytes_ != 0 && slot.expert_bytes() != expert_bytes_)
-      return Status::Error(where + " differ in size from the other cached layers'");
-    expert_bytes_ = slot.expert_bytes();
-    gate_bytes_ = up_bytes_ = slot.gate_up_bytes();
-    if (w.gate.dtype != DType::kBF16C) continue;
-    if (packed_bytes_ != 0 && BytesOf(w) != packed_bytes_)
-      return Status::Error(where + " differ in size from the other packed layers'");
-    packed_bytes_ = BytesOf(w);
-    packed_[static_cast<size_t>(layer)] = true;
+    if (!OneRange(w)) return " are not stored as one range per expert (a bank)";
+    if (w.gate.dtype != w0.gate.dtype || BytesOf(w) != shape.bytes)
+      return " differ from each other in dtype or size";
   }
+  return "";
+}
+
+std::string ExpertOffload::FitsOtherBanks(const BankShape& shape) const {
+  if (expert_bytes_ != 0 && shape.slot_bytes != expert_bytes_)
+    return " differ in size from the other GPU-run layers'";
+  if (shape.packed && packed_bytes_ != 0 && shape.bytes != packed_bytes_)
+    return " differ in size from the other packed layers'";
+  return "";
+}
+
+void ExpertOffload::NoteBank(int64_t layer, const BankShape& shape) {
+  expert_bytes_ = shape.slot_bytes;
+  gate_bytes_ = up_bytes_ = shape.gate_up_bytes;
+  if (!shape.packed) return;
+  packed_bytes_ = shape.bytes;
+  packed_[static_cast<size_t>(layer)] = true;
+}
+
+Status ExpertOffload::CheckCachedLayer(int64_t layer) {
+  BankShape shape;
+  std::string why = FetchableBank(layer, shape);
+  if (why.empty()) why = FitsOtherBanks(shape);
+  if (!why.empty()) return Status::Error("the experts of layer " + std::to_string(layer) + why);
+  NoteBank(layer, shape);
   return OkStatus();
 }
 
@@ -238,31 +257,20 @@ Status ExpertOffload::CreateExpandStream() {
   return OkStatus();
 }
 
-void ExpertOffload::FindStageableLayers(const ExpertSource& experts) {
+void ExpertOffload::FindStageableLayers() {
   DType dtype = DType::kF32;  // what the GPU computes the cached layers' experts as
   for (int64_t layer : dims_.moe_layers)
     if (home(layer) == ExpertHome::kGpuCache) {
-      dtype = cuda::GpuExpertDType(experts.Expert(layer, 0).gate.dtype);
+      dtype = cuda::GpuExpertDType(experts_.Expert(layer, 0).gate.dtype);
       break;
     }
   for (int64_t layer : dims_.moe_layers) {
     if (home(layer) != ExpertHome::kCpuExecutor) continue;
-    const ExpertWeights& w0 = experts.Expert(layer, 0);
-    if (!GpuReadsExperts(w0.gate.dtype) || (has_cached_layers() && w0.gate.dtype != dtype))
-      continue;
-    const uint64_t size = BytesOf(w0);
-    bool ok = expert_bytes_ == 0 || size == expert_bytes_;
-    for (int64_t e = 0; ok && e < dims_.n_experts; ++e) {
-      const ExpertWeights& w = experts.Expert(layer, e);
-      ok = w.gate.dtype == w0.gate.dtype && OneRange(w) && BytesOf(w) == size;
-    }
-    if (!ok) continue;
-    if (expert_bytes_ == 0) {
-      expert_bytes_ = size;
-      gate_bytes_ = w0.gate.n_bytes;
-      up_bytes_ = w0.up.n_bytes;
-      dtype = w0.gate.dtype;
-    }
+    BankShape shape;
+    if (!FetchableBank(layer, shape).empty() || !FitsOtherBanks(shape).empty()) continue;
+    if (dtype != DType::kF32 && shape.computed != dtype) continue;
+    NoteBank(layer, shape);
+    dtype = shape.computed;
     stageable_[static_cast<size_t>(layer)] = true;
     has_stageable_ = true;
   }
@@ -454,11 +462,7 @@ Status ExpertOffload::StreamBank(int64_t layer, int b, cudaStream_t compute) {
                       "streaming", layer, "'s bank to the GPU"));
   }
   MT_RETURN_IF_ERROR(TimeCopies(layer, false, E));
-  if (packed) {
-    for (int64_t e = 0; e < E; ++e)
-      expansions_.push_back({staging_.data() + e * staging_stride_, dst + e * slot_stride_});
-    MT_RETURN_IF_ERROR(ExpandStaged(layer));
-  }
+  if (packed) MT_RETURN_IF_ERROR(ExpandInto(layer, dst));
   LayerExpertStats d;
   d.layer = layer;
   d.cache_misses = d.fetched_experts = E;
@@ -469,19 +473,25 @@ Status ExpertOffload::StreamBank(int64_t layer, int b, cudaStream_t compute) {
 
 Status ExpertOffload::StageBank(int64_t layer, uint8_t* dst) {
   const int64_t E = dims_.n_experts;
+  const bool packed = packed_[static_cast<size_t>(layer)];
+  // A packed bank goes to the staging buffer first, and is expanded from there into dst.
+  uint8_t* to = packed ? staging_.data() : dst;
+  const uint64_t bytes = CopiedBytes(layer), stride = packed ? staging_stride_ : slot_stride_;
+  if (packed) MT_RETURN_IF_ERROR(WaitForStaging());
   stage_ranges_.clear();
   for (int64_t e = 0; e < E; ++e)
-    stage_ranges_.push_back(cuda::StagingRing::Range{experts_.Expert(layer, e).gate.data,
-                                                     dst + e * slot_stride_, expert_bytes_});
+    stage_ranges_.push_back(
+        cuda::StagingRing::Range{experts_.Expert(layer, e).gate.data, to + e * stride, bytes});
   const auto t0 = std::chrono::steady_clock::now();
   MT_RETURN_IF_ERROR(ring_->Copy(stage_ranges_, copy_stream_, &cpu_->pool()));
   const std::chrono::duration<double, std::nano> ns = std::chrono::steady_clock::now() - t0;
+  if (packed) MT_RETURN_IF_ERROR(ExpandInto(layer, dst));
   locked_prefill_->ObserveStage(ns.count());
   if (times_ != nullptr) (*times_)[Phase::kCopies] += ns.count() * 1e-9;
   LayerExpertStats d;
   d.layer = layer;
   d.cache_misses = d.fetched_experts = E;
-  d.bytes_h2d = static_cast<int64_t>(expert_bytes_) * E;
+  d.bytes_h2d = static_cast<int64_t>(bytes) * E;
   d.h2d_ns = static_cast<int64_t>(ns.count());  // the staging's wall time: its effective rate
   if (stats_ != nullptr) stats_->Add(d);
   return OkStatus();
@@ -604,6 +614,12 @@ Status ExpertOffload::QueueExpansions(int64_t layer) {
   cuda::LaunchExpandBf16c(expansions_, dims_.d_model, dims_.expert_width, expand_stream_);
   expansions_.clear();
   return LayerStatus(cudaGetLastError(), "expanding", layer, "'s packed experts");
+}
+
+Status ExpertOffload::ExpandInto(int64_t layer, uint8_t* dst) {
+  for (int64_t e = 0; e < dims_.n_experts; ++e)
+    expansions_.push_back({staging_.data() + e * staging_stride_, dst + e * slot_stride_});
+  return ExpandStaged(layer);
 }
 
 Status ExpertOffload::ExpandStaged(int64_t layer) {

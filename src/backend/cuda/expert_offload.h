@@ -26,9 +26,9 @@
 // - kCpuExecutor layers (banks locked or pageable): the layer's input goes to the host, the CPU
 //   backend's MoE (router, experts, routed sum) runs on it, the result comes back; the GPU waits
 //   for that layer only. In a long prefill step, those whose banks the GPU can read may instead
-//   be staged: CPU threads copy the bank through the pinned StagingRing into a prefill buffer,
-//   as pinned banks are streamed, and the GPU computes them (LockedPrefill picks the cheaper way
-//   by measured cost).
+//   be staged: CPU threads copy the bank through the pinned StagingRing into a prefill buffer
+//   (a BF16C bank into the staging buffer, expanded from there), as pinned banks are streamed,
+//   and the GPU computes them (LockedPrefill picks the cheaper way by measured cost).
 //
 // Slot reuse is safe because Fetch reads the routing after a stream synchronization: every
 // kernel of earlier layers, the only readers of an evicted slot, has finished.
@@ -98,8 +98,8 @@ class ExpertOffload {
 
   ExpertHome home(int64_t layer) const { return homes_[static_cast<size_t>(layer)]; }
   bool has_cached_layers() const { return cached_bytes_ > 0; }
-  // A kCpuExecutor layer whose bank the GPU can read (a GPU dtype, one range per expert, the
-  // size of the other GPU-run layers' experts): its long prefill steps may be staged.
+  // A kCpuExecutor layer whose bank the GPU can read (a GPU dtype or BF16C, one range per
+  // expert, the size of the other GPU-run layers' experts): its long prefill steps may be staged.
   bool stageable(int64_t layer) const { return stageable_[static_cast<size_t>(layer)]; }
   // In this step: whether the GPU computes `layer`'s experts (VRAM, cached, or staged), and
   // whether they come through Fetch (cached or staged).
@@ -199,8 +199,21 @@ class ExpertOffload {
   // Queues the copy of (layer, expert) into slot `slot` on the copy stream (a packed expert's
   // into the staging buffer, its expansion into the slot queued with its group's).
   Status CopyExpert(int64_t layer, int32_t expert, uint8_t* slot);
-  // Checks a kGpuCache layer's bank (what Create says) and notes its sizes and whether it is
-  // packed.
+  // A bank's experts as the GPU takes them: the dtype it computes, their bytes in a slot (and
+  // gate's, up's), their bytes in the bank, and whether they are packed (BF16C).
+  struct BankShape {
+    DType computed = DType::kF32;
+    uint64_t slot_bytes = 0, gate_up_bytes = 0, bytes = 0;
+    bool packed = false;
+  };
+  // Why the GPU cannot fetch `layer`'s bank, after "the experts of layer N" (empty: it can);
+  // fills `shape`.
+  std::string FetchableBank(int64_t layer, BankShape& shape) const;
+  // Why a fetchable bank cannot share the slots (and staging buffer) of those noted before.
+  std::string FitsOtherBanks(const BankShape& shape) const;
+  // Takes a fetched layer's sizes (and packing) as the slots' and the staging buffer's.
+  void NoteBank(int64_t layer, const BankShape& shape);
+  // Checks a kGpuCache layer's bank (what Create says) and notes it.
   Status CheckCachedLayer(int64_t layer);
   Status CreateExpandStream();
   // One expert's bytes as `layer`'s copies move them (packed, or as the slots hold them).
@@ -214,6 +227,8 @@ class ExpertOffload {
   // Queues what is left of a layer's expansions; `expanded_` then marks their end, which
   // PublishTable has the compute stream wait for and the next staging copies too.
   Status ExpandStaged(int64_t layer);
+  // Queues the expansion of a whole bank, staged, into dst (slot_stride_ apart).
+  Status ExpandInto(int64_t layer, uint8_t* dst);
   // Host buffers for a layer's input and output of n_tokens tokens, and with the split the
   // device buffer for the CPU's output (synchronizes to regrow).
   Status ReserveHostRows(int64_t layer, int64_t n_tokens, cudaStream_t compute);
@@ -228,9 +243,10 @@ class ExpertOffload {
   bool Staged(int64_t layer) const { return stage_step_ && stageable(layer); }
   // The next layer after `layer` whose bank this streaming step copies (-1: none).
   int64_t NextStreamedLayer(int64_t layer) const;
-  // Marks the kCpuExecutor layers the GPU can compute (stageable_), from the cached layers'
-  // expert size, or sets that size from the first of them when no layer is cached.
-  void FindStageableLayers(const ExpertSource& experts);
+  // Marks the kCpuExecutor layers the GPU can compute (stageable_; packed ones are expanded
+  // after the ring's copy), from the cached layers' expert size, or sets that size from the
+  // first of them when no layer is cached.
+  void FindStageableLayers();
   // Records the start (before the first copy) or the end of a layer's copies for the stats.
   // (n_experts: how many the layer's timed copies hold, given at the end.)
   Status TimeCopies(int64_t layer, bool start, int64_t n_experts = 0);
