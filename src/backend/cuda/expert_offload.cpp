@@ -316,10 +316,17 @@ void ExpertOffload::SaveSplitRates() const {
 Status ExpertOffload::AllocateCache() {
   if (cache_allocated() || (!has_cached_layers() && !has_stageable_)) return OkStatus();
   const int64_t E = dims_.n_experts;
-  if (packed_bytes_ != 0) {  // a layer's packed experts on their way to slots or a stream buffer
-    MT_ASSIGN_OR_RETURN(
-        staging_, cuda::DeviceBuffer<uint8_t>::Create(staging_stride_ * static_cast<uint64_t>(E),
-                                                      "the packed experts' staging buffer"));
+  // A layer's packed experts on their way to slots or a stream buffer: needed by packed cached
+  // layers' every step, by packed staged layers only with the stream buffers.
+  const uint64_t staging_bytes = packed_bytes_ != 0 ? staging_stride_ * E : 0;
+  bool caches_packed = false;
+  for (int64_t layer : dims_.moe_layers)
+    caches_packed |= home(layer) == ExpertHome::kGpuCache && packed_[static_cast<size_t>(layer)];
+  if (caches_packed) {
+    MT_ASSIGN_OR_RETURN(staging_, cuda::DeviceBuffer<uint8_t>::Create(
+                                      staging_bytes,
+                                      "the packed experts' staging buffer (MOETIER_PACK_PINNED=0 "
+                                      "keeps pinned banks as stored, without it)"));
   }
   const uint64_t min_bytes = slot_stride_ * static_cast<uint64_t>(E);  // a step may use them all
   const uint64_t all_bytes = min_bytes * static_cast<uint64_t>(n_cached_layers_);
@@ -332,10 +339,15 @@ Status ExpertOffload::AllocateCache() {
     const uint64_t cache_bytes = !has_cached_layers()          ? 0
                                  : requested_cache_bytes_ != 0 ? requested_cache_bytes_
                                                                : min_bytes;
-    const uint64_t need = stream_bytes + kWorkspaceReserveBytes + cache_bytes;
+    const uint64_t staged_staging = caches_packed ? 0 : staging_bytes;
+    const uint64_t need = stream_bytes + staged_staging + kWorkspaceReserveBytes + cache_bytes;
     if (free >= need) {
       MT_ASSIGN_OR_RETURN(stream_buf_,
                           cuda::DeviceBuffer<uint8_t>::Create(stream_bytes, "the stream buffers"));
+      if (staged_staging != 0) {
+        MT_ASSIGN_OR_RETURN(staging_, cuda::DeviceBuffer<uint8_t>::Create(
+                                          staged_staging, "the packed experts' staging buffer"));
+      }
     } else {
       LogInfo("gpu: no VRAM for the prefill stream buffers (" + Gb(stream_bytes) +
               "); long prompts copy experts through the cache");
@@ -391,7 +403,10 @@ Status ExpertOffload::AllocateCache() {
           (stream_buf_.size() > 0 ? "; steps of " + std::to_string(stream_min_tokens_) +
                                         "+ tokens stream whole banks through two buffers (" +
                                         Gb(stream_buf_.bytes()) + ")"
-                                  : ""));
+                                  : "") +
+          (staging_.size() > 0
+               ? "; bf16c banks copied packed through " + Gb(staging_.bytes()) + " and expanded"
+               : ""));
   return OkStatus();
 }
 
