@@ -98,6 +98,27 @@ uint64_t ExpertBytes(const ModelConfig& c, DType t) {
   return ExpertLayout{c.hidden_size, c.expert_intermediate_size, t}.expert_bytes();
 }
 
+// `fixture` converted to bf16 into `dir`; returns the logits of kTokens with the experts held as
+// stored (the reference for the packed ones).
+std::vector<float> ConvertBf16(const std::string& fixture, const fs::path& dir) {
+  EXPECT_TRUE(ConvertCheckpoint(testing::HfFixture(fixture), dir, Opts(DType::kBF16)).ok());
+  const Loaded none = Load(dir, WeightPacking::kNone);
+  EXPECT_TRUE(none.model);
+  return none.logits;
+}
+
+// The CPU model of s's dense weights and `experts`; the logits of kTokens into `logits`.
+std::unique_ptr<CausalLM> CpuModel(ModelSource& s, std::unique_ptr<BankedExperts> experts,
+                                   std::vector<float>& logits) {
+  auto model =
+      s.spec->create(s.config, s.TakeDense(), std::move(experts), ComputeOptions{.n_threads = 2});
+  EXPECT_TRUE(model.ok()) << model.message();
+  if (!model.ok()) return nullptr;
+  KvCache cache = *(*model)->NewCache(64);
+  EXPECT_TRUE((*model)->Forward(kTokens, cache, LogitsFor::kAllTokens, logits).ok());
+  return std::move(*model);
+}
+
 int64_t RowDelta(int64_t k) {
   return static_cast<int64_t>(DTypeRowBytes(DType::kBF16C, k)) -
          static_cast<int64_t>(DTypeRowBytes(DType::kBF16, k));
@@ -338,13 +359,9 @@ TEST(WeightPackingLoad, ACheckpointsExpertsAreNotPackedAgainAsDenseMatrices) {
 TEST(WeightPackingLoad, ACpuCopyHoldsTheBankPackedAndTheCpuComputesFromIt) {
   for (const std::string& fixture : kFixtures) {
     SCOPED_TRACE(fixture);
-    const fs::path hf = testing::HfFixture(fixture);
     testing::TempDir tmp;
     const fs::path b = tmp.path() / "b";
-    ASSERT_TRUE(ConvertCheckpoint(hf, b, Opts(DType::kBF16)).ok());
-    const Loaded none = Load(b, WeightPacking::kNone);
-    ASSERT_TRUE(none.model);
-
+    const std::vector<float> as_stored = ConvertBf16(fixture, b);
     auto s = OpenModelSource(b);
     ASSERT_TRUE(s.ok()) << s.message();
     const ModelConfig config = s->config;
@@ -410,15 +427,11 @@ TEST(WeightPackingLoad, ACpuCopyHoldsTheBankPackedAndTheCpuComputesFromIt) {
         << lines.back();
 
     // The CPU computes the bf16 model's logits from the copies.
-    std::unique_ptr<BankedExperts> held = std::move(banks->experts);
-    BankedExperts* raw = held.get();
-    auto model =
-        s->spec->create(config, s->TakeDense(), std::move(held), ComputeOptions{.n_threads = 2});
-    ASSERT_TRUE(model.ok()) << model.message();
-    KvCache cache = *(*model)->NewCache(64);
+    BankedExperts* raw = banks->experts.get();
     std::vector<float> logits;
-    ASSERT_TRUE((*model)->Forward(kTokens, cache, LogitsFor::kAllTokens, logits).ok());
-    ExpectSameLogits(none.logits, logits);
+    const std::unique_ptr<CausalLM> model = CpuModel(*s, std::move(banks->experts), logits);
+    ASSERT_TRUE(model);
+    ExpectSameLogits(as_stored, logits);
 
     const int64_t first = s->banks[0].layer;
     const std::vector<int64_t> released = {first};
@@ -434,13 +447,9 @@ TEST(WeightPackingLoad, ACpuCopyHoldsTheBankPackedAndTheCpuComputesFromIt) {
 TEST(WeightPackingLoad, APackedPinnedBankIsTheCpusTooWithoutACopy) {
   for (const std::string& fixture : kFixtures) {
     SCOPED_TRACE(fixture);
-    const fs::path hf = testing::HfFixture(fixture);
     testing::TempDir tmp;
     const fs::path b = tmp.path() / "b";
-    ASSERT_TRUE(ConvertCheckpoint(hf, b, Opts(DType::kBF16)).ok());
-    const Loaded none = Load(b, WeightPacking::kNone);
-    ASSERT_TRUE(none.model);
-
+    const std::vector<float> as_stored = ConvertBf16(fixture, b);
     auto s = OpenModelSource(b);
     ASSERT_TRUE(s.ok()) << s.message();
     const ModelConfig config = s->config;
@@ -463,13 +472,9 @@ TEST(WeightPackingLoad, APackedPinnedBankIsTheCpusTooWithoutACopy) {
       EXPECT_EQ(experts.CpuExpert(bank.layer, 0).gate.data,
                 experts.Expert(bank.layer, 0).gate.data);
     }
-    auto model = s->spec->create(config, s->TakeDense(), std::move(banks->experts),
-                                 ComputeOptions{.n_threads = 2});
-    ASSERT_TRUE(model.ok()) << model.message();
-    KvCache cache = *(*model)->NewCache(64);
     std::vector<float> logits;
-    ASSERT_TRUE((*model)->Forward(kTokens, cache, LogitsFor::kAllTokens, logits).ok());
-    ExpectSameLogits(none.logits, logits);
+    ASSERT_TRUE(CpuModel(*s, std::move(banks->experts), logits));
+    ExpectSameLogits(as_stored, logits);
   }
 }
 
