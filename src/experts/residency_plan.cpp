@@ -178,7 +178,7 @@ Expected<ResidencyPlan> PlanResidency(const PlanInputs& in) {
   }
 
   const size_t n = in.banks.size();
-  if (plan.backend == Backend::kGpu) {  // every bank in VRAM, as stored (the GPU reads no BF16C)
+  if (plan.backend == Backend::kGpu) {  // every bank in VRAM (a BF16C one expanded there)
     MT_RETURN_IF_ERROR(CheckCpuLayersFit(in.cpu_layers, in.banks));
     plan.layers.resize(n);
     for (size_t i = 0; i < n; ++i)

@@ -32,13 +32,26 @@ constexpr int64_t kAutoKvPositions = 8192;
 // ... and this much beside the weights and the KV cache: activations, cuBLAS, the CUDA runtime.
 constexpr uint64_t kAutoGpuWorkspaceBytes = uint64_t{1} << 30;
 
-// The bytes of every tensor that is not an expert's (as stored).
+// The bytes of tensor `t` in VRAM: BF16C is expanded to bf16 there (~1.3x its packed bytes).
+uint64_t GpuHeldBytes(const TensorView& t) {
+  if (t.dtype != DType::kBF16C || t.shape.size() != 2) return t.n_bytes;
+  return static_cast<uint64_t>(t.dim(0)) * DTypeRowBytes(DType::kBF16, t.dim(1));
+}
+
+// The bytes in VRAM of every tensor that is not an expert's.
 uint64_t DenseBytes(const ModelSource& s) {
   const std::set<std::string> experts = ExpertTensorNames(s);
   uint64_t n = 0;
   for (const std::string& name : s.dense().Names())
-    if (!experts.contains(name)) n += s.dense().Find(name)->n_bytes;
+    if (!experts.contains(name)) n += GpuHeldBytes(*s.dense().Find(name));
   return n;
+}
+
+// The bytes of every expert bank in VRAM (BF16C expanded to bf16).
+uint64_t GpuExpertBytes(const ModelSource& s) {
+  const ExpertLayout held{s.layout.d_model, s.layout.width,
+                          s.layout.dtype == DType::kBF16C ? DType::kBF16 : s.layout.dtype};
+  return held.bank_bytes(s.config.n_experts) * s.banks.size();
 }
 
 // --moe-backend auto: gpu when every expert, the dense weights and the KV cache asked for (bf16,
@@ -59,8 +72,7 @@ Backend ResolveAutoBackend(const ModelSource& s, const ResidencyOptions& o) {
     LogInfo("--moe-backend auto: cpu (" + fits.message() + ")");
     return Backend::kCpu;
   }
-  uint64_t experts = 0;
-  for (const LayerBank& b : s.banks) experts += b.bytes;
+  const uint64_t experts = GpuExpertBytes(s);
   const int64_t positions = o.kv_positions > 0 ? o.kv_positions : kAutoKvPositions;
   const uint64_t kv =
       KvPool::BlockBytes(KvShape{c.n_layers, c.n_kv_heads, c.head_dim}, positions, DType::kBF16);

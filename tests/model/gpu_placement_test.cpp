@@ -17,6 +17,7 @@
 #include "experts/expert_layout.h"
 #include "io/safetensors.h"
 #include "model/causal_lm.h"
+#include "model/convert.h"
 #include "model/model_source.h"
 #include "support/gpu.h"
 #include "support/test_support.h"
@@ -220,6 +221,39 @@ TEST_P(GpuPlacement, PackedPinnedBanksGiveTheStoredBits) {
   for (size_t i = 0; i < stored.logits.size(); ++i)
     ASSERT_NEAR(hybrid.logits[i], stored.logits[i], 4e-5f * (1.0f + std::fabs(stored.logits[i])))
         << "logit " << i;
+}
+
+// A model converted to bf16c (experts and dense matrices) runs on the GPU expanded to bf16: in
+// VRAM at load (gpu), or after each copy (offload's pinned banks, held as stored): the bits of
+// the bf16 model it was converted from.
+TEST_P(GpuPlacement, Bf16cConversionGivesTheBf16Bits) {
+  MT_REQUIRE_GPU();
+  const auto dir = testing::HfFixture(GetParam());
+  auto s = OpenModelSource(dir);
+  ASSERT_TRUE(s.ok()) << s.message();
+  if (!ExpertLayout{s->layout.d_model, s->layout.width, DType::kBF16C}.valid()) {
+    std::printf("[ NOTE ] %s: expert rows do not fit bf16c; nothing to convert\n",
+                GetParam().c_str());
+    return;
+  }
+  testing::TempDir tmp;
+  const std::filesystem::path packed = tmp.path() / "bf16c";
+  ConvertOptions o;
+  o.expert_dtype = DType::kBF16C;
+  o.dense_dtype = DType::kBF16C;
+  o.n_threads = 2;
+  auto converted = ConvertCheckpoint(dir, packed, o);
+  ASSERT_TRUE(converted.ok()) << converted.message();
+  EXPECT_GT(converted->n_dense_converted, 0);
+  const uint64_t one_layer = testing::OneLayerOfExperts(dir);
+  for (Backend backend : {Backend::kGpu, Backend::kOffload}) {
+    SCOPED_TRACE(std::string(BackendName(backend)));
+    const uint64_t cache = backend == Backend::kGpu ? 0 : one_layer;
+    const Outcome want = PromptThenDecode(dir, backend, cache);
+    const Outcome got = PromptThenDecode(packed, backend, cache);
+    ASSERT_FALSE(want.logits.empty());
+    EXPECT_EQ(got.logits, want.logits);
+  }
 }
 
 struct Decoded {

@@ -1,7 +1,8 @@
 // The model's weights in VRAM: every dense matrix and vector the decoder holds (copied once at
 // load, found again by the host address of the view the decoder passes), and every routed expert
 // of every MoE layer (one allocation a layer, experts back to back, with a device table of each
-// expert's gate/up/down addresses that the expert kernels read).
+// expert's gate/up/down addresses that the expert kernels read). Matrices held as BF16C are
+// expanded to bf16 on the way.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +41,12 @@ class DeviceWeights {
 
  private:
   Expected<DeviceBuffer<uint8_t>> Upload(const void* host, size_t n_bytes, const std::string& what);
+  // Copies host matrix `m` to dst as the GPU holds it: as stored, or BF16C through scratch_ and
+  // expanded to bf16 (kernels/cuda/bf16c_expand.h).
+  Status CopyMatrix(const TensorView& m, void* dst, const std::string& what);
+  // Waits for the expansions CopyMatrix queued and frees scratch_.
+  Status FinishExpansions();
+  DeviceBuffer<uint8_t> scratch_;  // a packed matrix on its way (freed after each Add*)
   std::unordered_map<const void*, DeviceMatrix> matrices_;
   std::unordered_map<const float*, const float*> vectors_;
   std::vector<DeviceBuffer<uint8_t>> memory_;  // owns every copy above and the expert banks

@@ -68,7 +68,7 @@ constexpr size_t kExpandGroup = 4;
 
 // Whether the GPU computes experts held as `t`: as stored, or expanded from BF16C.
 bool GpuComputesDType(DType t) {
-  const DType c = cuda::GpuExpertDType(t);
+  const DType c = cuda::GpuDType(t);
   return c == DType::kBF16 || c == DType::kQ8_0 || c == DType::kQ4_0;
 }
 
@@ -206,7 +206,7 @@ std::string ExpertOffload::FetchableBank(int64_t layer, BankShape& shape) const 
   shape.packed = w0.gate.dtype == DType::kBF16C;
   shape.bytes = BytesOf(w0);
   // In a slot, as the GPU computes them.
-  const ExpertLayout slot{w0.gate.dim(1), w0.gate.dim(0), cuda::GpuExpertDType(w0.gate.dtype)};
+  const ExpertLayout slot{w0.gate.dim(1), w0.gate.dim(0), cuda::GpuDType(w0.gate.dtype)};
   shape.computed = slot.dtype;
   shape.slot_bytes = slot.expert_bytes();
   shape.gate_up_bytes = slot.gate_up_bytes();
@@ -261,7 +261,7 @@ void ExpertOffload::FindStageableLayers() {
   DType dtype = DType::kF32;  // what the GPU computes the cached layers' experts as
   for (int64_t layer : dims_.moe_layers)
     if (home(layer) == ExpertHome::kGpuCache) {
-      dtype = cuda::GpuExpertDType(experts_.Expert(layer, 0).gate.dtype);
+      dtype = cuda::GpuDType(experts_.Expert(layer, 0).gate.dtype);
       break;
     }
   for (int64_t layer : dims_.moe_layers) {

@@ -16,11 +16,11 @@ constexpr int kExceptionsAt = 16;  // byte offset of the exception list
 constexpr int kMaxExceptions = 12;
 constexpr int kBlockWeights = 32;
 constexpr int kBlockBytes = 48;   // lo[32] in slot order, then code[16] (two 4-bit codes a byte)
-constexpr int kExpandJobs = 64;   // experts a launch takes (its parameter block: 1 KB)
+constexpr int kExpandJobs = 64;   // row runs a launch takes (its parameter block: 2 KB)
 constexpr int kRowsPerBlock = 8;  // a warp a row
 
 struct ExpandJobs {
-  Bf16cExpansion e[kExpandJobs];
+  Bf16cRows j[kExpandJobs];
 };
 
 __host__ __device__ constexpr int64_t PackedRowBytes(int64_t k) {
@@ -89,39 +89,52 @@ __device__ void ExpandRow(const uint8_t* row, int64_t k, uint16_t* dst, int lane
   }
 }
 
-// Grid: (row groups of an expert, experts). Row r < 2 * width is a gate or up row (d_model
-// weights), the rest down rows (width weights).
-__global__ void ExpandKernel(ExpandJobs jobs, int64_t d_model, int64_t width) {
+// Grid: (row groups, jobs); a job's rows beyond its n_rows leave at once.
+__global__ void ExpandKernel(ExpandJobs jobs) {
   PdlWait();
-  const Bf16cExpansion job = jobs.e[blockIdx.y];
-  const int lane = static_cast<int>(threadIdx.x % 32);
+  const Bf16cRows job = jobs.j[blockIdx.y];
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
-  const int64_t gate_up_rows = 2 * width;
-  if (r >= gate_up_rows + d_model) return;
-  if (r < gate_up_rows) {
-    ExpandRow(job.packed + r * PackedRowBytes(d_model), d_model,
-              reinterpret_cast<uint16_t*>(job.slot) + r * d_model, lane);
-  } else {
-    const int64_t d = r - gate_up_rows;
-    ExpandRow(job.packed + gate_up_rows * PackedRowBytes(d_model) + d * PackedRowBytes(width),
-              width, reinterpret_cast<uint16_t*>(job.slot) + gate_up_rows * d_model + d * width,
-              lane);
-  }
+  if (r >= job.n_rows) return;
+  ExpandRow(job.packed + r * PackedRowBytes(job.k), job.k,
+            reinterpret_cast<uint16_t*>(job.out) + r * job.k, static_cast<int>(threadIdx.x % 32));
+}
+
+void LaunchJobs(const ExpandJobs& jobs, int n, cudaStream_t stream) {
+  int64_t rows = 0;
+  for (int i = 0; i < n; ++i) rows = std::max(rows, jobs.j[i].n_rows);
+  if (rows == 0) return;
+  const auto groups = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  Launch(ExpandKernel, dim3(groups, static_cast<unsigned>(n)), dim3(32 * kRowsPerBlock), 0, stream,
+         jobs);
 }
 
 }  // namespace
 
+void LaunchExpandBf16cRows(std::span<const Bf16cRows> rows, cudaStream_t stream) {
+  for (size_t first = 0; first < rows.size(); first += kExpandJobs) {
+    const size_t n = std::min<size_t>(kExpandJobs, rows.size() - first);
+    ExpandJobs jobs{};
+    std::copy_n(rows.begin() + static_cast<std::ptrdiff_t>(first), n, jobs.j);
+    LaunchJobs(jobs, static_cast<int>(n), stream);
+  }
+}
+
 void LaunchExpandBf16c(std::span<const Bf16cExpansion> experts, int64_t d_model, int64_t width,
                        cudaStream_t stream) {
-  const int64_t rows = 2 * width + d_model;
-  const auto groups = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
-  for (size_t first = 0; first < experts.size(); first += kExpandJobs) {
-    const size_t n = std::min<size_t>(kExpandJobs, experts.size() - first);
-    ExpandJobs jobs{};
-    std::copy_n(experts.begin() + static_cast<std::ptrdiff_t>(first), n, jobs.e);
-    Launch(ExpandKernel, dim3(groups, static_cast<unsigned>(n)), dim3(32 * kRowsPerBlock), 0,
-           stream, jobs, d_model, width);
+  // Two runs an expert: gate and up (2 x width rows of d_model), then down (d_model of width).
+  const int64_t gate_up_packed = 2 * width * PackedRowBytes(d_model);
+  const int64_t gate_up_out = 2 * width * d_model * 2;
+  ExpandJobs jobs{};
+  int n = 0;
+  for (const Bf16cExpansion& e : experts) {
+    jobs.j[n++] = Bf16cRows{e.packed, e.slot, 2 * width, d_model};
+    jobs.j[n++] = Bf16cRows{e.packed + gate_up_packed, e.slot + gate_up_out, d_model, width};
+    if (n == kExpandJobs) {
+      LaunchJobs(jobs, n, stream);
+      n = 0;
+    }
   }
+  if (n > 0) LaunchJobs(jobs, n, stream);
 }
 
 }  // namespace moetier::cuda

@@ -1,5 +1,6 @@
-// The device expansion of BF16C experts (kernels/cuda/bf16c_expand.h) against the CPU's
-// UnpackRowBf16c (kernels/cpu/bf16c.h), bit for bit, on fresh random experts.
+// The device expansion of BF16C rows and experts (kernels/cuda/bf16c_expand.h) against the
+// CPU's UnpackRowBf16c (kernels/cpu/bf16c.h) and the bf16 they packed, bit for bit, on fresh
+// random weights.
 #include "kernels/cuda/bf16c_expand.h"
 
 #include <gtest/gtest.h>
@@ -7,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -117,6 +119,45 @@ TEST(Bf16cExpandTest, ExpertsExpandToTheirBf16BitForBit) {
       for (size_t i = want.size(); i < slot_elems; ++i)
         ASSERT_EQ(slot[i], 0xABAB) << "expert " << e << " wrote past its slot";
     }
+  }
+}
+
+// Runs of rows of any length and count in one call (dense matrices: one run each), more runs than
+// a launch takes.
+TEST(Bf16cExpandTest, RowRunsExpandToTheirBf16BitForBit) {
+  MT_REQUIRE_GPU();
+  std::mt19937 rng(testing::TestSeed());
+  std::uniform_int_distribution<int64_t> blocks(1, 80), n_rows(1, 40);
+  std::vector<uint8_t> packed;
+  std::vector<std::vector<uint16_t>> want;
+  std::vector<std::pair<size_t, size_t>> at;  // each run's packed offset and output offset
+  std::vector<std::pair<int64_t, int64_t>> shape;
+  size_t out_elems = 0;
+  for (int run = 0; run < 70; ++run) {
+    const int64_t k = 32 * blocks(rng), rows = n_rows(rng);
+    want.push_back(RandomBf16(rows, k, rng));
+    at.emplace_back(packed.size(), out_elems);
+    shape.emplace_back(rows, k);
+    packed.resize(packed.size() + static_cast<size_t>(rows) * DTypeRowBytes(DType::kBF16C, k));
+    ASSERT_EQ(kernels::PackRowsBf16c(want.back().data(), rows, k, packed.data() + at.back().first),
+              -1);
+    out_elems += static_cast<size_t>(rows * k) + 8;  // 16 bytes of gap, 16-byte aligned
+  }
+  const DeviceBuffer<uint8_t> d_packed = Upload(packed);
+  DeviceBuffer<uint16_t> d_out = DeviceBuffer<uint16_t>::Create(out_elems, "rows").value();
+  ASSERT_EQ(cudaMemset(d_out.data(), 0xAB, d_out.bytes()), cudaSuccess);
+  std::vector<Bf16cRows> runs;
+  for (size_t i = 0; i < want.size(); ++i)
+    runs.push_back({d_packed.data() + at[i].first,
+                    reinterpret_cast<uint8_t*>(d_out.data() + at[i].second), shape[i].first,
+                    shape[i].second});
+  LaunchExpandBf16cRows(runs, nullptr);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<uint16_t> got = Download(d_out, out_elems);
+  for (size_t i = 0; i < want.size(); ++i) {
+    const uint16_t* o = got.data() + at[i].second;
+    ASSERT_EQ(std::memcmp(o, want[i].data(), want[i].size() * 2), 0) << "run " << i;
+    for (size_t g = 0; g < 8; ++g) ASSERT_EQ(o[want[i].size() + g], 0xABAB) << "run " << i;
   }
 }
 
