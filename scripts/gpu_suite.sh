@@ -24,7 +24,7 @@
 #   (NCU_KERNELS: a regex of kernel names, NCU_SKIP / NCU_COUNT: launches of them);
 #   PROFILE_PREFILL="q4_0" the
 #   same for a 512-token prefill; EXPERT_TIMING=1 runs the expert kernels' timing test (ms by
-#   path and tokens: the prefill crossover); BACKENDS=gpu1: gpu's first row alone;
+#   path and tokens: the prefill crossover) and bf16c's expansion's; BACKENDS=gpu1: gpu's first row alone;
 #   BACKENDS=gpu-gemv: decode at 1 and 4 sequences with the tiled expert kernels alone
 #   (MOETIER_CUDA_GEMV_ASSIGN=0) and with the one-warp-a-row ones up to 4 tokens (32); BACKENDS=gpu-sampled: gpu decode greedy and sampled (the GPU's top-k candidates, or the rows for top-p alone), 1 and 16 sequences;
 #   RECALL=1 measures the prefetch predictor's recall on the synthetic bf16 model
@@ -136,6 +136,9 @@ if [ "${EXPERT_TIMING:-0}" = 1 ]; then
     else grep '^experts.*decode' "$LOGS/expert-timing-$gemv.log" >> "$S"; fi
   done
   unset MOETIER_CUDA_GEMV_ASSIGN
+  run_timed 60 "$B/tests/cuda_dense_tests" --gtest_also_run_disabled_tests \
+    --gtest_filter='Bf16cExpandBench.*' > "$LOGS/expand-timing.log" 2>&1
+  grep '^expand' "$LOGS/expand-timing.log" >> "$S"
 fi
 # Logits of five tokens under each placement, against the CPU engine's.
 logits() {  # model-dir out-name moetier-args...

@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <utility>
@@ -186,6 +188,35 @@ TEST(Bf16cExpandTest, DamagedExceptionListsDecodeAsTheCpuDoes) {
       ExpandOnGpu(x.packed, x.packed.size(), 1, d_model, width, want.size());
   ASSERT_EQ(got.size(), want.size());
   EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 2), 0);
+}
+
+// What expanding costs next to copying (EXPERT_TIMING=1 in scripts/gpu_suite.sh runs it): 8
+// and 40 Qwen3-30B-A3B experts (a decode step's misses at 1 and 16 sequences), GB/s of packed
+// bytes read plus bf16 written.
+TEST(Bf16cExpandBench, DISABLED_Experts) {
+  MT_REQUIRE_GPU();
+  std::mt19937 rng(testing::TestSeed());
+  const int64_t d_model = 2048, width = 768;
+  const PackedExpert x = MakeExpert(d_model, width, rng);
+  const size_t stride = (x.packed.size() + 4095) / 4096 * 4096;
+  const size_t slot_bytes = x.expanded.size() * 2;
+  for (int n : {8, 40}) {
+    std::vector<uint8_t> all(stride * static_cast<size_t>(n));
+    for (int e = 0; e < n; ++e)
+      std::copy(x.packed.begin(), x.packed.end(), all.begin() + e * stride);
+    const DeviceBuffer<uint8_t> d_packed = Upload(all);
+    DeviceBuffer<uint8_t> d_slots =
+        DeviceBuffer<uint8_t>::Create(slot_bytes * static_cast<size_t>(n), "slots").value();
+    std::vector<Bf16cExpansion> jobs;
+    for (int e = 0; e < n; ++e)
+      jobs.push_back({d_packed.data() + e * stride, d_slots.data() + e * slot_bytes});
+    const double ms =
+        testing::MedianGpuMs([&] { LaunchExpandBf16c(jobs, d_model, width, nullptr); });
+    const double bytes = static_cast<double>(n) * static_cast<double>(x.packed.size() + slot_bytes);
+    std::printf("expand: %d experts %lldx%lld: %.1f us, %.0f GB/s\n", n,
+                static_cast<long long>(d_model), static_cast<long long>(width), ms * 1e3,
+                bytes / (ms * 1e-3) / 1e9);
+  }
 }
 
 }  // namespace
