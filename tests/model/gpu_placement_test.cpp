@@ -74,6 +74,21 @@ Outcome PromptThenDecode(const std::filesystem::path& dir, Backend backend, uint
   return r;
 }
 
+// Within the GPU placements' tolerance of `want` (fp32 both, summed in another order).
+void ExpectNearLogits(const std::vector<float>& got, const std::vector<float>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 4e-5f * (1.0f + std::fabs(want[i]))) << "logit " << i;
+}
+
+// Whether the fixture's expert rows fit bf16c (whole 32-blocks); if not, says so and what the
+// test leaves out.
+bool ExpertsFitBf16c(const ModelSource& s, const std::string& fixture, const char* left_out) {
+  if (ExpertLayout{s.layout.d_model, s.layout.width, DType::kBF16C}.valid()) return true;
+  std::printf("[ NOTE ] %s: expert rows do not fit bf16c; %s\n", fixture.c_str(), left_out);
+  return false;
+}
+
 class GpuPlacement : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuPlacement, ExpertBytesFromVramCacheOrStreamGiveTheSameBits) {
@@ -123,7 +138,7 @@ TEST_P(GpuPlacement, StagedLockedLayerGivesThePinnedBits) {
   EXPECT_GE(staged.totals.fetched_experts, bank_misses);
   // The locked layer held as BF16C (as bf16 models' locked layers are by default, where their
   // rows shrink): staged packed, expanded on the GPU, the same bits.
-  if (!ExpertLayout{s->layout.d_model, s->layout.width, DType::kBF16C}.valid()) return;
+  if (!ExpertsFitBf16c(*s, GetParam(), "no packed locked layer to stage")) return;
   const Outcome packed =
       PromptThenDecode(dir, Backend::kOffload, one_layer, -1, "1", 1, WeightPacking::kBf16c);
   EXPECT_EQ(packed.locked_dtype, DType::kBF16C);
@@ -150,11 +165,7 @@ TEST_P(GpuPlacement, HybridMatchesOffload) {
   for (double share : {0.0, 0.5, -1.0}) {
     SCOPED_TRACE("fetch share " + std::to_string(share));
     const Outcome hybrid = PromptThenDecode(dir, Backend::kHybrid, one_layer, share);
-    ASSERT_EQ(hybrid.logits.size(), offload.logits.size());
-    for (size_t i = 0; i < offload.logits.size(); ++i)
-      ASSERT_NEAR(hybrid.logits[i], offload.logits[i],
-                  4e-5f * (1.0f + std::fabs(offload.logits[i])))
-          << "logit " << i;
+    ASSERT_NO_FATAL_FAILURE(ExpectNearLogits(hybrid.logits, offload.logits));
     EXPECT_GT(hybrid.totals.split_calls, 0);
     EXPECT_EQ(hybrid.totals.fetched_experts + hybrid.totals.cpu_experts,
               hybrid.totals.cache_misses);
@@ -167,19 +178,12 @@ TEST_P(GpuPlacement, HybridMatchesOffload) {
   // values, so within the same tolerance. (Where the experts' rows fit bf16c: whole 32-blocks.)
   auto s = OpenModelSource(dir);
   ASSERT_TRUE(s.ok()) << s.message();
-  if (!ExpertLayout{s->layout.d_model, s->layout.width, DType::kBF16C}.valid()) {
-    std::printf("[ NOTE ] %s: expert rows do not fit bf16c; no CPU copy to compare\n",
-                GetParam().c_str());
-    return;
-  }
+  if (!ExpertsFitBf16c(*s, GetParam(), "no CPU copy to compare")) return;
   const Outcome copied =
       PromptThenDecode(dir, Backend::kHybrid, one_layer, 0.0, "0", -1, WeightPacking::kBf16c);
   EXPECT_GT(copied.cpu_copy_bytes, 0u);
   EXPECT_GT(copied.totals.cpu_experts, 0);
-  ASSERT_EQ(copied.logits.size(), offload.logits.size());
-  for (size_t i = 0; i < offload.logits.size(); ++i)
-    ASSERT_NEAR(copied.logits[i], offload.logits[i], 4e-5f * (1.0f + std::fabs(offload.logits[i])))
-        << "logit " << i;
+  ASSERT_NO_FATAL_FAILURE(ExpectNearLogits(copied.logits, offload.logits));
 }
 
 // Pinned banks held as BF16C (pack_pinned) cross PCIe packed and are expanded into the cache's
@@ -191,11 +195,8 @@ TEST_P(GpuPlacement, PackedPinnedBanksGiveTheStoredBits) {
   const auto dir = testing::HfFixture(GetParam());
   auto s = OpenModelSource(dir);
   ASSERT_TRUE(s.ok()) << s.message();
+  if (!ExpertsFitBf16c(*s, GetParam(), "nothing to pack")) return;
   const ExpertLayout packed_layout{s->layout.d_model, s->layout.width, DType::kBF16C};
-  if (!packed_layout.valid()) {
-    std::printf("[ NOTE ] %s: expert rows do not fit bf16c; nothing to pack\n", GetParam().c_str());
-    return;
-  }
   const uint64_t one_layer = testing::OneLayerOfExperts(dir);
   const Outcome stored = PromptThenDecode(dir, Backend::kOffload, one_layer);
   // (bf16c packing: these short rows do not shrink, so auto would not pack them.)
@@ -217,10 +218,7 @@ TEST_P(GpuPlacement, PackedPinnedBanksGiveTheStoredBits) {
   EXPECT_EQ(hybrid.cpu_copy_bytes, 0u);
   EXPECT_GT(hybrid.totals.cpu_experts, 0);
   EXPECT_GT(hybrid.totals.fetched_experts, 0);
-  ASSERT_EQ(hybrid.logits.size(), stored.logits.size());
-  for (size_t i = 0; i < stored.logits.size(); ++i)
-    ASSERT_NEAR(hybrid.logits[i], stored.logits[i], 4e-5f * (1.0f + std::fabs(stored.logits[i])))
-        << "logit " << i;
+  ASSERT_NO_FATAL_FAILURE(ExpectNearLogits(hybrid.logits, stored.logits));
 }
 
 // A model converted to bf16c (experts and dense matrices) runs on the GPU expanded to bf16: in
@@ -231,11 +229,7 @@ TEST_P(GpuPlacement, Bf16cConversionGivesTheBf16Bits) {
   const auto dir = testing::HfFixture(GetParam());
   auto s = OpenModelSource(dir);
   ASSERT_TRUE(s.ok()) << s.message();
-  if (!ExpertLayout{s->layout.d_model, s->layout.width, DType::kBF16C}.valid()) {
-    std::printf("[ NOTE ] %s: expert rows do not fit bf16c; nothing to convert\n",
-                GetParam().c_str());
-    return;
-  }
+  if (!ExpertsFitBf16c(*s, GetParam(), "nothing to convert")) return;
   testing::TempDir tmp;
   const std::filesystem::path packed = tmp.path() / "bf16c";
   ConvertOptions o;

@@ -42,25 +42,6 @@ constexpr double kStreamTokensPerBankGb = 2000.0;
 // bytes, which the split's rates assume; larger steps copy every miss (their experts have many
 // tokens each: the GPU computes them far faster).
 constexpr double kSplitMaxAssignmentsPerExpert = 4.0;
-// The stream's wait for the CPU share's worker gives up after this long (the share of one layer
-// takes milliseconds): a stuck CPU side becomes the step's error instead of a hang.
-constexpr uint32_t kCpuShareTimeoutMs = 30000;
-// Whether the CPU's share runs on the worker by default. Measured on the H200 (16 cores, one
-// sequence): slower than on the host thread — bf16 272 vs 356 tokens/s, q4_0 the split's q*
-// went to 0.98 — as the worker's job finishes late (it is the pool's caller and shares a core
-// with the host thread, which spins in cudaStreamSynchronize), so the split's CPU rate drops
-// and the copy engine takes nearly every miss. MOETIER_CPU_SHARE_ASYNC=1 turns it on.
-constexpr bool kCpuShareOnWorker = false;
-// How long the CPU executor's threads spin for the next job under a split, µs: longer than a
-// decode step's longest layer (all copies: up to ~20 ms at 16 bf16 sequences), so that through
-// a decode they never sleep. Waking them costs far more than a share's job (30 µs an expert):
-// 0.3-2 ms on the H200 machine's virtual CPUs. A share that paid for it would make the CPU look
-// slow, the split would give it less, its jobs would come further apart and pay again; such
-// shares are left out of the split's observations (CpuJobCounts), which needs most shares to
-// find the threads awake: a spin shorter than the gap between shares leaves the CPU's rate
-// unmeasured. Spinning costs nothing measurable there (docs/benchmarks.md, hybrid decode);
-// idle, the threads sleep 50 ms after the last step.
-constexpr int kCpuShareSpinMicros = 50000;
 // Packed (BF16C) misses are expanded on their own stream a group at a time, while the copy
 // engine goes on with the next ones: a group's expansion (~5 µs an expert) then overlaps the
 // copies after it, and only the last group's is left when a layer's copies end.
@@ -78,13 +59,6 @@ std::string Gb(uint64_t bytes) {
   return s;
 }
 
-// A CUDA call's result for layer `layer` ("copying layer 3's experts to the GPU"); the message
-// is built only on failure, as these calls run for every offloaded layer of every step.
-Status LayerStatus(cudaError_t err, const char* action, int64_t layer, const char* object) {
-  if (err == cudaSuccess) return OkStatus();
-  return cuda::CudaStatus(err, std::string(action) + " layer " + std::to_string(layer) + object);
-}
-
 // Whether an expert's gate, up and down lie back to back, as banks lay them out: one copy each.
 bool OneRange(const ExpertWeights& w) {
   const auto* gate = static_cast<const uint8_t*>(w.gate.data);
@@ -96,6 +70,12 @@ uint64_t BytesOf(const ExpertWeights& w) {
 }
 
 }  // namespace
+
+Status ExpertOffload::LayerStatus(cudaError_t err, const char* action, int64_t layer,
+                                  const char* object) {
+  if (err == cudaSuccess) return OkStatus();
+  return cuda::CudaStatus(err, std::string(action) + " layer " + std::to_string(layer) + object);
+}
 
 ExpertOffload::ExpertOffload(const ExpertSource& experts, const ModelDims& dims)
     : experts_(experts), dims_(dims) {}
@@ -185,19 +165,7 @@ Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOpti
     o->step_cpu_experts_.assign(static_cast<size_t>(dims.n_layers), 0);
   }
   o->timed_experts_.assign(static_cast<size_t>(dims.n_layers), 0);
-  if (cpu_layers || o->split_)
-    o->cpu_ = std::make_unique<CpuBackend>(options.n_threads, experts, dims.d_model);
-  if (o->split_ && !Tuning().spin_us) o->cpu_->pool().set_spin_micros(kCpuShareSpinMicros);
-  if (o->split_ && Tuning().cpu_share_async.value_or(kCpuShareOnWorker ? 1 : 0) != 0) {
-    Expected<cuda::HostFlag> flag = cuda::HostFlag::Create();
-    if (flag.ok()) {
-      o->cpu_done_ = std::make_unique<cuda::HostFlag>(std::move(*flag));
-      ExpertOffload* raw = o.get();
-      o->cpu_worker_ = std::thread([raw] { raw->CpuWorkerLoop(); });
-    } else {
-      LogInfo("gpu: " + flag.message() + "; the CPU's share of misses runs on the host thread");
-    }
-  }
+  if (cpu_layers || o->split_) o->StartCpuSide(options.n_threads);
   return o;
 }
 
@@ -445,6 +413,12 @@ Status ExpertOffload::TimeCopies(int64_t layer, bool start, int64_t n_experts) {
   return OkStatus();
 }
 
+Expected<ExpertOffload::BankTarget> ExpertOffload::TargetOf(int64_t layer, uint8_t* dst) {
+  if (!packed_[static_cast<size_t>(layer)]) return BankTarget{dst, expert_bytes_, slot_stride_};
+  MT_RETURN_IF_ERROR(WaitForStaging());
+  return BankTarget{staging_.data(), packed_bytes_, staging_stride_};
+}
+
 Status ExpertOffload::StreamBank(int64_t layer, int b, cudaStream_t compute) {
   MT_CUDA_RETURN_IF_ERROR(cudaEventRecord(stream_ready_, compute), "ordering the bank copy");
   MT_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, stream_ready_, 0),
@@ -454,26 +428,23 @@ Status ExpertOffload::StreamBank(int64_t layer, int b, cudaStream_t compute) {
   stream_layer_[b] = layer;
   if (home(layer) == ExpertHome::kCpuExecutor) return StageBank(layer, dst);
   const bool packed = packed_[static_cast<size_t>(layer)];
-  // A packed bank goes to the staging buffer first, and is expanded from there into dst.
-  uint8_t* to = packed ? staging_.data() : dst;
-  const uint64_t bytes = CopiedBytes(layer), stride = packed ? staging_stride_ : slot_stride_;
-  if (packed) MT_RETURN_IF_ERROR(WaitForStaging());
+  MT_ASSIGN_OR_RETURN(const BankTarget t, TargetOf(layer, dst));
   const auto* first = static_cast<const uint8_t*>(experts_.Expert(layer, 0).gate.data);
   // One copy when the bank holds its experts back to back at the destination's stride; else one
   // each.
-  bool one_range = bytes == stride || packed;
+  bool one_range = t.bytes == t.stride || packed;
   for (int64_t e = 1; one_range && e < E; ++e)
-    one_range = experts_.Expert(layer, e).gate.data == first + e * stride;
+    one_range = experts_.Expert(layer, e).gate.data == first + e * t.stride;
   MT_RETURN_IF_ERROR(TimeCopies(layer, true));
   if (one_range) {
-    MT_RETURN_IF_ERROR(LayerStatus(
-        cudaMemcpyAsync(to, first, stride * (E - 1) + bytes, cudaMemcpyHostToDevice, copy_stream_),
-        "streaming", layer, "'s bank to the GPU"));
+    MT_RETURN_IF_ERROR(LayerStatus(cudaMemcpyAsync(t.to, first, t.stride * (E - 1) + t.bytes,
+                                                   cudaMemcpyHostToDevice, copy_stream_),
+                                   "streaming", layer, "'s bank to the GPU"));
   } else {
     for (int64_t e = 0; e < E; ++e)
       MT_RETURN_IF_ERROR(
-          LayerStatus(cudaMemcpyAsync(to + e * stride, experts_.Expert(layer, e).gate.data, bytes,
-                                      cudaMemcpyHostToDevice, copy_stream_),
+          LayerStatus(cudaMemcpyAsync(t.to + e * t.stride, experts_.Expert(layer, e).gate.data,
+                                      t.bytes, cudaMemcpyHostToDevice, copy_stream_),
                       "streaming", layer, "'s bank to the GPU"));
   }
   MT_RETURN_IF_ERROR(TimeCopies(layer, false, E));
@@ -481,7 +452,7 @@ Status ExpertOffload::StreamBank(int64_t layer, int b, cudaStream_t compute) {
   LayerExpertStats d;
   d.layer = layer;
   d.cache_misses = d.fetched_experts = E;
-  d.bytes_h2d = static_cast<int64_t>(bytes) * E;
+  d.bytes_h2d = static_cast<int64_t>(t.bytes) * E;
   if (stats_ != nullptr) stats_->Add(d);
   return OkStatus();
 }
@@ -489,14 +460,11 @@ Status ExpertOffload::StreamBank(int64_t layer, int b, cudaStream_t compute) {
 Status ExpertOffload::StageBank(int64_t layer, uint8_t* dst) {
   const int64_t E = dims_.n_experts;
   const bool packed = packed_[static_cast<size_t>(layer)];
-  // A packed bank goes to the staging buffer first, and is expanded from there into dst.
-  uint8_t* to = packed ? staging_.data() : dst;
-  const uint64_t bytes = CopiedBytes(layer), stride = packed ? staging_stride_ : slot_stride_;
-  if (packed) MT_RETURN_IF_ERROR(WaitForStaging());
+  MT_ASSIGN_OR_RETURN(const BankTarget t, TargetOf(layer, dst));
   stage_ranges_.clear();
   for (int64_t e = 0; e < E; ++e)
-    stage_ranges_.push_back(
-        cuda::StagingRing::Range{experts_.Expert(layer, e).gate.data, to + e * stride, bytes});
+    stage_ranges_.push_back(cuda::StagingRing::Range{experts_.Expert(layer, e).gate.data,
+                                                     t.to + e * t.stride, t.bytes});
   const auto t0 = std::chrono::steady_clock::now();
   MT_RETURN_IF_ERROR(ring_->Copy(stage_ranges_, copy_stream_, &cpu_->pool()));
   const std::chrono::duration<double, std::nano> ns = std::chrono::steady_clock::now() - t0;
@@ -506,7 +474,7 @@ Status ExpertOffload::StageBank(int64_t layer, uint8_t* dst) {
   LayerExpertStats d;
   d.layer = layer;
   d.cache_misses = d.fetched_experts = E;
-  d.bytes_h2d = static_cast<int64_t>(bytes) * E;
+  d.bytes_h2d = static_cast<int64_t>(t.bytes) * E;
   d.h2d_ns = static_cast<int64_t>(ns.count());  // the staging's wall time: its effective rate
   if (stats_ != nullptr) stats_->Add(d);
   return OkStatus();
@@ -773,135 +741,6 @@ Status ExpertOffload::FetchSplit(int64_t layer, const cuda::DeviceRouting& r, co
   d.q_star_sum = split_model_->q_star();
   if (stats_ != nullptr) stats_->Add(d);
   return OkStatus();
-}
-
-Expected<const float*> ExpertOffload::ComputeCpuShare(int64_t layer, cudaStream_t compute) {
-  if (!split_step_ || cpu_routing_.experts.empty()) {
-    ResumeSegment(0);
-    return static_cast<const float*>(nullptr);
-  }
-  const int64_t n_tokens = cpu_routing_.n_tokens;
-  const auto n = static_cast<size_t>(n_tokens * dims_.d_model);
-  if (cpu_done_ != nullptr) {  // (the backend records no segments then)
-    // The stream waits for the worker's flag, then copies its output; the host goes on.
-    const uint32_t value = cpu_done_->Next();
-    cpu_done_->QueueWait(value, kCpuShareTimeoutMs, compute);
-    MT_RETURN_IF_ERROR(LayerStatus(cudaGetLastError(), "waiting for", layer, "'s CPU experts"));
-    cpu_busy_.store(true);
-    {
-      std::lock_guard<std::mutex> lock(cpu_mu_);
-      cpu_job_layer_ = layer;
-      cpu_job_value_ = value;
-    }
-    cpu_cv_.notify_one();
-  } else {
-    RunCpuShare(layer);
-    TakeCpuTimes();
-  }
-  ResumeSegment(1);
-  if (!replaying())
-    MT_RETURN_IF_ERROR(
-        LayerStatus(cudaMemcpyAsync(partial_dev_.data(), out_host_.data(), n * sizeof(float),
-                                    cudaMemcpyHostToDevice, compute),
-                    "copying", layer, "'s CPU experts' output to the GPU"));
-  return static_cast<const float*>(partial_dev_.data());
-}
-
-void ExpertOffload::RunCpuShare(int64_t layer) {
-  // (The worker's time is added to the phase times by the host, in TakeCpuTimes.)
-  const auto t0 = std::chrono::steady_clock::now();
-  const bool counts = CpuJobCounts(t0);
-  cpu_->executor().Run(layer, cpu_routing_, x_host_.data(), out_host_.data());
-  const auto t1 = std::chrono::steady_clock::now();
-  NoteCpuJobEnd(t1);
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
-  if (!counts) {
-    cpu_waking_ns_.fetch_add(ns);
-    return;
-  }
-  cpu_ns_.fetch_add(ns);
-  cpu_experts_.fetch_add(static_cast<int64_t>(cpu_routing_.experts.size()));
-}
-
-Status ExpertOffload::SettleCpuShare() {
-  if (cpu_done_ != nullptr && (cpu_done_->TimedOut() || cpu_busy_.load()))
-    return Status::Error(
-        "hybrid: the CPU executor's share of a layer's experts did not finish "
-        "within " +
-        std::to_string(kCpuShareTimeoutMs / 1000) + " s");
-  if (split_model_ != nullptr) TakeCpuTimes();
-  return OkStatus();
-}
-
-bool ExpertOffload::CpuJobCounts(std::chrono::steady_clock::time_point now) const {
-  if (cpu_->pool().spin_micros() < kCpuShareSpinMicros) return true;
-  const int64_t end = cpu_job_end_ns_.load(std::memory_order_relaxed);
-  const int64_t now_ns =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
-  return end >= 0 && now_ns - end < int64_t{1000} * cpu_->pool().spin_micros();
-}
-
-void ExpertOffload::NoteCpuJobEnd(std::chrono::steady_clock::time_point end) {
-  cpu_job_end_ns_.store(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(end.time_since_epoch()).count(),
-      std::memory_order_relaxed);
-}
-
-void ExpertOffload::TakeCpuTimes() {
-  const int64_t experts = cpu_experts_.exchange(0);
-  const auto ns = static_cast<double>(cpu_ns_.exchange(0));
-  const auto waking_ns = static_cast<double>(cpu_waking_ns_.exchange(0));
-  if (experts > 0) split_model_->ObserveCpu(experts, ns);
-  if (times_ != nullptr)
-    (*times_)[cpu_done_ != nullptr ? Phase::kCpuShare : Phase::kCpuExperts] +=
-        (ns + waking_ns) * 1e-9;
-}
-
-void ExpertOffload::CpuWorkerLoop() {
-  std::unique_lock<std::mutex> lock(cpu_mu_);
-  for (;;) {
-    cpu_cv_.wait(lock, [&] { return cpu_stop_ || cpu_job_layer_ >= 0; });
-    if (cpu_stop_) return;
-    const int64_t layer = std::exchange(cpu_job_layer_, -1);
-    const uint32_t value = cpu_job_value_;
-    lock.unlock();
-    RunCpuShare(layer);
-    cpu_busy_.store(false);
-    cpu_done_->Publish(value);
-    lock.lock();
-  }
-}
-
-Status ExpertOffload::RunOnCpu(const TensorView& router, const RouterOptions& opts, int64_t layer,
-                               const float* x, int64_t n_tokens, float* out, float* router_logits,
-                               cudaStream_t compute) {
-  const auto n = static_cast<size_t>(n_tokens * dims_.d_model);
-  MT_RETURN_IF_ERROR(ReserveHostRows(layer, n_tokens, compute));
-  if (!replaying())
-    MT_RETURN_IF_ERROR(LayerStatus(
-        cudaMemcpyAsync(x_host_.data(), x, n * sizeof(float), cudaMemcpyDeviceToHost, compute),
-        "copying", layer, "'s hidden states to the host"));
-  PauseSegment();
-  {
-    ScopedPhase wait(times_, Phase::kGpuWait);
-    MT_RETURN_IF_ERROR(
-        LayerStatus(cudaStreamSynchronize(compute), "the GPU before", layer, "'s CPU experts"));
-  }
-  {
-    ScopedPhase phase(times_, Phase::kCpuExperts);
-    const auto t0 = std::chrono::steady_clock::now();
-    cpu_->Moe(router, opts, layer, x_host_.data(), n_tokens, out_host_.data(), router_logits);
-    NoteCpuJobEnd(std::chrono::steady_clock::now());
-    const std::chrono::duration<double, std::nano> ns = std::chrono::steady_clock::now() - t0;
-    // What the same layer costs the CPU executor in a step that could have staged it.
-    if (stageable(layer) && n_tokens >= stream_min_tokens_)
-      locked_prefill_->ObserveCpu(n_tokens, ns.count());
-  }
-  ResumeSegment(0);
-  if (replaying()) return OkStatus();
-  return LayerStatus(
-      cudaMemcpyAsync(out, out_host_.data(), n * sizeof(float), cudaMemcpyHostToDevice, compute),
-      "copying", layer, "'s expert output to the GPU");
 }
 
 Status ExpertOffload::FinishStep() {

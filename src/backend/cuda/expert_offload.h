@@ -170,6 +170,9 @@ class ExpertOffload {
 
  private:
   ExpertOffload(const ExpertSource& experts, const ModelDims& dims);
+  // A CUDA call's result for layer `layer` ("copying layer 3's experts to the GPU"); the
+  // message is built only on failure, as these calls run for every offloaded layer of every step.
+  static Status LayerStatus(cudaError_t err, const char* action, int64_t layer, const char* object);
 
   // The hybrid split, starting from the rates an earlier run on this GPU measured for experts
   // of this format and size, read by the CPU in cpu_dtype (a CPU copy's, else the same), with
@@ -238,6 +241,14 @@ class ExpertOffload {
   // Queues layer's whole bank into stream buffer b on the copy stream, once `compute` has run
   // everything queued on it so far (the buffer's last reader among it).
   Status StreamBank(int64_t layer, int b, cudaStream_t compute);
+  // Where a whole bank's copy for `dst` goes: dst itself, or for a packed bank the staging
+  // buffer (the copy stream then waits for its last reader; ExpandInto takes it on to dst),
+  // with an expert's bytes there and their stride.
+  struct BankTarget {
+    uint8_t* to;
+    uint64_t bytes, stride;
+  };
+  Expected<BankTarget> TargetOf(int64_t layer, uint8_t* dst);
   // A staged layer's bank into `dst` through the ring (returns once it is staged); its time.
   Status StageBank(int64_t layer, uint8_t* dst);
   bool Staged(int64_t layer) const { return stage_step_ && stageable(layer); }
@@ -326,6 +337,9 @@ class ExpertOffload {
   cuda::DeviceBuffer<uint8_t> zero_slot_;  // one expert of zeros: the CPU's experts' table
   cuda::DeviceBuffer<float> partial_dev_;  // the CPU's weighted sum on the device
 
+  // The CPU executor (expert_offload_cpu.cpp), for kCpuExecutor layers and hybrid's share: with
+  // a split, its threads spin between jobs and, with MOETIER_CPU_SHARE_ASYNC=1, the worker.
+  void StartCpuSide(int n_threads);
   // The CPU share's worker (hybrid, where the GPU maps host memory): one job at a time, the
   // layer whose cpu_routing_ it computes into out_host_, then it publishes the job's value.
   void CpuWorkerLoop();

@@ -11,10 +11,10 @@
 // rows with 16-byte coalesced cp.async wherever a row starts 16-byte aligned (every real shape:
 // d_model and width multiples of 256) and still decode block by block.
 // Bandwidth: the design aims at ~80 % of the H200's 4.8 TB/s once a call has a few hundred
-// items. As written it is bound by instruction issue and latency (16 warps an SM: 120 registers
-// and 111 KiB of shared memory a block): measured on the H200, Mixtral-sized experts (4096 x 14336,
-// one token) stream at 1.9 (Q4_0), 2.3 (Q8_0) and 3.1 (bf16) TB/s, and a Qwen3-30B-A3B decode token
-// (8 experts of 2048 x 768, 7-24 MiB) takes 39-50 µs for the whole call.
+// items. As written it is bound by instruction throughput and latency (16 warps an SM: 120
+// registers and 111 KiB of shared memory a block): measured on the H200, Mixtral-sized experts
+// (4096 x 14336, one token) stream at 1.9 (Q4_0), 2.3 (Q8_0) and 3.1 (bf16) TB/s, and a
+// Qwen3-30B-A3B decode token (8 experts of 2048 x 768, 7-24 MiB) takes 39-50 µs for the whole call.
 //
 // The smallest decode steps (GemvMaxAssignments, launch.h: one token at top-8) run instead a warp
 // per output row (expert_ffn_gemv.cuh): the same arithmetic, so the same bits, over every SM at
