@@ -39,7 +39,8 @@ static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18,
 // Q4_0: m = the element of largest magnitude (with its sign); d = fp16(m / -8);
 // code = round-half-even(x / d) + 8 clamped to [0, 15]. m maps to code 0 exactly, so the 16 codes
 // cover [-8|d|, 7|d|] on m's side; |x - w| <= |d|/2 except for elements near -m, which clamp to
-// code 15 and may be off by up to |d|.
+// code 15: there |x| <= |m| and fp16 rounding leaves |m| <= 8|d| / (1 - 2^-11), so
+// |x - w| <= |d| (8 / (1 - 2^-11) - 7), a little over |d| (by 2^-8 |d|).
 // An all-zero block gets d = 0 (and codes 0, resp. 8). Non-finite inputs give unspecified (but
 // defined) codes.
 void QuantizeRowQ8_0(const float* x, int64_t k, void* out);
