@@ -47,11 +47,26 @@ uint64_t DenseBytes(const ModelSource& s) {
   return n;
 }
 
-// The bytes of every expert bank in VRAM (BF16C expanded to bf16).
+// An expert bank as VRAM holds it: BF16C expanded to bf16.
+ExpertLayout VramLayout(const ModelSource& s) {
+  return ExpertLayout{s.layout.d_model, s.layout.width,
+                      s.layout.dtype == DType::kBF16C ? DType::kBF16 : s.layout.dtype};
+}
+
+// The bytes of every expert bank in VRAM.
 uint64_t GpuExpertBytes(const ModelSource& s) {
-  const ExpertLayout held{s.layout.d_model, s.layout.width,
-                          s.layout.dtype == DType::kBF16C ? DType::kBF16 : s.layout.dtype};
-  return held.bank_bytes(s.config.n_experts) * s.banks.size();
+  return VramLayout(s).bank_bytes(s.config.n_experts) * s.banks.size();
+}
+
+// The gpu backend's layers as reported once it copied the banks to VRAM: their tier, and the
+// bytes and dtype that VRAM holds (the host read them as stored, pageable).
+void ReportHeldInVram(const ModelSource& s, std::vector<LayerResidency>& layers) {
+  const ExpertLayout held = VramLayout(s);
+  for (LayerResidency& l : layers) {
+    l.tier = Tier::kGpu;
+    l.dtype = held.dtype;
+    l.bytes = held.bank_bytes(s.config.n_experts);
+  }
 }
 
 // --moe-backend auto: gpu when every expert, the dense weights and the KV cache asked for (bf16,
@@ -226,7 +241,8 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
   report.warnings.insert(report.warnings.end(), banks.warnings.begin(), banks.warnings.end());
   report.vmlck_bytes = ReadVmLckBytes();
   report.read_mode = banks.read_mode;
-  for (const auto& line : TierSummaryLines(*report.settled)) LogInfo("experts " + line);
+  if (report.plan.backend != Backend::kGpu)  // gpu's go to VRAM first (ReportHeldInVram)
+    for (const auto& line : TierSummaryLines(*report.settled)) LogInfo("experts " + line);
 
   const ModelConfig config = s.config;
   std::unique_ptr<TensorStore> dense = s.TakeDense();
@@ -271,8 +287,11 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
   const ComputeOptions compute = ComputeFor(report.plan, *report.settled, options, config.n_layers);
   MT_ASSIGN_OR_RETURN(std::unique_ptr<CausalLM> model,
                       s.spec->create(config, std::move(dense), std::move(banks.experts), compute));
-  if (report.plan.backend == Backend::kGpu)  // the banks were copied to VRAM by the backend
-    for (LayerResidency& l : *report.settled) l.tier = Tier::kGpu;
+  if (report.plan.backend == Backend::kGpu) {  // the banks were copied to VRAM by the backend
+    ReportHeldInVram(s, report.plan.layers);
+    ReportHeldInVram(s, *report.settled);
+    for (const auto& line : TierSummaryLines(*report.settled)) LogInfo("experts " + line);
+  }
   model->set_residency(std::move(report));
   return model;
 }

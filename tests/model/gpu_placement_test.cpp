@@ -31,6 +31,8 @@ struct Outcome {
   uint64_t cpu_copy_bytes = 0;       // hybrid's CPU copies of pinned layers, as settled
   DType pinned_dtype = DType::kF32;  // the first pinned bank's, as settled
   DType locked_dtype = DType::kF32;  // the first locked (or pageable) bank's
+  DType gpu_dtype = DType::kF32;     // the first bank's in VRAM (gpu), as reported
+  uint64_t gpu_bytes = 0;            // every bank's in VRAM, as reported
 };
 
 // A 24-token prompt in one step (above the fixtures' streaming threshold: 2 x experts / top-k,
@@ -70,6 +72,8 @@ Outcome PromptThenDecode(const std::filesystem::path& dir, Backend backend, uint
     r.cpu_copy_bytes += l.cpu_copy_bytes;
     if (l.tier == Tier::kPinned && r.pinned_dtype == DType::kF32) r.pinned_dtype = l.dtype;
     if (IsCpuTier(l.tier) && r.locked_dtype == DType::kF32) r.locked_dtype = l.dtype;
+    if (l.tier == Tier::kGpu && r.gpu_dtype == DType::kF32) r.gpu_dtype = l.dtype;
+    if (l.tier == Tier::kGpu) r.gpu_bytes += l.bytes;
   }
   return r;
 }
@@ -247,6 +251,12 @@ TEST_P(GpuPlacement, Bf16cConversionGivesTheBf16Bits) {
     const Outcome got = PromptThenDecode(packed, backend, cache);
     ASSERT_FALSE(want.logits.empty());
     EXPECT_EQ(got.logits, want.logits);
+    // What VRAM holds is reported: the expanded banks, as the bf16 model's.
+    EXPECT_EQ(got.gpu_dtype, want.gpu_dtype);
+    EXPECT_EQ(got.gpu_bytes, want.gpu_bytes);
+    if (backend == Backend::kGpu) {
+      EXPECT_EQ(got.gpu_dtype, DType::kBF16);
+    }
   }
 }
 
