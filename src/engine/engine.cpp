@@ -245,14 +245,25 @@ Status Engine::Step() {
                                              : model_.Forward(batch, pool_, logits_);
   ++stats_.steps;
   if (!s.ok()) {
-    // The step's K/V are undefined for every sequence in it: they end with the error.
-    for (Sequence* seq : in_batch_) Finish(*seq, StopReason::kCancelled, s);
-    RemoveFinished();
+    EndFailedStep(s);
     return s;
   }
   AfterForward(draw);
   RemoveFinished();
   return OkStatus();
+}
+
+// The step's K/V are undefined for every sequence in it. A non-finite value ends only the
+// sequence whose token held it (CausalLM::NonFiniteSequence): the others keep their tokens
+// pending and run the step again. Any other error ends them all.
+void Engine::EndFailedStep(const Status& error) {
+  const int32_t culprit = model_.NonFiniteSequence();
+  if (culprit >= 0 && static_cast<size_t>(culprit) < in_batch_.size()) {
+    Finish(*in_batch_[static_cast<size_t>(culprit)], StopReason::kCancelled, error);
+  } else {
+    for (Sequence* seq : in_batch_) Finish(*seq, StopReason::kCancelled, error);
+  }
+  RemoveFinished();
 }
 
 // Fills the batch: decoding sequences first, then prompt chunks, then admissions, within

@@ -150,6 +150,7 @@ class Engine {
   bool DrainInbox();  // moves submitted and cancelled requests in; false when idle for good
   bool HasWork() const;
   Status Step();
+  void EndFailedStep(const Status& error);
   void Admit(std::unique_ptr<Sequence> seq);
   bool Schedule();
   // Continues a prefix match of `s` past its first `matched` blocks from the host KV tier,

@@ -58,6 +58,11 @@ class CausalLM {
   virtual bool CandidatesOnDevice() const = 0;
   // After ForwardArgMax or ForwardTopK, before the next step: logit row r into out [vocab].
   virtual Status LogitsRow(int64_t r, std::vector<float>& out) = 0;
+  // After a step that failed on a non-finite activation or logit: the sequence (a value of
+  // Batch::seq_of) of the first token found so, which alone may end: no other sequence's
+  // tokens read it (attention stays within a sequence, everything else within a token). -1
+  // after a step that succeeded or failed otherwise.
+  virtual int32_t NonFiniteSequence() const = 0;
 
   // One sequence on its own cache: runs `tokens` at positions cache.n_past() + t, appends their
   // K/V and writes logits: [1, vocab] for kLastToken, [tokens.size(), vocab] for kAllTokens.

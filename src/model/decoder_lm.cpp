@@ -150,6 +150,7 @@ Status DecoderLM::LogitsRow(int64_t r, std::vector<float>& out) {
 Status DecoderLM::Step(const Batch& batch, KvPool& kv, StepOut out) {
   std::vector<float>* logits = out.logits;
   std::vector<int32_t>* ids = out.ids;
+  non_finite_seq_ = -1;
   MT_RETURN_IF_ERROR(CheckBatch(batch, kv));
   ComputeBackend& be = *backend_;
   const int64_t T = batch.n_tokens();
@@ -220,28 +221,31 @@ Status DecoderLM::Step(const Batch& batch, KvPool& kv, StepOut out) {
   return bad < 0 ? OkStatus() : LogitsNonFinite(batch, bad);
 }
 
-Status DecoderLM::LogitsNonFinite(const Batch& batch, int64_t index) const {
+Status DecoderLM::LogitsNonFinite(const Batch& batch, int64_t index) {
   const auto row = static_cast<size_t>(index / config_.vocab_size);
-  return NonFiniteError("the lm_head", batch.positions[static_cast<size_t>(batch.logit_rows[row])]);
+  return NonFiniteError("the lm_head", batch, batch.logit_rows[row]);
 }
 
-Status DecoderLM::NonFiniteError(const std::string& where, int64_t position) const {
-  return Status::Error(
-      config_.source + ": " + where + " produced a non-finite value (NaN or inf) at position " +
-      std::to_string(position) + "; the model's weights hold NaN/inf or its config is wrong");
+Status DecoderLM::NonFiniteError(const std::string& where, const Batch& batch, int64_t token) {
+  const auto t = static_cast<size_t>(token);
+  non_finite_seq_ = batch.seq_of[t];
+  return Status::Error(config_.source + ": " + where +
+                       " produced a non-finite value (NaN or inf) at position " +
+                       std::to_string(batch.positions[t]) +
+                       "; the model's weights hold NaN/inf or its config is wrong");
 }
 
-Status DecoderLM::NonFiniteAt(const Batch& batch, int64_t slot, int64_t index) const {
-  return NonFiniteError(slot == 0 ? "the embedding" : "layer " + std::to_string(slot - 1),
-                        batch.positions[static_cast<size_t>(index / config_.hidden_size)]);
+Status DecoderLM::NonFiniteAt(const Batch& batch, int64_t slot, int64_t index) {
+  return NonFiniteError(slot == 0 ? "the embedding" : "layer " + std::to_string(slot - 1), batch,
+                        index / config_.hidden_size);
 }
 
-Status DecoderLM::ScanFinite(const float* h, const Batch& batch, int64_t slot) const {
+Status DecoderLM::ScanFinite(const float* h, const Batch& batch, int64_t slot) {
   const int64_t bad = backend_->ScanNonFinite(h, batch.n_tokens() * config_.hidden_size, slot);
   return bad < 0 ? OkStatus() : NonFiniteAt(batch, slot, bad);
 }
 
-Status DecoderLM::CheckScans(const Batch& batch) const {
+Status DecoderLM::CheckScans(const Batch& batch) {
   const std::span<const int64_t> scans = backend_->NonFiniteScans();
   for (size_t slot = 0; slot < scans.size(); ++slot) {
     if (scans[slot] < 0) continue;

@@ -65,6 +65,7 @@ class DecoderLM final : public CausalLM {
   uint64_t WeightBytes() const override;
   uint64_t KvMemoryFree() const override { return backend_->KvMemoryFree(); }
   int64_t ReplayedSteps() const override { return backend_->ReplayedSteps(); }
+  int32_t NonFiniteSequence() const override { return non_finite_seq_; }
   Expected<std::unique_ptr<KvMemory>> AllocateKv(uint64_t n_bytes) const override {
     return backend_->AllocateKv(n_bytes);
   }
@@ -81,7 +82,7 @@ class DecoderLM final : public CausalLM {
   // (NaN weights, an overflow) is an error naming where it first appeared, instead of logits a
   // sampler cannot use. One vectorized scan, ~1/1000 of a layer's work. Scan slot 0 is the
   // embedding's, slot l + 1 layer l's; a GPU answers after the logits (CheckScans).
-  Status ScanFinite(const float* h, const Batch& batch, int64_t slot) const;
+  Status ScanFinite(const float* h, const Batch& batch, int64_t slot);
   // Forward's step, ending with one of: the logits, their arg-max, their top-k candidates.
   struct StepOut {
     std::vector<float>* logits = nullptr;
@@ -91,11 +92,13 @@ class DecoderLM final : public CausalLM {
   Status Step(const Batch& batch, KvPool& kv, StepOut out);
   // The non-finite scan slot of the logits (after every layer's).
   int64_t LogitsSlot() const { return config_.n_layers + 1; }
-  Status CheckScans(const Batch& batch) const;
-  Status NonFiniteAt(const Batch& batch, int64_t slot, int64_t index) const;
-  Status NonFiniteError(const std::string& where, int64_t position) const;
+  Status CheckScans(const Batch& batch);
+  Status NonFiniteAt(const Batch& batch, int64_t slot, int64_t index);
+  // The error of a non-finite value in `where` at the batch's token `token`, whose sequence it
+  // notes (NonFiniteSequence).
+  Status NonFiniteError(const std::string& where, const Batch& batch, int64_t token);
   // The error of a non-finite logit at `index` (row * vocab + column of the step's logits).
-  Status LogitsNonFinite(const Batch& batch, int64_t index) const;
+  Status LogitsNonFinite(const Batch& batch, int64_t index);
   // Sums size(view) over what a decode step streams (DecodeBytesPerToken's list).
   uint64_t SumPerToken(FunctionRef<uint64_t(const TensorView&)> size) const;
   // The weight bytes a step of n_tokens with n_logits logit rows reads, but for the experts.
@@ -113,6 +116,7 @@ class DecoderLM final : public CausalLM {
   uint64_t bytes_streamed_ = 0;
   std::vector<std::vector<float>>* router_sink_ = nullptr;
   std::unique_ptr<ExpertStats> stats_;
+  int32_t non_finite_seq_ = -1;  // NonFiniteSequence
 };
 
 }  // namespace moetier

@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <random>
 #include <thread>
 
 #include "engine/generate.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "support/gpu.h"
+#include "support/seed.h"
 #include "support/test_support.h"
 
 namespace moetier {
@@ -357,6 +359,68 @@ TEST(Engine, CancelFromAnotherThreadAndErrorsEndOnlyTheirRequest) {
   EXPECT_EQ(long_reason, StopReason::kCancelled);
   EXPECT_LT(tokens.load(), 400);
   EXPECT_NE(bad_status.message().find("empty"), std::string::npos) << bad_status.message();
+}
+
+// One token's embedding row made NaN: the request whose prompt holds that token ends with the
+// error naming the embedding; the requests that shared its steps run them again and give what
+// they give alone, whether the bad prompt went in whole or in chunks beside their decoding.
+TEST(Engine, ANonFiniteValueEndsOnlyItsSequence) {
+  testing::TempDir tmp;
+  const std::filesystem::path dir = tmp.path() / "model";
+  testing::CopyDir(testing::HfFixture("qwen3_moe"), dir);
+  auto clean = LoadCausalLM(dir, testing::WithThreads(1));
+  ASSERT_TRUE(clean.ok()) << clean.message();
+  const int64_t vocab = (*clean)->config().vocab_size;
+  const std::vector<RequestOptions> others = Requests(3, testing::TestSeed(), vocab);
+  std::vector<Outcome> alone;
+  std::vector<bool> used(static_cast<size_t>(vocab), false);
+  for (const RequestOptions& r : others) {
+    alone.push_back(RunAll(*testing::MakeEngine(**clean, 256), {r})[0]);
+    for (int32_t t : r.prompt) used[static_cast<size_t>(t)] = true;
+    for (int32_t t : alone.back().tokens) used[static_cast<size_t>(t)] = true;
+  }
+  const auto unused = std::find(used.begin(), used.end(), false);
+  ASSERT_NE(unused, used.end()) << "every token in use";
+  const auto poisoned = static_cast<int32_t>(unused - used.begin());
+
+  const std::filesystem::path weights = dir / "model.safetensors";
+  auto tensors = testing::ReadSafetensors(weights);
+  testing::TensorSpec& embed = tensors.at("model.embed_tokens.weight");
+  ASSERT_EQ(embed.dtype, "BF16");
+  const size_t row = static_cast<size_t>(embed.shape[1]) * 2;
+  for (size_t i = 0; i < row; i += 2)
+    embed.bytes.replace(static_cast<size_t>(poisoned) * row + i, 2, std::string("\xc0\x7f", 2));
+  testing::WriteSafetensors(weights, tensors);
+  auto m = LoadCausalLM(dir, testing::WithThreads(1));
+  ASSERT_TRUE(m.ok()) << m.message();
+
+  RequestOptions bad;
+  bad.prompt = {1, 2, poisoned, 3, 4, 5, 6, 7, 8, 9};
+  bad.max_new_tokens = 4;
+  for (int64_t max_batch_tokens : {4, 64}) {
+    SCOPED_TRACE("batch tokens " + std::to_string(max_batch_tokens));
+    std::vector<RequestOptions> requests = others;
+    bad.arrival_step = 1;  // beside the others' prompts (64) or decoding (4)
+    requests.push_back(bad);
+    EngineOptions o;
+    o.kv_positions = 1024;
+    o.max_running = 4;
+    o.max_batch_tokens = max_batch_tokens;
+    auto engine = Engine::Create(**m, nullptr, o);
+    ASSERT_TRUE(engine.ok()) << engine.message();
+    const auto together = RunAll(**engine, requests);
+    for (size_t i = 0; i < others.size(); ++i) {
+      ASSERT_TRUE(together[i].finished);
+      EXPECT_TRUE(together[i].status.ok()) << together[i].status.message();
+      EXPECT_EQ(together[i].tokens, alone[i].tokens) << "request " << i;
+    }
+    const Outcome& failed = together.back();
+    ASSERT_TRUE(failed.finished);
+    EXPECT_NE(failed.status.message().find("the embedding produced a non-finite value"),
+              std::string::npos)
+        << failed.status.message();
+    EXPECT_TRUE(failed.tokens.empty());
+  }
 }
 
 TEST(KvBlocks, ReferencesCachingAndEviction) {
