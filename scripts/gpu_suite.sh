@@ -477,6 +477,7 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
                       profile) args+=(--profile) ;;
                       nocopy) args+=(--weight-packing none) ;;  # the CPU's share reads the pinned bf16
                       packed) export MOETIER_PACK_PINNED=1 ;;
+                      stored) export MOETIER_PACK_PINNED=0 ;;  # pinned bf16 banks as stored, with CPU copies
                       *=*) export "${part?}" ;;
                     esac
                   done

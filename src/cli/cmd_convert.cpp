@@ -73,7 +73,7 @@ Command AddConvertCommand(CLI::App& root) {
   cmd->add_option("--dtype", o->dtype,
                   "Expert weights: bf16 (copied from a bf16 checkpoint, rounded from f16/f32), "
                   "bf16c (the same bf16 values packed losslessly, ~12.4 bits a weight: ~77 % of "
-                  "bf16's bytes to stream; CPU only), q8_0 (8.5 bits a "
+                  "bf16's bytes to stream; a GPU expands it to bf16 in VRAM), q8_0 (8.5 bits a "
                   "weight, near-lossless) or q4_0 (4.5 bits, lossy); bf16c/q8_0/q4_0 need "
                   "hidden_size and the expert width to be multiples of 32")
       ->check(CLI::IsMember(dtypes))

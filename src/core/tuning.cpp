@@ -58,8 +58,8 @@ const std::array<TuningKnobSpec, 22> kTuningKnobSpecs = {{
      "with a GPU: 1 stages locked layers' banks to the GPU for every long prefill step, 0 "
      "never (the CPU executor computes them); unset: the cheaper as measured"},
     {"MOETIER_PACK_PINNED", &TuningKnobs::pack_pinned, 0, 1,
-     "offload/hybrid: 1 holds pinned bf16 banks as bf16c, copied packed and expanded in VRAM; "
-     "0 (default) as stored"},
+     "offload/hybrid: 1 (default) holds pinned bf16 banks as bf16c, copied packed and expanded "
+     "in VRAM; 0 as stored"},
 }};
 
 const std::array<std::string_view, 7> kOtherEnvironmentVariables = {

@@ -145,7 +145,7 @@ struct ResidencyOptions {
   WeightPacking packing = WeightPacking::kAuto;   // --weight-packing
   DenseMemory dense_memory = DenseMemory::kAuto;  // --dense-memory
   // Pinned bf16 banks held as BF16C and expanded by the GPU after each copy (1), as stored (0),
-  // or as MOETIER_PACK_PINNED says (-1; unset: as stored).
+  // or as MOETIER_PACK_PINNED says (-1; unset: packed).
   int pack_pinned = -1;
 };
 

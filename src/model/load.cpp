@@ -123,7 +123,7 @@ Expected<ResidencyPlan> PlanFor(const ModelSource& s, const ResidencyOptions& o)
   in.budgets = budgets;
   in.cpu_layers = spec;
   in.ram_for_banks = RamForBanks(host);
-  in.pack_pinned = (o.pack_pinned >= 0 ? o.pack_pinned : Tuning().pack_pinned.value_or(0)) != 0;
+  in.pack_pinned = (o.pack_pinned >= 0 ? o.pack_pinned : Tuning().pack_pinned.value_or(1)) != 0;
   return PlanResidency(in);
 }
 
