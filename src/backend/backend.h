@@ -99,6 +99,10 @@ struct ComputeOptions {
   // kGpu with kGpuCache layers: the VRAM expert cache's size (--moe-cache-gb); 0: the free VRAM
   // left once the weights, the KV cache and the workspace are in.
   uint64_t expert_cache_bytes = 0;
+  // kGpu with packed (BF16C) pinned banks: the most experts their VRAM staging buffer holds
+  // between copy and expansion; 0: a layer's where VRAM holds it beside the prefill stream
+  // buffers, else kShortStagingExperts (expert_offload.cpp). Fewer than a layer's: no streaming.
+  int64_t staging_experts = 0;
   // The most tokens one step may hold (--max-batch-tokens, or a whole prompt for a one-sequence
   // client): a GPU backend sizes its buffers once for it. 0: a default.
   int64_t max_step_tokens = 0;

@@ -147,6 +147,8 @@ struct ResidencyOptions {
   // Pinned bf16 banks held as BF16C and expanded by the GPU after each copy (1), as stored (0),
   // or as MOETIER_PACK_PINNED says (-1; unset: packed).
   int pack_pinned = -1;
+  // Packed pinned banks' VRAM staging buffer, in experts (ComputeOptions::staging_experts).
+  int64_t staging_experts = 0;
 };
 
 struct LoadOptions {

@@ -161,6 +161,7 @@ ComputeOptions ComputeFor(const ResidencyPlan& plan, const std::vector<LayerResi
   c.n_threads = options.n_threads;
   c.max_step_tokens = options.max_step_tokens;
   c.expert_cache_bytes = options.residency.expert_cache_bytes;
+  c.staging_experts = options.residency.staging_experts;
   c.wrap = options.wrap_backend;
   if (!RunsOnGpu(plan, options.residency)) return c;
   c.device = ComputeDevice::kGpu;

@@ -47,8 +47,9 @@ struct Outcome {
 Outcome PromptThenDecode(const std::filesystem::path& dir, Backend backend, uint64_t cache_bytes,
                          double fetch_share = -1, const std::string& cpu_layers = "0",
                          int stage_locked = -1, WeightPacking packing = WeightPacking::kAuto,
-                         int pack_pinned = 0) {
+                         int pack_pinned = 0, int64_t staging_experts = 0) {
   LoadOptions o;
+  o.residency.staging_experts = staging_experts;
   o.residency.backend = backend;
   o.residency.pack_pinned = pack_pinned;
   o.residency.packing = packing;
@@ -222,6 +223,12 @@ TEST_P(GpuPlacement, PackedPinnedBanksGiveTheStoredBits) {
   EXPECT_EQ(packed.totals.bytes_h2d,
             packed.totals.fetched_experts * static_cast<int64_t>(packed_layout.expert_bytes()));
   EXPECT_GT(packed.totals.h2d_ns, 0);
+  // Staged a wave of 3 at a time (as where VRAM is short), the prompt through the cache too.
+  const Outcome waves = PromptThenDecode(dir, Backend::kOffload, one_layer, -1, "0", -1,
+                                         WeightPacking::kBf16c, /*pack_pinned=*/1, 3);
+  EXPECT_EQ(waves.logits, stored.logits);
+  EXPECT_EQ(waves.totals.bytes_h2d,
+            waves.totals.fetched_experts * static_cast<int64_t>(packed_layout.expert_bytes()));
 
   const Outcome hybrid = PromptThenDecode(dir, Backend::kHybrid, one_layer, 0.5, "0", -1,
                                           WeightPacking::kBf16c, /*pack_pinned=*/1);

@@ -46,6 +46,10 @@ constexpr double kSplitMaxAssignmentsPerExpert = 4.0;
 // engine goes on with the next ones: a group's expansion (~5 µs an expert) then overlaps the
 // copies after it, and only the last group's is left when a layer's copies end.
 constexpr size_t kExpandGroup = 4;
+// Where VRAM cannot hold a layer's packed experts beside the stream buffers, packed misses are
+// staged this many at a time (a layer's misses of two sequences at top-8), each wave's copies
+// waiting for the expansion of the one before.
+constexpr int64_t kShortStagingExperts = 16;
 
 // Whether the GPU computes experts held as `t`: as stored, or expanded from BF16C.
 bool GpuComputesDType(DType t) {
@@ -113,6 +117,7 @@ Expected<std::unique_ptr<ExpertOffload>> ExpertOffload::Create(const ComputeOpti
   o->homes_ = options.expert_homes;
   o->homes_.resize(static_cast<size_t>(dims.n_layers), ExpertHome::kVram);
   o->requested_cache_bytes_ = options.expert_cache_bytes;
+  o->requested_staging_experts_ = options.staging_experts;
   const int64_t E = dims.n_experts;
   bool cpu_layers = false;
   o->packed_.assign(static_cast<size_t>(dims.n_layers), false);
@@ -284,41 +289,38 @@ void ExpertOffload::SaveSplitRates() const {
 Status ExpertOffload::AllocateCache() {
   if (cache_allocated() || (!has_cached_layers() && !has_stageable_)) return OkStatus();
   const int64_t E = dims_.n_experts;
-  // A layer's packed experts on their way to slots or a stream buffer: needed by packed cached
-  // layers' every step, by packed staged layers only with the stream buffers.
-  const uint64_t staging_bytes = packed_bytes_ != 0 ? staging_stride_ * E : 0;
   bool caches_packed = false;
   for (int64_t layer : dims_.moe_layers)
     caches_packed |= home(layer) == ExpertHome::kGpuCache && packed_[static_cast<size_t>(layer)];
-  if (caches_packed) {
-    MT_ASSIGN_OR_RETURN(staging_, cuda::DeviceBuffer<uint8_t>::Create(
-                                      staging_bytes,
-                                      "the packed experts' staging buffer (MOETIER_PACK_PINNED=0 "
-                                      "keeps pinned banks as stored, without it)"));
-  }
   const uint64_t min_bytes = slot_stride_ * static_cast<uint64_t>(E);  // a step may use them all
   const uint64_t all_bytes = min_bytes * static_cast<uint64_t>(n_cached_layers_);
-  // The stream buffers first, when the VRAM left after them still holds the smallest cache;
-  // else prefill takes the cache path, with a notice.
+  // The stream buffers (with a staging buffer of a layer's packed experts, which streamed and
+  // staged packed banks go through) first, when the VRAM left after them still holds the
+  // smallest cache; else prefill takes the cache path, with a notice, and packed misses are
+  // staged a few at a time.
   const uint64_t stream_bytes = 2 * min_bytes;
+  const uint64_t layer_staging = packed_bytes_ != 0 ? staging_stride_ * E : 0;
+  const bool whole_layer_staging =
+      requested_staging_experts_ <= 0 || requested_staging_experts_ >= E;
   {
     size_t free = 0, total = 0;
     MT_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total), "reading the free VRAM");
     const uint64_t cache_bytes = !has_cached_layers()          ? 0
                                  : requested_cache_bytes_ != 0 ? requested_cache_bytes_
                                                                : min_bytes;
-    const uint64_t staged_staging = caches_packed ? 0 : staging_bytes;
-    const uint64_t need = stream_bytes + staged_staging + kWorkspaceReserveBytes + cache_bytes;
-    if (free >= need) {
+    const uint64_t need = stream_bytes + layer_staging + kWorkspaceReserveBytes + cache_bytes;
+    if (whole_layer_staging && free >= need) {
       MT_ASSIGN_OR_RETURN(stream_buf_,
                           cuda::DeviceBuffer<uint8_t>::Create(stream_bytes, "the stream buffers"));
-      if (staged_staging != 0) {
-        MT_ASSIGN_OR_RETURN(staging_, cuda::DeviceBuffer<uint8_t>::Create(
-                                          staged_staging, "the packed experts' staging buffer"));
-      }
+      if (layer_staging != 0) MT_RETURN_IF_ERROR(AllocateStaging(E));
     } else {
-      LogInfo("gpu: no VRAM for the prefill stream buffers (" + Gb(stream_bytes) +
+      LogInfo(std::string(whole_layer_staging ? "gpu: no VRAM for" : "gpu: without") +
+              " the prefill stream buffers (" + Gb(stream_bytes + layer_staging) +
               "); long prompts copy experts through the cache");
+      if (caches_packed)
+        MT_RETURN_IF_ERROR(
+            AllocateStaging(std::min(E, requested_staging_experts_ > 0 ? requested_staging_experts_
+                                                                       : kShortStagingExperts)));
     }
   }
   allocated_ = true;
@@ -410,6 +412,15 @@ Status ExpertOffload::TimeCopies(int64_t layer, bool start, int64_t n_experts) {
     timed_layers_.push_back(layer);
     timed_experts_[l] = n_experts;
   }
+  return OkStatus();
+}
+
+Status ExpertOffload::AllocateStaging(int64_t n_experts) {
+  MT_ASSIGN_OR_RETURN(staging_, cuda::DeviceBuffer<uint8_t>::Create(
+                                    staging_stride_ * static_cast<uint64_t>(n_experts),
+                                    "the packed experts' staging buffer (--weight-packing none "
+                                    "keeps pinned banks as stored, without it)"));
+  staging_experts_ = n_experts;
   return OkStatus();
 }
 
@@ -574,6 +585,7 @@ Status ExpertOffload::CopyExpert(int64_t layer, int32_t expert, uint8_t* slot) {
     return LayerStatus(
         cudaMemcpyAsync(slot, from, expert_bytes_, cudaMemcpyHostToDevice, copy_stream_), "copying",
         layer, "'s experts to the GPU");
+  if (n_staged_ == staging_experts_) MT_RETURN_IF_ERROR(ExpandStaged(layer));  // a new wave
   if (n_staged_ == 0) MT_RETURN_IF_ERROR(WaitForStaging());
   uint8_t* staged = staging_.data() + static_cast<uint64_t>(n_staged_++) * staging_stride_;
   MT_RETURN_IF_ERROR(LayerStatus(

@@ -223,6 +223,8 @@ class ExpertOffload {
   uint64_t CopiedBytes(int64_t layer) const {
     return packed_[static_cast<size_t>(layer)] ? packed_bytes_ : expert_bytes_;
   }
+  // staging_ for n_experts packed experts.
+  Status AllocateStaging(int64_t n_experts);
   // Makes the copy stream wait until the staging buffer's last expansion has read it.
   Status WaitForStaging();
   // Queues the expansion of the experts staged since the last call (after their copies).
@@ -274,7 +276,8 @@ class ExpertOffload {
   int64_t n_cached_layers_ = 0;
   uint64_t gate_bytes_ = 0, up_bytes_ = 0;
   // Packed (BF16C) cached layers: which, one expert's packed bytes, and the staging buffer that
-  // holds one layer's (experts staging_stride_ apart, as in a bank) between copy and expansion.
+  // holds one layer's (experts staging_stride_ apart, as in a bank) between copy and expansion,
+  // or where VRAM is short a wave of staging_experts_ misses at a time.
   std::vector<bool> packed_;  // per layer id
   uint64_t packed_bytes_ = 0;
   uint64_t staging_stride_ = 0;
@@ -283,7 +286,9 @@ class ExpertOffload {
   cudaEvent_t staged_ = nullptr;    // on the copy stream: a group's copies are done
   cudaEvent_t expanded_ = nullptr;  // on the expansion stream: the last layer's expansions
   std::vector<cuda::Bf16cExpansion> expansions_;  // staged, not queued yet
-  int64_t n_staged_ = 0;                          // this layer's experts in the staging buffer
+  int64_t n_staged_ = 0;                          // this wave's experts in the staging buffer
+  int64_t staging_experts_ = 0;                   // how many staging_ holds
+  int64_t requested_staging_experts_ = 0;         // ComputeOptions::staging_experts
 
   cudaStream_t copy_stream_ = nullptr;
   cudaEvent_t copied_ = nullptr;
