@@ -18,7 +18,7 @@
 // formats, 2 x 4 quantized) reuse each load across rows and tokens.
 
 // GCC 12's AVX-512 intrinsics seed their results with a self-initialised "undefined" vector,
-// which -Wuninitialized flags once inlined (GCC bug 105593, fixed in 13): a false alarm.
+// which -Wuninitialized flags once inlined (GCC 13 does not): a false alarm.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
