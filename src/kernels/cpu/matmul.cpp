@@ -103,10 +103,13 @@ void ExpandedBf16cRows(const TensorView& w, int64_t row_begin, int64_t row_end,
   thread_local std::vector<uint16_t> rows;
   rows.resize(static_cast<size_t>(kExpandRows * k));  // grows once per thread
   const isa::Kernels& kern = SafeKernels(x.isa());
+  const auto stop =
+      reinterpret_cast<uintptr_t>(w.bytes() + static_cast<size_t>(row_end) * row_bytes);
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kExpandRows) {
     const int64_t n = std::min(kExpandRows, row_end - r0);
     isa::Avx2ExpandBf16cRows(w.bytes() + static_cast<size_t>(r0) * row_bytes,
-                             static_cast<int64_t>(row_bytes), n, k, rows.data());
+                             static_cast<int64_t>(row_bytes), n, k, rows.data(),
+                             x.view().float_prefetch_bytes, stop);
     kern.dot_rows(isa::WFormat::kBF16, reinterpret_cast<const uint8_t*>(rows.data()), 2 * k, 0, n,
                   x.view(), y + r0, y_stride, scratch);
   }
@@ -448,11 +451,13 @@ const Kernels* AmxKernels() {
   return nullptr;
 }
 void Avx2ExpandBf16cRows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k,
-                         uint16_t* out) {  // never called: KernelDType needs kAvx2
+                         uint16_t* out, int64_t,
+                         uintptr_t) {  // never called: KernelDType needs kAvx2
   for (int64_t r = 0; r < n_rows; ++r) UnpackRowBf16c(w + r * row_bytes, k, out + r * k);
 }
 void Avx2Bf16cRowsToF32(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k, float* out,
-                        int64_t stride) {  // never called: IsaForWeights needs kAvx2
+                        int64_t stride, int64_t,
+                        uintptr_t) {  // never called: IsaForWeights needs kAvx2
   for (int64_t r = 0; r < n_rows; ++r) Bf16cRowToF32(w + r * row_bytes, k, out + r * stride);
 }
 }  // namespace moetier::kernels::isa

@@ -181,15 +181,21 @@ void FloatTile(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, f
 }
 
 // Converts rows to float32 in `out` (row stride `stride` floats): exact, so a tile over the
-// converted rows does the very same arithmetic as one over the originals.
+// converted rows does the very same arithmetic as one over the originals. Prefetches `ahead`
+// bytes in front of its reads (0: none), short of `stop` (see Prefetch): a batch converts a
+// group of rows between its tiles, and without it each group's reads wait on DRAM.
 template <WFormat F>
 void ConvertRows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k, float* out,
-                 int64_t stride) {
+                 int64_t stride, int64_t ahead, uintptr_t stop) {
   for (int64_t r = 0; r < n_rows; ++r) {
     const uint8_t* row = w + r * row_bytes;
     float* o = out + r * stride;
     int64_t i = 0;
-    for (; i + 8 <= k; i += 8) _mm256_storeu_ps(o + i, Load8<F>(row, i));
+    for (; i + 8 <= k; i += 8) {
+      if (ahead > 0 && (i * ElemBytes<F>()) % 64 == 0)
+        Prefetch(row + i * ElemBytes<F>(), ahead, stop);
+      _mm256_storeu_ps(o + i, Load8<F>(row, i));
+    }
     if (i < k) {
       alignas(32) float buf[8];
       _mm256_store_ps(buf, LoadTail<F>(row, i, k - i));
@@ -307,12 +313,13 @@ void Bf16cRows(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, f
 
 template <>
 void ConvertRows<WFormat::kBF16C>(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k,
-                                  float* out, int64_t stride) {
+                                  float* out, int64_t stride, int64_t ahead, uintptr_t stop) {
   for (int64_t r = 0; r < n_rows; ++r) {
     const uint8_t* row = w + r * row_bytes;
     float* o = out + r * stride;
     const __m256i table = Bf16cTable(row);
     for (int64_t b = 0; b < k / kBlock; ++b) {
+      if (ahead > 0) Prefetch(row + kBf16cHeader + b * kBf16cBlock, ahead, stop);
       __m256 v[4];
       Bf16cDecode(table, row + kBf16cHeader + b * kBf16cBlock, v);
       for (int a = 0; a < 4; ++a) _mm256_storeu_ps(o + b * kBlock + 8 * a, v[a]);
@@ -324,7 +331,7 @@ void ConvertRows<WFormat::kBF16C>(const uint8_t* w, int64_t row_bytes, int64_t n
 // Rows expanded to plain bf16 (row stride k elements), exceptions applied: for the levels whose
 // batched bf16 kernels (AMX tiles, vdpbf16ps) outrun fp32 FMAs on expanded floats.
 [[maybe_unused]] void ExpandBf16cRows(const uint8_t* w, int64_t row_bytes, int64_t n_rows,
-                                      int64_t k, uint16_t* out) {
+                                      int64_t k, uint16_t* out, int64_t ahead, uintptr_t stop) {
   // Bf16cDecode's words, without the floats: w0 holds slots 0..7 | 16..23, w1 slots 8..15 |
   // 24..31 (in-lane), and elements 0..15 are w0's even words then its odd ones (Bf16cSlot):
   // a byte shuffle gathers [even | odd] in each lane, a qword permute orders the lanes.
@@ -336,6 +343,7 @@ void ConvertRows<WFormat::kBF16C>(const uint8_t* w, int64_t row_bytes, int64_t n
     const __m256i table = Bf16cTable(row);
     for (int64_t b = 0; b < k / kBlock; ++b) {
       const uint8_t* blk = row + kBf16cHeader + b * kBf16cBlock;
+      if (ahead > 0) Prefetch(blk, ahead, stop);
       const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
       const __m256i n =
           _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32)));
@@ -643,7 +651,9 @@ void FloatRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t r
   const int64_t stride = RoundUp(k, 64);
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
     const int64_t nr = Min(kRows, row_end - r0);
-    if (convert) ConvertRows<F>(w + r0 * row_bytes, row_bytes, nr, k, scratch, stride);
+    if (convert)
+      ConvertRows<F>(w + r0 * row_bytes, row_bytes, nr, k, scratch, stride, x.float_prefetch_bytes,
+                     reinterpret_cast<uintptr_t>(w + row_end * row_bytes));
     for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kTokens) {
       const int64_t nt = Min(kTokens, x.n_tokens - t0);
       float* yt = y + t0 * y_stride + r0;

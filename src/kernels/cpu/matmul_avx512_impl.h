@@ -234,12 +234,15 @@ void FloatTile(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, f
   out.Flush();
 }
 
-// Converts rows to float32 in `out` (row stride `stride` floats), exactly.
+// Converts rows to float32 in `out` (row stride `stride` floats), exactly, prefetching `ahead`
+// bytes in front of its reads (0: none) short of `stop`, as the AVX2 level's ConvertRows does.
 template <WFormat F>
 void ConvertRows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k, float* out,
-                 int64_t stride) {
+                 int64_t stride, int64_t ahead, uintptr_t stop) {
   for (int64_t r = 0; r < n_rows; ++r)
     for (int64_t i = 0; i < k; i += 16) {
+      if (ahead > 0 && (i * ElemBytes<F>()) % 64 == 0)
+        Prefetch(w + r * row_bytes + i * ElemBytes<F>(), ahead, stop);
       const __mmask16 m = TailMask16(k - i);
       _mm512_mask_storeu_ps(out + r * stride + i, m, Load16<F>(w + r * row_bytes, i, m));
     }
@@ -249,8 +252,8 @@ void ConvertRows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k,
 // its block decoder (slot order made for 256-bit unpacks) converts the rows.
 template <>
 void ConvertRows<WFormat::kBF16C>(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k,
-                                  float* out, int64_t stride) {
-  Avx2Bf16cRowsToF32(w, row_bytes, n_rows, k, out, stride);
+                                  float* out, int64_t stride, int64_t ahead, uintptr_t stop) {
+  Avx2Bf16cRowsToF32(w, row_bytes, n_rows, k, out, stride, ahead, stop);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -604,7 +607,9 @@ void FloatRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t r
   const int64_t stride = RoundUp(k, 64);
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
     const int64_t nr = Min(kRows, row_end - r0);
-    if (convert) ConvertRows<F>(w + r0 * row_bytes, row_bytes, nr, k, scratch, stride);
+    if (convert)
+      ConvertRows<F>(w + r0 * row_bytes, row_bytes, nr, k, scratch, stride, x.float_prefetch_bytes,
+                     reinterpret_cast<uintptr_t>(w + row_end * row_bytes));
     for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kFloatTokens) {
       const int64_t nt = Min(kFloatTokens, x.n_tokens - t0);
       float* yt = y + t0 * y_stride + r0;

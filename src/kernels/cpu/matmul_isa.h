@@ -212,13 +212,16 @@ static constexpr int64_t ScratchFloats(int64_t k) {
 
 // BF16C rows [0, n_rows) (row_bytes apart) expanded to plain bf16, row stride k elements,
 // exceptions applied: the avx2 level's code, callable once CpuSupports(kAvx2) (another
-// architecture's build has a scalar one).
+// architecture's build has a scalar one). The rows are prefetched `ahead` bytes in front of
+// the block being read (0: none), short of `stop` (an address: the end of the caller's rows;
+// a batch's rows are converted in groups between tiles, so without it each group's first
+// reads wait on DRAM).
 void Avx2ExpandBf16cRows(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k,
-                         uint16_t* out);
+                         uint16_t* out, int64_t ahead, uintptr_t stop);
 // The same rows decoded to float32 (row stride `stride` floats), exceptions applied: what the
 // AVX-512 levels' fp32 tiles read for BF16C batches (same conditions).
 void Avx2Bf16cRowsToF32(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t k, float* out,
-                        int64_t stride);
+                        int64_t stride, int64_t ahead, uintptr_t stop);
 
 // nullptr when the build has no code for that ISA (e.g. not an x86-64 build).
 const Kernels* ScalarKernels();
