@@ -7,13 +7,16 @@
 
 namespace moetier {
 
-const std::array<TuningKnobSpec, 22> kTuningKnobSpecs = {{
+const std::array<TuningKnobSpec, 23> kTuningKnobSpecs = {{
     {"MOETIER_AMX_MIN_TOKENS", &TuningKnobs::amx_min_tokens, 1, 1 << 20,
      "smallest batch of tokens whose q8_0/bf16 matmuls use AMX tiles"},
     {"MOETIER_BF16C_EXPAND_MIN_TOKENS", &TuningKnobs::bf16c_expand_min_tokens, 1, 1 << 20,
      "smallest batch for which bf16c rows are expanded once and run on the batch kernels"},
     {"MOETIER_FLOAT_PREFETCH_BYTES", &TuningKnobs::float_prefetch_bytes, 64, 16384,
      "how far ahead the AVX2 kernels prefetch a bf16/bf16c/f16/f32 weight stream"},
+    {"MOETIER_CONVERT_BATCH_ROWS", &TuningKnobs::convert_batch_rows, 0, 1,
+     "1: a bf16/bf16c/f16 batch converts its weight rows to float32 once for all its tokens; 0: "
+     "in registers for every tile of tokens (bf16c expanded to bf16 first)"},
     {"MOETIER_QUANT_PREFETCH_BYTES", &TuningKnobs::quant_prefetch_bytes, 64, 16384,
      "how far ahead decode prefetches a q8_0/q4_0 weight stream"},
     {"MOETIER_PARALLEL_PREPARE_TOKENS", &TuningKnobs::parallel_prepare_tokens, 1, 1 << 20,

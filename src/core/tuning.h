@@ -26,6 +26,7 @@ struct TuningKnobs {
   std::optional<int64_t> amx_min_tokens;           // MOETIER_AMX_MIN_TOKENS
   std::optional<int64_t> bf16c_expand_min_tokens;  // MOETIER_BF16C_EXPAND_MIN_TOKENS
   std::optional<int64_t> float_prefetch_bytes;     // MOETIER_FLOAT_PREFETCH_BYTES
+  std::optional<int64_t> convert_batch_rows;       // MOETIER_CONVERT_BATCH_ROWS (0 or 1)
   std::optional<int64_t> quant_prefetch_bytes;     // MOETIER_QUANT_PREFETCH_BYTES
   std::optional<int64_t> parallel_prepare_tokens;  // MOETIER_PARALLEL_PREPARE_TOKENS
   std::optional<int64_t> task_rows;                // MOETIER_TASK_ROWS
@@ -54,7 +55,7 @@ struct TuningKnobSpec {
   int64_t min, max;
   std::string_view help;
 };
-extern const std::array<TuningKnobSpec, 22> kTuningKnobSpecs;
+extern const std::array<TuningKnobSpec, 23> kTuningKnobSpecs;
 
 // MOETIER_* variables parsed elsewhere (with their own validation, reported by
 // CheckEnvironment): the kernel level, budgets, failure injection and seeds for tests, debug

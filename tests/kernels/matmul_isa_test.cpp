@@ -32,6 +32,7 @@
 
 #include "core/dtype.h"
 #include "kernels/cpu/bf16c.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quant.h"
 #include "support/seed.h"
@@ -451,6 +452,55 @@ TEST(FloatKernels, Avx512LevelsEqualAvx2BitForBit) {
           ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
               << CpuIsaName(cpu_isa) << " " << DTypeName(dt) << " rows " << s.rows << " k " << s.k
               << " tokens " << tokens;
+        }
+      }
+    }
+  }
+}
+
+// A float-format batch reads its rows converted to float32 once or converted in registers
+// tile by tile, BF16C rows expanded to bf16 first (Prepared::convert_batch_rows, chosen per CPU
+// by ConvertBatchRows): both give the same bits, which are each token's own alone.
+TEST(FloatKernels, BatchRowsConvertedOnceOrInRegistersAgree) {
+  std::mt19937 rng(testing::TestSeed());
+  for (CpuIsa cpu_isa : {CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Vnni}) {
+    if (!CpuSupports(cpu_isa)) continue;
+    for (DType dt : {DType::kBF16, DType::kF16, DType::kBF16C}) {
+      for (const Shape& s : ShapesFor(dt)) {
+        if (dt == DType::kBF16C && s.k % 32 != 0) continue;
+        const int64_t tokens = std::max<int64_t>(s.tokens, Bf16cExpandMinTokens()) + 1;
+        const Weights w = MakeWeights(dt, s.rows, s.k, rng,
+                                      dt == DType::kBF16C ? Fill::kRandomBytes : Fill::kNormal);
+        const std::vector<float> x = RandomActivations(tokens, s.k, rng);
+        PreparedActivations p;
+        p.Prepare(x.data(), tokens, s.k, dt, cpu_isa);
+        ASSERT_EQ(p.kernel_dtype(), dt);
+        const size_t row_bytes = DTypeRowBytes(dt, s.k);
+        const isa::WFormat format = dt == DType::kBF16  ? isa::WFormat::kBF16
+                                    : dt == DType::kF16 ? isa::WFormat::kF16
+                                                        : isa::WFormat::kBF16C;
+        std::vector<float> scratch(static_cast<size_t>(isa::ScratchFloats(s.k)) + 16);
+        float* aligned = reinterpret_cast<float*>(
+            isa::RoundUp(reinterpret_cast<intptr_t>(scratch.data()), isa::kAlign));
+        std::vector<float> y[2];
+        for (bool convert : {true, false}) {
+          isa::Prepared v = p.view();
+          v.convert_batch_rows = convert;
+          std::vector<float>& out = y[convert ? 1 : 0];
+          out.assign(static_cast<size_t>(tokens * s.rows), NAN);
+          SafeKernels(p.isa()).dot_rows(format, w.bytes.data(), static_cast<int64_t>(row_bytes), 0,
+                                        s.rows, v, out.data(), s.rows, aligned);
+        }
+        const std::string at = std::string(CpuIsaName(p.isa())) + " " + std::string(DTypeName(dt)) +
+                               " rows " + std::to_string(s.rows) + " k " + std::to_string(s.k) +
+                               " tokens " + std::to_string(tokens);
+        ASSERT_EQ(0, std::memcmp(y[0].data(), y[1].data(), y[0].size() * sizeof(float))) << at;
+        for (int64_t t = 0; t < tokens; ++t) {
+          const std::vector<float> xt(x.begin() + t * s.k, x.begin() + (t + 1) * s.k);
+          const std::vector<float> one = RunDot(cpu_isa, w, xt, 1);
+          ASSERT_EQ(0,
+                    std::memcmp(one.data(), y[0].data() + t * s.rows, one.size() * sizeof(float)))
+              << at << " token " << t;
         }
       }
     }

@@ -59,7 +59,8 @@ void ScoreRows(const float* q, int64_t q_stride, const float* keys, int64_t key_
   for (; j + 4 <= n_keys; j += 4) {
     for (int64_t a = j + kAheadRows; a < j + kAheadRows + 4 && a < n_keys; ++a)
       PrefetchRow(keys + a * key_stride, d);
-    ScoreTile<NH, 4>(q, q_stride, keys + j * key_stride, key_stride, d, scale, scores + j, score_stride);
+    ScoreTile<NH, 4>(q, q_stride, keys + j * key_stride, key_stride, d, scale, scores + j,
+                     score_stride);
   }
   switch (n_keys - j) {
     case 3:
@@ -119,8 +120,8 @@ void ValueRows(const float* p, int64_t n_keys, int64_t p_stride, const float* va
   const int64_t vectors = d / Vec::kLanes;
   int64_t v = 0;
   for (; v + 4 <= vectors; v += 4)
-    ValueTile<NH, 4>(p, n_keys, p_stride, values, value_stride, d, v * Vec::kLanes, out,
-                     out_stride, accumulate);
+    ValueTile<NH, 4>(p, n_keys, p_stride, values, value_stride, d, v * Vec::kLanes, out, out_stride,
+                     accumulate);
   switch (vectors - v) {
     case 3:
       ValueTile<NH, 3>(p, n_keys, p_stride, values, value_stride, d, v * Vec::kLanes, out,
@@ -150,11 +151,11 @@ void Values(const float* p, int64_t n_q, int64_t n_keys, int64_t p_stride, const
             int64_t value_stride, int64_t d, float* out, int64_t out_stride, bool accumulate) {
   int64_t h = 0;
   for (; h + 2 <= n_q; h += 2)
-    ValueRows<2>(p + h * p_stride, n_keys, p_stride, values, value_stride, d,
-                 out + h * out_stride, out_stride, accumulate);
+    ValueRows<2>(p + h * p_stride, n_keys, p_stride, values, value_stride, d, out + h * out_stride,
+                 out_stride, accumulate);
   if (h < n_q)
-    ValueRows<1>(p + h * p_stride, n_keys, p_stride, values, value_stride, d,
-                 out + h * out_stride, out_stride, accumulate);
+    ValueRows<1>(p + h * p_stride, n_keys, p_stride, values, value_stride, d, out + h * out_stride,
+                 out_stride, accumulate);
 }
 
 }  // namespace attn

@@ -645,23 +645,34 @@ void FloatRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t r
                          reinterpret_cast<uintptr_t>(w + row_end * row_bytes));
     return;
   }
-  // With more tokens than one tile holds, convert each row once (exactly) and reuse it for
-  // every token tile; with fewer, convert in registers (BF16C, above, too).
-  const bool convert = F == WFormat::kBF16C || (F != WFormat::kF32 && x.n_tokens > kTokens);
+  // More tokens than one tile holds: each row converted to float32 once for every token tile
+  // (Prepared::convert_batch_rows), or converted in registers by each tile, a BF16C row
+  // expanded to bf16 first; fewer: in registers (BF16C, above, too).
+  const bool to_f32 =
+      F != WFormat::kF32 && x.convert_batch_rows && (F == WFormat::kBF16C || x.n_tokens > kTokens);
+  const bool to_bf16 = F == WFormat::kBF16C && !x.convert_batch_rows;
   const int64_t stride = RoundUp(k, 64);
+  const auto stop = reinterpret_cast<uintptr_t>(w + row_end * row_bytes);  // see Prefetch
+  auto* expanded = reinterpret_cast<uint16_t*>(scratch);
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
     const int64_t nr = Min(kRows, row_end - r0);
-    if (convert)
+    if (to_f32)
       ConvertRows<F>(w + r0 * row_bytes, row_bytes, nr, k, scratch, stride, x.float_prefetch_bytes,
-                     reinterpret_cast<uintptr_t>(w + row_end * row_bytes));
+                     stop);
+    if (to_bf16)
+      ExpandBf16cRows(w + r0 * row_bytes, row_bytes, nr, k, expanded, x.float_prefetch_bytes, stop);
     for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kTokens) {
       const int64_t nt = Min(kTokens, x.n_tokens - t0);
       float* yt = y + t0 * y_stride + r0;
       const float* xt = x.x + t0 * k;
-      if (convert) {
+      if (to_f32) {
         const auto* cw = reinterpret_cast<const uint8_t*>(scratch);
         MOETIER_FLOAT_TILE_SWITCH(FloatTiles<WFormat::kF32>::template Run, nr, nt, cw, stride * 4,
                                   xt, k, yt, y_stride)
+      } else if (to_bf16) {
+        const auto* bw = reinterpret_cast<const uint8_t*>(expanded);
+        MOETIER_FLOAT_TILE_SWITCH(FloatTiles<WFormat::kBF16>::template Run, nr, nt, bw, 2 * k, xt,
+                                  k, yt, y_stride)
       } else if constexpr (F != WFormat::kBF16C) {
         MOETIER_FLOAT_TILE_SWITCH(FloatTiles<F>::template Run, nr, nt, w + r0 * row_bytes,
                                   row_bytes, xt, k, yt, y_stride)

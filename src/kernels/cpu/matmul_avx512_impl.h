@@ -601,23 +601,35 @@ void FloatRows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t r
     return;
   }
   constexpr int64_t kRows = kFloatRows;
-  // With more tokens than one tile holds, convert each group of rows once (exactly) and reuse
-  // it for every token tile; with fewer, convert in registers.
-  const bool convert = F == WFormat::kBF16C || (F != WFormat::kF32 && x.n_tokens > kFloatTokens);
+  // More tokens than one tile holds: each group of rows converted to float32 once for every
+  // token tile (Prepared::convert_batch_rows), or converted in registers by each tile, BF16C
+  // rows expanded to bf16 first (by the AVX2 code, as above); fewer: in registers.
+  const bool to_f32 = F != WFormat::kF32 && x.convert_batch_rows &&
+                      (F == WFormat::kBF16C || x.n_tokens > kFloatTokens);
+  const bool to_bf16 = F == WFormat::kBF16C && !x.convert_batch_rows;
   const int64_t stride = RoundUp(k, 64);
+  const auto stop = reinterpret_cast<uintptr_t>(w + row_end * row_bytes);  // see Prefetch
+  auto* expanded = reinterpret_cast<uint16_t*>(scratch);
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
     const int64_t nr = Min(kRows, row_end - r0);
-    if (convert)
+    if (to_f32)
       ConvertRows<F>(w + r0 * row_bytes, row_bytes, nr, k, scratch, stride, x.float_prefetch_bytes,
-                     reinterpret_cast<uintptr_t>(w + row_end * row_bytes));
+                     stop);
+    if (to_bf16)
+      Avx2ExpandBf16cRows(w + r0 * row_bytes, row_bytes, nr, k, expanded, x.float_prefetch_bytes,
+                          stop);
     for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kFloatTokens) {
       const int64_t nt = Min(kFloatTokens, x.n_tokens - t0);
       float* yt = y + t0 * y_stride + r0;
       const float* xt = x.x + t0 * k;
-      if (convert) {
+      if (to_f32) {
         const auto* cw = reinterpret_cast<const uint8_t*>(scratch);
         MOETIER_TILE_SWITCH(FloatTiles<WFormat::kF32>::template Run, nr, nt, cw, stride * 4, xt, k,
                             yt, y_stride)
+      } else if (to_bf16) {
+        const auto* bw = reinterpret_cast<const uint8_t*>(expanded);
+        MOETIER_TILE_SWITCH(FloatTiles<WFormat::kBF16>::template Run, nr, nt, bw, 2 * k, xt, k, yt,
+                            y_stride)
       } else if constexpr (F != WFormat::kBF16C) {
         MOETIER_TILE_SWITCH(FloatTiles<F>::template Run, nr, nt, w + r0 * row_bytes, row_bytes, xt,
                             k, yt, y_stride)
