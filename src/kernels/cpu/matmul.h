@@ -45,11 +45,11 @@ int64_t FloatStreamPrefetchBytes();
 // Whether batches of bf16/f16/bf16c weights convert their rows to float32 once for every tile
 // of tokens to read (Prepared::convert_batch_rows) or convert them in registers tile by tile:
 // in registers, the rows are read as they are stored (BF16C expanded to bf16 first, half the
-// bytes of float32), at the cost of a conversion per tile. On AMD (Zen 5, one thread) that ran
-// 1.2-1.6x faster at every batch from 4 to 512 tokens, so AMD CPUs convert in registers; elsewhere
-// the rows are converted once (where a 512-bit FMA shares its port with the conversion's
-// shuffle, as on Intel's AVX-512 cores, the tiles' FMAs would wait for it).
-// MOETIER_CONVERT_BATCH_ROWS=0|1 overrides.
+// bytes of float32), at the cost of a conversion per tile. AMD CPUs convert in registers, which
+// was faster there at every batch size measured (docs/tuning.md); elsewhere the rows are
+// converted once (where a 512-bit FMA shares its port with the conversion's shuffle, as on
+// Intel's AVX-512 cores, the tiles' FMAs would wait for it). MOETIER_CONVERT_BATCH_ROWS=0|1
+// overrides.
 bool ConvertBatchRows();
 // Quantized decode's prefetch distance: MOETIER_QUANT_PREFETCH_BYTES=N (64 to 16384), else 0,
 // which lets each level use its own (2 KB AVX2, 4 KB AVX-512; Prepared::quant_prefetch_bytes).

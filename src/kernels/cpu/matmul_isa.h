@@ -116,10 +116,10 @@ struct Prepared {
   // Bytes ahead of a one-token float-format stream (bf16/f16/f32 weights) that AVX2 decode
   // prefetches: the dispatcher's FloatStreamPrefetchBytes().
   int64_t float_prefetch_bytes = 2048;
-  // How a batch of more tokens than one fp32 tile takes (and any BF16C batch on the fp32 tiles)
-  // reads bf16/f16/bf16c rows: converted to float32 once, the tiles reading the copy (true), or
-  // converted in registers by every tile, BF16C rows first expanded to bf16 (false). The same
-  // results either way; the dispatcher's ConvertBatchRows() picks the faster.
+  // How the fp32 tiles read bf16/f16/bf16c rows in a batch of more tokens than one tile holds
+  // (and in any BF16C batch they run): converted to float32 once, every tile reading the copy
+  // (true), or converted in registers by each tile, BF16C rows first expanded to bf16 (false).
+  // The same results either way; the dispatcher's ConvertBatchRows() picks the faster.
   bool convert_batch_rows = true;
   // Bytes ahead of a one-token quantized stream (q8_0/q4_0 weights) that decode prefetches; 0:
   // the level's own default. A value read at run time on purpose: with a compile-time distance
