@@ -290,8 +290,9 @@ inline void Bf16cRowDots(const uint8_t* row, const float* x, int64_t k, int64_t 
       HSum(_mm256_add_ps(_mm256_add_ps(acc[c][0], acc[c][1]), _mm256_add_ps(acc[c][2], acc[c][3])));
 }
 
-// `n_rows` rows one after the other against C <= 3 tokens. Three tokens' 12 accumulators and a
-// block's 4 vectors would fill all 16 registers: a row runs as two tokens, then (from L1) one.
+// `n_rows` rows one after the other against C <= 3 tokens, each block decoded once for all of
+// them (three tokens' 12 accumulators leave too few registers for the decoding: the compiler
+// keeps two accumulators and the table in L1, cheaper than decoding each block twice).
 template <int C>
 void Bf16cRows(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
                int64_t y_stride, int64_t n_rows, int64_t ahead) {
@@ -300,12 +301,7 @@ void Bf16cRows(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, f
   TileOut<1, C> out(y, y_stride);
   for (int64_t r = 0; r < n_rows; ++r, w += row_bytes, out.NextTile()) {
     float sums[C];
-    if constexpr (C == 3) {
-      Bf16cRowDots<2>(w, x, k, ahead, stop, sums);
-      Bf16cRowDots<1>(w, x + 2 * k, k, 0, stop, sums + 2);
-    } else {
-      Bf16cRowDots<C>(w, x, k, ahead, stop, sums);
-    }
+    Bf16cRowDots<C>(w, x, k, ahead, stop, sums);
     MOETIER_UNROLL for (int c = 0; c < C; ++c) out.Put(0, c, sums[c]);
   }
   out.Flush();
