@@ -212,9 +212,10 @@ inline __m256i Bf16cTable(const uint8_t* row) {  // the 16 high bytes, in both l
   return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
 }
 
-// The block's weights as stored (an exception's lanes are patched by Bf16cExceptions): codes
-// to high bytes by one table lookup, then bytes to bf16 words and words to floats in-lane.
-inline void Bf16cDecode(__m256i table, const uint8_t* blk, __m256 v[4]) {
+// The block's weights as stored, as bf16 words (an exception's lanes are patched by
+// Bf16cExceptions): codes to high bytes by one table lookup, then bytes to words in-lane. w0 holds
+// slots 0..7 | 16..23 and w1 slots 8..15 | 24..31, each word's low half the even slot.
+inline void Bf16cWords(__m256i table, const uint8_t* blk, __m256i& w0, __m256i& w1) {
   const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
   const __m256i n =
       _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32)));
@@ -222,12 +223,23 @@ inline void Bf16cDecode(__m256i table, const uint8_t* blk, __m256 v[4]) {
   const __m256i codes =
       _mm256_and_si256(_mm256_blend_epi32(n, _mm256_srli_epi16(n, 4), 0xF0), _mm256_set1_epi8(15));
   const __m256i hi = _mm256_shuffle_epi8(table, codes);
-  const __m256i w0 = _mm256_unpacklo_epi8(lo, hi), w1 = _mm256_unpackhi_epi8(lo, hi);
-  const __m256i top = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-  v[0] = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
-  v[1] = _mm256_castsi256_ps(_mm256_and_si256(w0, top));
-  v[2] = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
-  v[3] = _mm256_castsi256_ps(_mm256_and_si256(w1, top));
+  w0 = _mm256_unpacklo_epi8(lo, hi);
+  w1 = _mm256_unpackhi_epi8(lo, hi);
+}
+
+// Vector a (0..3) of a block's floats from its words.
+inline __m256 Bf16cVector(__m256i w0, __m256i w1, int a) {
+  const __m256i w = a < 2 ? w0 : w1;
+  return _mm256_castsi256_ps(
+      a % 2 == 0 ? _mm256_slli_epi32(w, 16)
+                 : _mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+// The block's four float vectors (elements 8a..8a+7 in v[a]), exceptions not applied.
+inline void Bf16cDecode(__m256i table, const uint8_t* blk, __m256 v[4]) {
+  __m256i w0, w1;
+  Bf16cWords(table, blk, w0, w1);
+  for (int a = 0; a < 4; ++a) v[a] = Bf16cVector(w0, w1, a);
 }
 
 // Walks a row's exception list (ascending) alongside its blocks. A list that is not ascending
@@ -279,20 +291,30 @@ inline void Bf16cRowDots(const uint8_t* row, const float* x, int64_t k, int64_t 
   const uint8_t* blk = row + kBf16cHeader;
   for (int64_t b = 0; b < k / kBlock; ++b, blk += kBf16cBlock) {
     if (ahead > 0) Prefetch(blk, ahead, stop);
-    __m256 v[4];
-    Bf16cDecode(table, blk, v);
-    if (b == ex.next_block()) ex.Patch(b, v);
-    MOETIER_UNROLL for (int c = 0; c < C; ++c) MOETIER_UNROLL for (int a = 0; a < 4; ++a)
-        acc[c][a] =
-            _mm256_fmadd_ps(v[a], _mm256_loadu_ps(x + c * k + b * kBlock + 8 * a), acc[c][a]);
+    const float* xb = x + b * kBlock;
+    if (b == ex.next_block()) [[unlikely]] {
+      __m256 v[4];
+      Bf16cDecode(table, blk, v);
+      ex.Patch(b, v);
+      MOETIER_UNROLL for (int c = 0; c < C; ++c) MOETIER_UNROLL for (int a = 0; a < 4; ++a)
+          acc[c][a] = _mm256_fmadd_ps(v[a], _mm256_loadu_ps(xb + c * k + 8 * a), acc[c][a]);
+      continue;
+    }
+    // One float vector live at a time: three tokens' 12 accumulators leave four registers, so
+    // the accumulators stay in them (a spilled one waits on a store and a load every block).
+    __m256i w0, w1;
+    Bf16cWords(table, blk, w0, w1);
+    MOETIER_UNROLL for (int a = 0; a < 4; ++a) {
+      const __m256 v = Bf16cVector(w0, w1, a);
+      MOETIER_UNROLL for (int c = 0; c < C; ++c) acc[c][a] =
+          _mm256_fmadd_ps(v, _mm256_loadu_ps(xb + c * k + 8 * a), acc[c][a]);
+    }
   }
   MOETIER_UNROLL for (int c = 0; c < C; ++c) sums[c] =
       HSum(_mm256_add_ps(_mm256_add_ps(acc[c][0], acc[c][1]), _mm256_add_ps(acc[c][2], acc[c][3])));
 }
 
-// `n_rows` rows one after the other against C <= 3 tokens, each block decoded once for all of
-// them (three tokens' 12 accumulators leave too few registers for the decoding: the compiler
-// keeps two accumulators and the table in L1, cheaper than decoding each block twice).
+// `n_rows` rows one after the other against C <= 3 tokens, each block decoded once for all.
 template <int C>
 void Bf16cRows(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, float* y,
                int64_t y_stride, int64_t n_rows, int64_t ahead) {
@@ -328,9 +350,8 @@ void ConvertRows<WFormat::kBF16C>(const uint8_t* w, int64_t row_bytes, int64_t n
 // batched bf16 kernels (AMX tiles, vdpbf16ps) outrun fp32 FMAs on expanded floats.
 [[maybe_unused]] void ExpandBf16cRows(const uint8_t* w, int64_t row_bytes, int64_t n_rows,
                                       int64_t k, uint16_t* out, int64_t ahead, uintptr_t stop) {
-  // Bf16cDecode's words, without the floats: w0 holds slots 0..7 | 16..23, w1 slots 8..15 |
-  // 24..31 (in-lane), and elements 0..15 are w0's even words then its odd ones (Bf16cSlot):
-  // a byte shuffle gathers [even | odd] in each lane, a qword permute orders the lanes.
+  // Bf16cWords: elements 0..15 are w0's even words then its odd ones (Bf16cSlot): a byte
+  // shuffle gathers [even | odd] in each lane, a qword permute orders the lanes.
   const __m256i even_odd = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0,
                                             1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
   for (int64_t r = 0; r < n_rows; ++r) {
@@ -340,13 +361,8 @@ void ConvertRows<WFormat::kBF16C>(const uint8_t* w, int64_t row_bytes, int64_t n
     for (int64_t b = 0; b < k / kBlock; ++b) {
       const uint8_t* blk = row + kBf16cHeader + b * kBf16cBlock;
       if (ahead > 0) Prefetch(blk, ahead, stop);
-      const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
-      const __m256i n =
-          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32)));
-      const __m256i codes = _mm256_and_si256(_mm256_blend_epi32(n, _mm256_srli_epi16(n, 4), 0xF0),
-                                             _mm256_set1_epi8(15));
-      const __m256i hi = _mm256_shuffle_epi8(table, codes);
-      const __m256i w0 = _mm256_unpacklo_epi8(lo, hi), w1 = _mm256_unpackhi_epi8(lo, hi);
+      __m256i w0, w1;
+      Bf16cWords(table, blk, w0, w1);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + b * kBlock),
                           _mm256_permute4x64_epi64(_mm256_shuffle_epi8(w0, even_odd), 0xD8));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + b * kBlock + 16),
