@@ -206,12 +206,10 @@ int64_t Bf16cExpandMinTokens() {
   return Tuning().bf16c_expand_min_tokens.value_or(kBf16cExpandMinTokens);
 }
 
-bool ConvertBatchRows() {
-  static const bool convert = [] {
-    if (Tuning().convert_batch_rows) return *Tuning().convert_batch_rows == 1;
-    return !CpuIsAmd();
-  }();
-  return convert;
+bool ConvertBatchRows(isa::WFormat f) {
+  if (Tuning().convert_batch_rows) return *Tuning().convert_batch_rows == 1;
+  static const bool amd = CpuIsAmd();
+  return !amd && f != isa::WFormat::kBF16;
 }
 
 int64_t FloatStreamPrefetchBytes() {
@@ -264,7 +262,7 @@ void PreparedActivations::Layout(const float* x, int64_t n_tokens, int64_t k, DT
   view_.group = f == isa::WFormat::kQ4_0 ? kern.q4_0_group : 1;
   view_.run = f == isa::WFormat::kQ4_0 ? kern.q4_0_run : 0;
   view_.float_prefetch_bytes = FloatStreamPrefetchBytes();
-  view_.convert_batch_rows = ConvertBatchRows();
+  view_.convert_batch_rows = ConvertBatchRows(f);
   view_.quant_prefetch_bytes = QuantStreamPrefetchBytes();
   const size_t records = static_cast<size_t>(
       isa::RoundUp(view_.token_bytes * n_tokens, isa::kAlign));  // 0 when used in place

@@ -42,15 +42,15 @@ inline constexpr int64_t kFloatPrefetchBytes = 2048;
 inline constexpr int64_t kFloatPrefetchBytesAmd = 1024;
 inline constexpr int64_t kFloatPrefetchBytesAmdAvx512 = 4096;
 int64_t FloatStreamPrefetchBytes();
-// Whether batches of bf16/f16/bf16c weights convert their rows to float32 once for every tile
-// of tokens to read (Prepared::convert_batch_rows) or convert them in registers tile by tile:
-// in registers, the rows are read as they are stored (BF16C expanded to bf16 first, half the
-// bytes of float32), at the cost of a conversion per tile. AMD CPUs convert in registers, which
-// was faster there at every batch size measured (docs/tuning.md); elsewhere the rows are
-// converted once (where a 512-bit FMA shares its port with the conversion's shuffle, as on
-// Intel's AVX-512 cores, the tiles' FMAs would wait for it). MOETIER_CONVERT_BATCH_ROWS=0|1
+// Whether batches of `f`'s weights (bf16/f16/bf16c) convert their rows to float32 once for
+// every tile of tokens to read (Prepared::convert_batch_rows) or convert them in registers tile
+// by tile: in registers, the rows are read as they are stored (BF16C expanded to bf16 first,
+// half the bytes of float32), at the cost of a conversion per tile. In registers on AMD CPUs
+// (faster there at every batch size measured) and for bf16 rows elsewhere (faster on the Xeon
+// too); f16 and bf16c rows off AMD are converted once (the Xeon's bf16c tiles stalled on the
+// expanded rows; f16 unmeasured). docs/tuning.md has the figures. MOETIER_CONVERT_BATCH_ROWS=0|1
 // overrides.
-bool ConvertBatchRows();
+bool ConvertBatchRows(isa::WFormat f);
 // Quantized decode's prefetch distance: MOETIER_QUANT_PREFETCH_BYTES=N (64 to 16384), else 0,
 // which lets each level use its own (2 KB AVX2, 4 KB AVX-512; Prepared::quant_prefetch_bytes).
 int64_t QuantStreamPrefetchBytes();
