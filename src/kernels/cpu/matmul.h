@@ -47,8 +47,8 @@ int64_t FloatStreamPrefetchBytes();
 // by tile: in registers, the rows are read as they are stored (BF16C expanded to bf16 first,
 // half the bytes of float32), at the cost of a conversion per tile. In registers on AMD CPUs
 // (faster there at every batch size measured) and for bf16 rows elsewhere (faster on the Xeon
-// too); f16 and bf16c rows off AMD are converted once (the Xeon's bf16c tiles stalled on the
-// expanded rows; f16 unmeasured). docs/tuning.md has the figures. MOETIER_CONVERT_BATCH_ROWS=0|1
+// too); f16 and bf16c rows off AMD are converted once (bf16c measured even on the Xeon, f16
+// not measured). docs/tuning.md has the figures. MOETIER_CONVERT_BATCH_ROWS=0|1
 // overrides.
 bool ConvertBatchRows(isa::WFormat f);
 // Quantized decode's prefetch distance: MOETIER_QUANT_PREFETCH_BYTES=N (64 to 16384), else 0,
