@@ -7,8 +7,8 @@
 # stripped, and the shared libraries they need beyond the C/C++ runtime (xz: a device call carries
 # at most 64 MiB with the working tree); from .devcarry/ (bench/peers/make_devcarry.sh), the
 # synthetic model's writer and llama.cpp's source; and, when LLAMA_BUILD names a CUDA build of
-# llama.cpp made here, its programs and libraries (llama-bin.tar.xz), so the GPU machine need not
-# build it.
+# llama.cpp made here, its programs and libraries (llama-bin.tar.xz, ~41 MB), so the GPU machine
+# need not build it; it warns when the whole no longer fits one device call.
 # Carry ".gpucarry" in the device call.
 #   scripts/make_gpucarry.sh [BUILD_DIR]   # default: build
 set -euo pipefail
@@ -62,3 +62,11 @@ if [ -n "${LLAMA_BUILD:-}" ] && [ -f .devcarry/llama-src.tar.xz ]; then
   tar -C "$B/src" -cf - . | xz -9 -T2 > .gpucarry/llama-src.tar.xz
 fi
 du -sh .gpucarry
+# A device call carries at most 64 MiB: the working tree (tracked and untracked files git does
+# not ignore) and .gpucarry together.
+TREE=$(git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+CARRY=$(du -sb .gpucarry | cut -f1)
+if [ $((TREE + CARRY)) -gt $((64 * 1024 * 1024)) ]; then
+  echo "make_gpucarry.sh: the working tree ($((TREE >> 20)) MiB) and .gpucarry ($((CARRY >> 20)) MiB)" \
+    "exceed a device call's 64 MiB; without LLAMA_BUILD, gpu_suite.sh builds llama.cpp there" >&2
+fi
