@@ -60,6 +60,14 @@ inline void Prefetch(const uint8_t* p, int64_t ahead = kPrefetchBytes,
   __asm__ volatile("prefetcht0 %0" : : "m"(*a));
 }
 
+// How far ahead to prefetch row r of an R-row tile read at byte `offset`: `ahead` bytes along
+// the row or, past its end, as far along row r of the next tile (R - 1 rows further): each row
+// stream runs on into the next tile's, whose rows then do not start cold. R == 1: one stream.
+template <int R>
+inline int64_t TileAhead(int64_t offset, int64_t row_bytes, int64_t ahead) {
+  return offset + ahead >= row_bytes ? ahead + (R - 1) * row_bytes : ahead;
+}
+
 inline float HSum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -152,9 +160,10 @@ void FloatTile(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, f
     constexpr int64_t kIter = 8 * kFloatAcc;  // elements per round over the 4 accumulators
     int64_t i = 0;
     for (; i + kIter <= k; i += kIter) {
+      const int64_t to = TileAhead<R>(i * ElemBytes<F>(), row_bytes, ahead);
       MOETIER_UNROLL for (int r = 0; r < R; ++r) {
         const uint8_t* pass = w + r * row_bytes + i * ElemBytes<F>();
-        for (int64_t b = 0; b < kIter * ElemBytes<F>(); b += 64) Prefetch(pass + b, ahead, stop);
+        for (int64_t b = 0; b < kIter * ElemBytes<F>(); b += 64) Prefetch(pass + b, to, stop);
       }
       MOETIER_UNROLL for (int a = 0; a < kFloatAcc; ++a) step(i + 8 * a, a, 0);
     }
@@ -443,8 +452,8 @@ void Q8Tile(const uint8_t* w, int64_t row_bytes, const uint8_t* xrec, int64_t to
     };
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) {  // two blocks per prefetch: 68 bytes, about a cache line
-      MOETIER_UNROLL for (int r = 0; r < R; ++r)
-          Prefetch(w + r * row_bytes + b * kQ8_0Bytes, ahead);
+      const int64_t to = TileAhead<R>(b * kQ8_0Bytes, row_bytes, ahead);
+      MOETIER_UNROLL for (int r = 0; r < R; ++r) Prefetch(w + r * row_bytes + b * kQ8_0Bytes, to);
       step(b);
       step(b + 1);
     }
@@ -579,9 +588,10 @@ void Q4Tile(const uint8_t* w, int64_t row_bytes, const uint8_t* xrec, int64_t to
     const int64_t n_full = nb / kQ4Run;
     for (int64_t u = 0; u < n_full; ++u) {
       // Two prefetches per run, 72 bytes apart (about a cache line each).
+      const int64_t to = TileAhead<R>(u * kQ4RunBytes, row_bytes, ahead);
       MOETIER_UNROLL for (int r = 0; r < R; ++r) {
-        Prefetch(w + r * row_bytes + u * kQ4RunBytes, ahead);
-        Prefetch(w + r * row_bytes + u * kQ4RunBytes + kQ4RunBytes / 2, ahead);
+        Prefetch(w + r * row_bytes + u * kQ4RunBytes, to);
+        Prefetch(w + r * row_bytes + u * kQ4RunBytes + kQ4RunBytes / 2, to);
       }
       run(u, kQ4Run);
     }

@@ -76,6 +76,15 @@ inline void Prefetch(const uint8_t* p, int64_t ahead = kPrefetchBytes,
   __asm__ volatile("prefetcht0 %0" : : "m"(*a));
 }
 
+// How far ahead to prefetch row r of an R-row tile read at byte `offset`: `ahead` bytes along
+// the row or, past its end, as far along row r of the next tile (rows are contiguous: R - 1 rows
+// further). So each of a tile's row streams runs on into the next tile's, whose rows then do not
+// start cold. R == 1: the plain stream.
+template <int R>
+inline int64_t TileAhead(int64_t offset, int64_t row_bytes, int64_t ahead = kPrefetchBytes) {
+  return offset + ahead >= row_bytes ? ahead + (R - 1) * row_bytes : ahead;
+}
+
 inline float HSum(__m512 v) {
   const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
@@ -214,9 +223,10 @@ __attribute__((always_inline)) inline void FloatTileOnce(const uint8_t* w, int64
     }
   };
   auto prefetch = [&](int64_t i) __attribute__((always_inline)) {
+    const int64_t ahead = TileAhead<R>(i * ElemBytes<F>(), row_bytes);
     for (int r = 0; r < R; ++r)
       for (int64_t b = 0; b < kFloatAcc * 16 * ElemBytes<F>(); b += 64)
-        Prefetch(w + r * row_bytes + i * ElemBytes<F>() + b);
+        Prefetch(w + r * row_bytes + i * ElemBytes<F>() + b, ahead);
   };
   ForSteps<kFloatAcc, 16>(k, step, prefetch);
   static_assert(kFloatAcc == 2, "HSumAvx2Order takes the two accumulators of a 32-element pass");
@@ -282,8 +292,9 @@ __attribute__((always_inline)) inline void Bf16TileOnce(const uint8_t* w, int64_
     }
   };
   auto prefetch = [&](int64_t i) __attribute__((always_inline)) {
+    const int64_t ahead = TileAhead<R>(2 * i, row_bytes);
     MOETIER_UNROLL for (int r = 0; r < R; ++r) for (int64_t b = 0; b < kFloatAcc * 64; b += 64)
-        Prefetch(w + r * row_bytes + 2 * i + b);
+        Prefetch(w + r * row_bytes + 2 * i + b, ahead);
   };
   ForSteps<kFloatAcc, 32>(k, step, prefetch);
   MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
@@ -480,9 +491,10 @@ __attribute__((always_inline)) inline void QuantTileOnce(const uint8_t* w, int64
   };
   ForQuantSteps<F>(
       nb, step, [&](int64_t s) __attribute__((always_inline)) {
+        const int64_t ahead = TileAhead<R>(s * kStepBytes, row_bytes);
         MOETIER_UNROLL for (int r = 0; r < R; ++r) for (int64_t b = 0; b < kQuantAcc * kStepBytes;
                                                         b += 64)
-            Prefetch(w + r * row_bytes + s * kStepBytes + b);
+            Prefetch(w + r * row_bytes + s * kStepBytes + b, ahead);
       });
   MOETIER_UNROLL for (int r = 0; r < R; ++r) MOETIER_UNROLL for (int c = 0; c < C; ++c)
       out.Put(r, c, HSum(_mm512_add_ps(acc[r][c][0], acc[r][c][1])));
