@@ -141,6 +141,27 @@ inline void StoreRowsTokens(const float* c, int64_t nr, int64_t nt, float* y, in
     for (int64_t t = 0; t < nt; ++t) y[t * y_stride + r] = c[r * kAmxTokens + t];
 }
 
+// An A tile reads 16 rows at one offset, row_bytes apart: 4 KB rows (bf16, k = 2048) all fall in
+// one L1 set, more rows than its ways, so lines prefetched to L1 would be evicted before use.
+// The rows' lines are prefetched to L2 instead, kAmxAheadBytes ahead along each row, and past a
+// row's end as far along the same row of the next block of `block_rows` (rows are contiguous),
+// as the AVX-512 tiles' TileAhead does, unless `last`: the next block is another task's.
+constexpr int64_t kAmxAheadBytes = 1024;
+
+inline void PrefetchRowsL2(const uint8_t* w, int64_t row_bytes, int64_t n_rows, int64_t offset,
+                           int64_t block_rows, bool last) {
+  const bool wrap = offset + kAmxAheadBytes >= row_bytes;
+  if (wrap && last) return;
+  const int64_t at = offset + kAmxAheadBytes + (wrap ? (block_rows - 1) * row_bytes : 0);
+  // Through an integer and inline asm, as Prefetch in matmul_avx512_impl.h (may lie past the
+  // weights; never faults; not dropped as dead code).
+  const auto base = reinterpret_cast<uintptr_t>(w) + static_cast<uintptr_t>(at);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const char* a = reinterpret_cast<const char*>(base + static_cast<uintptr_t>(r * row_bytes));
+    __asm__ volatile("prefetcht1 %0" : : "m"(*a));
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Q8_0.
 
@@ -154,6 +175,7 @@ void AmxQ8Rows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t r
   const __m512i row_offsets = RowOffsets(row_bytes);
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kAmxRows) {
     const int64_t nr = Min(kAmxRows, row_end - r0);
+    const bool last = r0 + kAmxRows >= row_end;
     const uint8_t* wr = w + r0 * row_bytes;
     const __mmask16 rows_mask = TailMask16(nr);
     for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kAmxTokens) {
@@ -188,6 +210,7 @@ void AmxQ8Rows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t r
       };
       int64_t b = 0;
       for (; b + 2 <= nb; b += 2) {  // two blocks in flight: the tiles of b + 1 overlap b's math
+        if (t0 == 0) PrefetchRowsL2(wr, row_bytes, nr, b * kQ8_0Bytes, kAmxRows, last);
         _tile_loadd(1, wr + b * kQ8_0Bytes + 2, row_bytes);
         _tile_loadd(2, tile + b * chunk_bytes, stride);
         _tile_loadd(4, wr + (b + 1) * kQ8_0Bytes + 2, row_bytes);
@@ -226,6 +249,7 @@ void AmxBf16Rows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t
   for (int64_t r0 = row_begin; r0 < row_end; r0 += 2 * kAmxRows) {
     const int64_t n0 = Min(kAmxRows, row_end - r0);
     const int64_t n1 = Min(kAmxRows, row_end - r0 - n0);  // 0: one block only
+    const bool last = r0 + 2 * kAmxRows >= row_end;
     const uint8_t* w0 = w + r0 * row_bytes;
     const uint8_t* w1 = w0 + n0 * row_bytes;
     for (int64_t t0 = 0; t0 < x.n_tokens; t0 += kAmxTokens) {
@@ -249,6 +273,7 @@ void AmxBf16Rows(const uint8_t* w, int64_t row_bytes, int64_t row_begin, int64_t
       if (n1 > 0) _tile_zero(1);
       for (int64_t ch = 0; ch < n_chunks; ++ch) {
         const uint8_t* b = tile + ch * chunk_bytes;
+        if (t0 == 0) PrefetchRowsL2(w0, row_bytes, n0 + n1, ch * 64, 2 * kAmxRows, last);
         _tile_loadd(2, w0 + ch * 64, row_bytes);
         _tile_loadd(4, b, stride);
         _tile_loadd(5, b + part_bytes, stride);
