@@ -35,6 +35,9 @@
 #   BACKENDS=hybrid-evict: the expert cache's eviction rules (MOETIER_CACHE_LRU) side by side;
 #   BACKENDS=halfpin: hybrid with half the banks pinned, recorded and profiled, and cpu profiled;
 #   BACKENDS=hybrid16: hybrid at 16 sequences twice and at 4 (the smallest cache);
+#   BACKENDS=cpu-batched: the CPU alone (--no-gpu) at 4 and 16 sequences (CPU_PAR), with AMX
+#   batches on and off, and with the carried base build (make_gpucarry.sh's BASE_BIN) when there;
+#   KERNELS=1: kernel_bench on the Xeon first, this build's and the base build's, interleaved;
 #   BACKENDS=offload-packed: offload with pinned banks as stored and as bf16c (MOETIER_PACK_PINNED),
 #   prefill 4096 and decode at 1 and 16 sequences, interleaved ROUNDS times;
 #   BACKENDS=hybrid-threads: hybrid at 1, 16 and 4 sequences under the CPU-thread variants
@@ -80,6 +83,30 @@ export MOETIER_CLI=$B/moetier
 export MOETIER_CACHE_DIR=$W/cache
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$S" 2>&1
 FAILED=0
+# Another build's moetier and kernel_bench for A/B runs (make_gpucarry.sh's BASE_BIN), if carried.
+[ -f "$C/base.tar.xz" ] && xz -dc "$C/base.tar.xz" | tar -C "$W" -xf -
+# The CPU matmul kernels, this build's and the carried base build's, interleaved twice, before
+# anything else takes the cores: weight GB/s by format, level and tokens (KB_ARGS: the flags).
+if [ "${KERNELS:-0}" = 1 ]; then
+  KB_ARGS=${KB_ARGS:---threads 16 --isa amx,avx512vnni --formats bf16,bf16c,q8_0 --prefill 2,4,8,16 --prefill-experts 128 --gib 1 --reps 3}
+  for round in 1 2; do
+    for v in new base; do
+      kb=$B/kernel_bench; [ "$v" = base ] && kb=$W/base/kernel_bench
+      [ -x "$kb" ] || continue
+      # shellcheck disable=SC2086  # KB_ARGS is a list of flags
+      run_timed 150 "$kb" $KB_ARGS > "$LOGS/kb-$v-$round.json" 2> "$LOGS/kb-$v-$round.log"
+      say "kernel_bench $v, round $round: exit $?"
+      python3 - "$LOGS/kb-$v-$round.json" "$v" >> "$S" 2>&1 <<'PY'
+import json, sys
+d, v = json.load(open(sys.argv[1])), sys.argv[2]
+print(v, "read GB/s:", " ".join(f"{r['format']}/{r['threads']}:{r['gbs']:.0f}" for r in d["read_bandwidth"]))
+print(v, "decode GB/s:", " ".join(f"{r['format']}/{r['isa']}:{r['gbs']:.0f}" for r in d["decode"]))
+print(v, "batches GB/s:", " ".join(f"{r['format']}/{r['isa']}/{r['tokens']}:{r['weight_gbs']:.0f}"
+                                   for r in d["prefill"]))
+PY
+    done
+  done
+fi
 if [ "${SYNTH:-0}" = 1 ] && [ "${LLAMA:-0}" = 1 ]; then
   if [ -f "$C/llama-bin.tar.xz" ]; then
     xz -dc "$C/llama-bin.tar.xz" | tar -C "$W" -xf -
@@ -185,9 +212,9 @@ if [ "${SYNTH:-0}" = 1 ]; then
   done
   say "converted"
   # One `moetier bench --json` on bank $2 under the name $1 (the rest: its flags).
-  bench() {
+  bench() {  # BENCH_BIN: another moetier binary (the carried base build's)
     local name=$1 dt=$2; shift 2
-    run_timed 150 "$B/moetier" bench --model "$W/bank-$dt" --json "$@" \
+    run_timed 150 "${BENCH_BIN:-$B/moetier}" bench --model "$W/bank-$dt" --json "$@" \
       > "$LOGS/bench-$dt-$name.json" 2> "$LOGS/bench-$dt-$name.log"
     say "bench $dt $name: exit $?: $(python3 scripts/bench_line.py "$LOGS/bench-$dt-$name.json" 2>&1)"
   }
@@ -258,7 +285,7 @@ if [ "${SYNTH:-0}" = 1 ]; then
           bench offload-100 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_100[$dt]}" --prompt-tokens 32 --gen-tokens 64
           bench offload-par16 "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \
             --parallel 16 --prompt-tokens 128 --gen-tokens 32 ;;
-        cpu | cpu-only | offload-decode | offload-packed | hybrid | hybrid-ab | hybrid-evict | hybrid-threads | hybrid16 | halfpin | staged) ;;  # after llama.cpp's build
+        cpu | cpu-only | cpu-batched | offload-decode | offload-packed | hybrid | hybrid-ab | hybrid-evict | hybrid-threads | hybrid16 | halfpin | staged) ;;  # after llama.cpp's build
       esac
     done
   done
@@ -401,6 +428,17 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
           bench cpu "$dt" --moe-backend cpu --prompt-tokens 128 --gen-tokens 64 ;;
         cpu-only)
           bench cpu-only "$dt" --moe-backend cpu --no-gpu --prompt-tokens 128 --gen-tokens 32 ;;
+        cpu-batched)  # the CPU alone at CPU_PAR sequences (4 and 16): this build, the same with
+                      # AMX batches off (MOETIER_AMX_MIN_TOKENS past any batch), the carried base
+          for n in ${CPU_PAR:-4 16}; do
+            bench "cpu-par$n" "$dt" --moe-backend cpu --no-gpu --parallel "$n" --prompt-tokens 128 \
+              --gen-tokens 32 --repeats 2
+            MOETIER_AMX_MIN_TOKENS=1000000 bench "cpu-noamx-par$n" "$dt" --moe-backend cpu \
+              --no-gpu --parallel "$n" --prompt-tokens 128 --gen-tokens 32 --repeats 2
+            [ -x "$W/base/moetier" ] && BENCH_BIN=$W/base/moetier bench "cpu-base-par$n" "$dt" \
+              --moe-backend cpu --no-gpu --parallel "$n" --prompt-tokens 128 --gen-tokens 32 \
+              --repeats 2
+          done ;;
         offload-decode)  # every expert pinned, the smallest cache: 1, 4 and 16 sequences
           bench offload-min "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \
             --prompt-tokens 32 --gen-tokens 64

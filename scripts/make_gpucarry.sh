@@ -8,7 +8,9 @@
 # at most 64 MiB with the working tree); from .devcarry/ (bench/peers/make_devcarry.sh), the
 # synthetic model's writer and llama.cpp's source; and, when LLAMA_BUILD names a CUDA build of
 # llama.cpp made here, its programs and libraries (llama-bin.tar.xz, ~41 MB), so the GPU machine
-# need not build it; it warns when the whole no longer fits one device call.
+# need not build it; when BASE_BIN names a folder holding another build's moetier and
+# kernel_bench (an earlier commit's, built here), those as base.tar.xz, for A/B runs (KERNELS=1,
+# BACKENDS=cpu-batched); it warns when the whole no longer fits one device call.
 # Carry ".gpucarry" in the device call.
 #   scripts/make_gpucarry.sh [BUILD_DIR]   # default: build
 set -euo pipefail
@@ -31,7 +33,7 @@ for t in "$BUILD"/tests/*/*_tests "$BUILD"/tests/kernels/cuda/*_tests; do
 done
 # Benchmark executables run there beside the CLI, when built.
 BENCHES=()
-for b in bench/engine/prefetch_recall bench/gpu/staging_bench; do
+for b in bench/engine/prefetch_recall bench/gpu/staging_bench bench/kernels/kernel_bench; do
   [ -x "$BUILD/$b" ] || continue
   cp "$BUILD/$b" "$B/" && strip "$B/$(basename "$b")" && BENCHES+=("$(basename "$b")")
 done
@@ -42,6 +44,10 @@ for f in "$B/moetier" "$B"/tests/* "${BENCHES[@]/#/$B/}"; do
 done | sort -u | while read -r lib; do cp -L "$lib" "$B/libs/"; done
 echo "make_gpucarry.sh: compressing (about a minute)" >&2
 tar -C "$B" -cf - moetier tests libs "${BENCHES[@]}" | xz -9 -T2 > .gpucarry/bin.tar.xz
+if [ -n "${BASE_BIN:-}" ]; then
+  mkdir -p "$B/base" && cp "$BASE_BIN/moetier" "$BASE_BIN/kernel_bench" "$B/base/" && strip "$B"/base/*
+  tar -C "$B" -cf - base | xz -9 -T2 > .gpucarry/base.tar.xz
+fi
 if [ -n "${LLAMA_BUILD:-}" ]; then
   L=$(realpath "$LLAMA_BUILD")/bin
   [ -x "$L/llama-bench" ] || { echo "make_gpucarry.sh: no $L/llama-bench (LLAMA_BUILD)" >&2; exit 2; }
