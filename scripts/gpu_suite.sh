@@ -36,7 +36,9 @@
 #   BACKENDS=halfpin: hybrid with half the banks pinned, recorded and profiled, and cpu profiled;
 #   BACKENDS=hybrid16: hybrid at 16 sequences twice and at 4 (the smallest cache);
 #   BACKENDS=cpu-batched: the CPU alone (--no-gpu) at 4 and 16 sequences (CPU_PAR), with AMX
-#   batches on and off, and with the carried base build (make_gpucarry.sh's BASE_BIN) when there;
+#   batches on and off, and with the carried base build (make_gpucarry.sh's BASE_BIN) when there
+#   (CPU_VARIANTS="new noamx base" picks), with LLAMA=1 beside llama-batched-bench on the CPU;
+#   LLAMA_GPU=0 skips llama-bench's everything-on-the-GPU run;
 #   KERNELS=1: kernel_bench on the Xeon first, this build's and the base build's, interleaved;
 #   BACKENDS=offload-packed: offload with pinned banks as stored and as bf16c (MOETIER_PACK_PINNED),
 #   prefill 4096 and decode at 1 and 16 sequences, interleaved ROUNDS times;
@@ -404,7 +406,7 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
     lb() { run_timed 120 "$LB/llama-bench" -m "$W/$g.gguf" -ngl 99 -r 3 -o md "$@" >> "$LOGS/llama-bench.md" 2>&1; }
     for dt in $DTYPES; do
       g=q3moe-8L; [ "$dt" = q4_0 ] && g=q3moe-8L-q4_0
-      lb -p 512 -n 128                                   # everything on the GPU
+      [ "${LLAMA_GPU:-1}" = 1 ] && lb -p 512 -n 128      # everything on the GPU
       if [ "${LLAMA_NCMOE:-1}" = 1 ]; then
         lb -ncmoe 8 -mmp 1 -p 0 -n 128                     # experts on the CPU, mmap'd
         lb -ncmoe 8 -mmp 0 -p 0 -n 128                     # ... in a pinned buffer
@@ -418,6 +420,13 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
           -npp 128 -ntg 32 -npl 4,16 --output-format jsonl >> "$LOGS/llama-batched-$dt.jsonl" 2>&1
       done
       grep '"pp"' "$LOGS/llama-batched-$dt.jsonl" 2>/dev/null | sed "s/^/llama-batched-bench $dt: /" >> "$S"
+      if [[ " ${BACKENDS:-} " = *" cpu-batched "* ]]; then  # its peer: the CPU alone, GPU hidden
+        CUDA_VISIBLE_DEVICES= run_timed 150 "$LB/llama-batched-bench" -m "$W/$g.gguf" -ngl 0 \
+          -t "$(nproc)" -c 8192 -npp 128 -ntg 32 -npl "$(echo ${CPU_PAR:-4 16} | tr ' ' ,)" \
+          --output-format jsonl >> "$LOGS/llama-batched-cpu-$dt.jsonl" 2>&1
+        grep '"pp"' "$LOGS/llama-batched-cpu-$dt.jsonl" 2>/dev/null |
+          sed "s/^/llama-batched-bench CPU $dt: /" >> "$S"
+      fi
     done
     grep '|' "$LOGS/llama-bench.md" >> "$S"
   fi
@@ -430,14 +439,18 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
           bench cpu-only "$dt" --moe-backend cpu --no-gpu --prompt-tokens 128 --gen-tokens 32 ;;
         cpu-batched)  # the CPU alone at CPU_PAR sequences (4 and 16): this build, the same with
                       # AMX batches off (MOETIER_AMX_MIN_TOKENS past any batch), the carried base
+          # (CPU_VARIANTS: which of "new noamx base")
+          CPU_ARGS=(--moe-backend cpu --no-gpu --prompt-tokens 128 --gen-tokens 32 --repeats 2)
           for n in ${CPU_PAR:-4 16}; do
-            bench "cpu-par$n" "$dt" --moe-backend cpu --no-gpu --parallel "$n" --prompt-tokens 128 \
-              --gen-tokens 32 --repeats 2
-            MOETIER_AMX_MIN_TOKENS=1000000 bench "cpu-noamx-par$n" "$dt" --moe-backend cpu \
-              --no-gpu --parallel "$n" --prompt-tokens 128 --gen-tokens 32 --repeats 2
-            [ -x "$W/base/moetier" ] && BENCH_BIN=$W/base/moetier bench "cpu-base-par$n" "$dt" \
-              --moe-backend cpu --no-gpu --parallel "$n" --prompt-tokens 128 --gen-tokens 32 \
-              --repeats 2
+            for v in ${CPU_VARIANTS:-new noamx base}; do
+              case $v in
+                new) bench "cpu-par$n" "$dt" "${CPU_ARGS[@]}" --parallel "$n" ;;
+                noamx) MOETIER_AMX_MIN_TOKENS=1000000 bench "cpu-noamx-par$n" "$dt" \
+                  "${CPU_ARGS[@]}" --parallel "$n" ;;
+                base) [ -x "$W/base/moetier" ] && BENCH_BIN=$W/base/moetier \
+                  bench "cpu-base-par$n" "$dt" "${CPU_ARGS[@]}" --parallel "$n" ;;
+              esac
+            done
           done ;;
         offload-decode)  # every expert pinned, the smallest cache: 1, 4 and 16 sequences
           bench offload-min "$dt" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" \

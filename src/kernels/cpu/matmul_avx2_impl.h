@@ -13,7 +13,8 @@
 // Memory: decode (one token) walks one row at a time, a single sequential stream, and
 // prefetches 1-2 KB ahead of it (kPrefetchBytes; float formats Prepared::float_prefetch_bytes);
 // interleaving several rows' streams measured far slower on DRAM. Prefill tiles take 1-2 rows x 1-3
-// tokens (float) or up to 3 x 3 (quantized) to reuse loads.
+// tokens (float) or up to 3 x 3 (quantized) to reuse loads; each row's prefetch runs on into the
+// same row of the next tile (TileAhead).
 #include <immintrin.h>
 
 #include <cstddef>

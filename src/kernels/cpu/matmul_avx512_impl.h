@@ -15,7 +15,8 @@
 //
 // Memory: decode (one token) walks one row at a time, a single sequential stream, prefetching
 // kPrefetchBytes ahead, a whole row range per call; prefill tiles (4 rows x 3 tokens for float
-// formats, 2 x 4 quantized) reuse each load across rows and tokens.
+// formats, 2 x 4 quantized) reuse each load across rows and tokens, each of their R row streams
+// prefetched on into the same row of the next tile (TileAhead).
 
 // GCC 12's AVX-512 intrinsics seed their results with a self-initialised "undefined" vector,
 // which -Wuninitialized flags once inlined (GCC 13 does not): a false alarm.
