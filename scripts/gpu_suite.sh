@@ -422,7 +422,7 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
       grep '"pp"' "$LOGS/llama-batched-$dt.jsonl" 2>/dev/null | sed "s/^/llama-batched-bench $dt: /" >> "$S"
       if [[ " ${BACKENDS:-} " = *" cpu-batched "* ]]; then  # its peer: the CPU alone, GPU hidden
         CUDA_VISIBLE_DEVICES= run_timed 150 "$LB/llama-batched-bench" -m "$W/$g.gguf" -ngl 0 \
-          -t "$(nproc)" -c 8192 -npp 128 -ntg 32 -npl "$(echo ${CPU_PAR:-4 16} | tr ' ' ,)" \
+          -t "$(nproc)" -c 16384 -npp 128 -ntg 32 -npl "$(echo ${CPU_PAR:-4 16} | tr ' ' ,)" \
           --output-format jsonl >> "$LOGS/llama-batched-cpu-$dt.jsonl" 2>&1
         grep '"pp"' "$LOGS/llama-batched-cpu-$dt.jsonl" 2>/dev/null |
           sed "s/^/llama-batched-bench CPU $dt: /" >> "$S"
