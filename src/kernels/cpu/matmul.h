@@ -60,8 +60,8 @@ int64_t QuantStreamPrefetchBytes();
 // L2) for the bf16 dot instructions; on kAvx512 / kAvx512Vnni the fp32 tiles (4 rows x 3
 // tokens, against the AVX2 level's 1 x 3) expand 4 rows at a time, to bf16 or to float32
 // (ConvertBatchRows). Either way the rows are expanded once and the cost is shared by the
-// batch's tokens. Fewer tokens (decode) stream the packed
-// rows through the AVX2 kernels. MOETIER_BF16C_EXPAND_MIN_TOKENS=N overrides the constant.
+// batch's tokens. Fewer tokens (decode) stream the packed rows through the AVX2 kernels.
+// MOETIER_BF16C_EXPAND_MIN_TOKENS=N overrides the constant.
 inline constexpr int64_t kBf16cExpandMinTokens = 4;
 int64_t Bf16cExpandMinTokens();
 

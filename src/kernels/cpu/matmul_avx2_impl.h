@@ -163,8 +163,8 @@ void FloatTile(const uint8_t* w, int64_t row_bytes, const float* x, int64_t k, f
     for (; i + kIter <= k; i += kIter) {
       const int64_t to = TileAhead<R>(i * ElemBytes<F>(), row_bytes, ahead);
       MOETIER_UNROLL for (int r = 0; r < R; ++r) {
-        const uint8_t* pass = w + r * row_bytes + i * ElemBytes<F>();
-        for (int64_t b = 0; b < kIter * ElemBytes<F>(); b += 64) Prefetch(pass + b, to, stop);
+        const uint8_t* read_at = w + r * row_bytes + i * ElemBytes<F>();
+        for (int64_t b = 0; b < kIter * ElemBytes<F>(); b += 64) Prefetch(read_at + b, to, stop);
       }
       MOETIER_UNROLL for (int a = 0; a < kFloatAcc; ++a) step(i + 8 * a, a, 0);
     }
