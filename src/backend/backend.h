@@ -180,6 +180,14 @@ class ComputeBackend {
     Add(x, n_rows * d, h);
     RmsNorm(h, n_rows, {}, weight, eps, d, y);
   }
+  // AddRmsNorm, then ScanNonFinite(h, n_rows * d, slot) of the sums, returning what the scan
+  // returns (a GPU scans them inside the norm's launch).
+  virtual int64_t AddRmsNormScan(const float* x, int64_t n_rows, float* h,
+                                 const std::vector<float>& weight, float eps, int64_t d, float* y,
+                                 int64_t slot) {
+    AddRmsNorm(x, n_rows, h, weight, eps, d, y);
+    return ScanNonFinite(h, n_rows * d, slot);
+  }
   // Every target's product with the same activations x [n_tokens, k] (one pass to prepare x).
   virtual void MatMul(const float* x, int64_t n_tokens, std::span<const MatMulOut> targets) = 0;
   // gate = silu(gate) ⊙ up, n floats.

@@ -140,6 +140,15 @@ void PrefetchProbe::AddRmsNorm(const float* x, int64_t n_rows, float* h,
   SeeNorm(y, n_rows, weight, eps);
 }
 
+int64_t PrefetchProbe::AddRmsNormScan(const float* x, int64_t n_rows, float* h,
+                                      const std::vector<float>& weight, float eps, int64_t d,
+                                      float* y, int64_t slot) {
+  const int64_t bad = inner_->AddRmsNormScan(x, n_rows, h, weight, eps, d, y, slot);
+  SeeResidualAdd(x, n_rows * d, h);
+  SeeNorm(y, n_rows, weight, eps);
+  return bad;
+}
+
 PrefetchCounts::Layer& PrefetchProbe::CountsFor(int64_t layer) {
   auto it =
       std::lower_bound(counts_.layers.begin(), counts_.layers.end(), layer,

@@ -98,6 +98,8 @@ class PrefetchProbe final : public ComputeBackend {
   void Add(const float* x, int64_t n, float* y) override;
   void AddRmsNorm(const float* x, int64_t n_rows, float* h, const std::vector<float>& weight,
                   float eps, int64_t d, float* y) override;
+  int64_t AddRmsNormScan(const float* x, int64_t n_rows, float* h, const std::vector<float>& weight,
+                         float eps, int64_t d, float* y, int64_t slot) override;
   void MatMul(const float* x, int64_t n_tokens, std::span<const MatMulOut> targets) override {
     inner_->MatMul(x, n_tokens, targets);
   }

@@ -189,11 +189,14 @@ Status DecoderLM::Step(const Batch& batch, KvPool& kv, StepOut out) {
     } else {
       SwiGlu(be, lw.dense, xn, T, delta);
     }
-    if (l + 1 < config_.n_layers)
-      be.AddRmsNorm(delta, T, h, w_.layers[static_cast<size_t>(l + 1)].attn_norm, eps, H, xn);
-    else
+    if (l + 1 < config_.n_layers) {
+      const std::vector<float>& next_norm = w_.layers[static_cast<size_t>(l + 1)].attn_norm;
+      MT_RETURN_IF_ERROR(
+          ScanResult(be.AddRmsNormScan(delta, T, h, next_norm, eps, H, xn, l + 1), batch, l + 1));
+    } else {
       be.Add(delta, T * H, h);
-    MT_RETURN_IF_ERROR(ScanFinite(h, batch, l + 1));
+      MT_RETURN_IF_ERROR(ScanFinite(h, batch, l + 1));
+    }
   }
 
   ScopedPhase lm_head_phase(be.phase_times(), Phase::kLmHead);
@@ -241,7 +244,11 @@ Status DecoderLM::NonFiniteAt(const Batch& batch, int64_t slot, int64_t index) {
 }
 
 Status DecoderLM::ScanFinite(const float* h, const Batch& batch, int64_t slot) {
-  const int64_t bad = backend_->ScanNonFinite(h, batch.n_tokens() * config_.hidden_size, slot);
+  return ScanResult(backend_->ScanNonFinite(h, batch.n_tokens() * config_.hidden_size, slot), batch,
+                    slot);
+}
+
+Status DecoderLM::ScanResult(int64_t bad, const Batch& batch, int64_t slot) {
   return bad < 0 ? OkStatus() : NonFiniteAt(batch, slot, bad);
 }
 

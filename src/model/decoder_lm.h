@@ -83,6 +83,8 @@ class DecoderLM final : public CausalLM {
   // sampler cannot use. One vectorized scan, ~1/1000 of a layer's work. Scan slot 0 is the
   // embedding's, slot l + 1 layer l's; a GPU answers after the logits (CheckScans).
   Status ScanFinite(const float* h, const Batch& batch, int64_t slot);
+  // The error of scan `slot`'s answer `bad` (its first non-finite index, or -1: none or deferred).
+  Status ScanResult(int64_t bad, const Batch& batch, int64_t slot);
   // Forward's step, ending with one of: the logits, their arg-max, their top-k candidates.
   struct StepOut {
     std::vector<float>* logits = nullptr;

@@ -6,6 +6,8 @@
 
 #ifdef MOETIER_WITH_CUDA
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "kernels/cuda/cuda_check.h"
@@ -34,6 +36,27 @@ std::vector<T> Download(const cuda::DeviceBuffer<T>& b, size_t n) {
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(v.data(), b.data(), n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
   return v;
+}
+
+// x (whole 32-blocks) quantized as the CPU's kernels quantize activations (kernels/cpu/
+// matmul_scalar.cpp): per block, scale amax / 127 and codes round-half-even(x * (127 / amax))
+// clamped to [-127, 127], 0 when amax is 0. The reference for the GPU's quantizers.
+struct HostQuantized {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+};
+inline HostQuantized QuantizeActivations(const std::vector<float>& x) {
+  HostQuantized out{std::vector<int8_t>(x.size()), std::vector<float>(x.size() / 32)};
+  for (size_t b = 0; b + 32 <= x.size(); b += 32) {
+    float amax = 0.0f;
+    for (size_t j = b; j < b + 32; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+    const float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+    out.d[b / 32] = amax / 127.0f;
+    for (size_t j = b; j < b + 32; ++j)
+      out.q[j] =
+          static_cast<int8_t>(std::nearbyint(std::fmin(127.0f, std::fmax(-127.0f, x[j] * inv))));
+  }
+  return out;
 }
 
 // Milliseconds a call of f() takes on the default stream (CUDA events around it): the median of

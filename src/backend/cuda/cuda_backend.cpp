@@ -133,6 +133,7 @@ void CudaBackend::Check(cudaError_t err, const char* what) {
 Status CudaBackend::Hold(std::span<const TensorView* const> matrices,
                          std::span<const std::vector<float>* const> vectors) {
   MT_RETURN_IF_ERROR(weights_.AddDense(matrices, vectors));
+  MT_RETURN_IF_ERROR(HoldQuantizedNorms(matrices));
   vram_layers_.clear();
   int64_t shape_layer = -1;  // the first layer whose experts the GPU computes
   for (int64_t layer : dims_.moe_layers) {
@@ -146,6 +147,35 @@ Status CudaBackend::Hold(std::span<const TensorView* const> matrices,
   graphs_enabled_ = graphs_wanted_ && !offload_->cpu_share_on_worker();
   LogInfo("gpu: " + std::to_string(weights_.bytes() >> 20) + " MiB of weights in VRAM");
   return Reserve(capacity_tokens_);  // the expert kernels' scratch, now that the shape is known
+}
+
+Status CudaBackend::HoldQuantizedNorms(std::span<const TensorView* const> matrices) {
+  const int64_t H = dims_.d_model;
+  const bool wanted =
+      cuda::NormQuantizes(H) && std::any_of(matrices.begin(), matrices.end(), [&](auto* m) {
+        return IsBlockQuantized(m->dtype) && m->shape.size() == 2 && m->shape[1] == H;
+      });
+  if (!wanted || normed_q_.size() > 0) return OkStatus();
+  const auto rows = static_cast<size_t>(cuda::DenseMatMul::kMaxDecodeTokens);
+  MT_ASSIGN_OR_RETURN(normed_q_, cuda::DeviceBuffer<int8_t>::Create(rows * static_cast<size_t>(H),
+                                                                    "quantized normed rows"));
+  MT_ASSIGN_OR_RETURN(normed_d_, cuda::DeviceBuffer<float>::Create(
+                                     rows * static_cast<size_t>(H / 32), "quantized normed rows"));
+  return OkStatus();
+}
+
+cuda::QuantizedActs CudaBackend::QuantizedNormOut(const float* y, int64_t n_rows, int64_t d) {
+  const bool fits =
+      normed_q_.size() > 0 && d == dims_.d_model && n_rows <= cuda::DenseMatMul::kMaxDecodeTokens;
+  normed_q_of_ = fits ? y : nullptr;
+  normed_q_rows_ = n_rows;
+  return fits ? cuda::QuantizedActs{normed_q_.data(), normed_d_.data()} : cuda::QuantizedActs{};
+}
+
+const cuda::QuantizedActs* CudaBackend::QuantizedInput(const float* x, int64_t n_rows) {
+  if (x == nullptr || x != normed_q_of_ || n_rows != normed_q_rows_) return nullptr;
+  normed_acts_ = {normed_q_.data(), normed_d_.data()};
+  return &normed_acts_;
 }
 
 void CudaBackend::SetExpertStats(ExpertStats* stats) {
@@ -215,6 +245,7 @@ void CudaBackend::BeginStep(const Batch& batch, const KvPool& kv, StepOutput out
   graph_mode_ = cuda::StepGraphs::Mode::kEager;
   step_recorded_ = false;
   error_.clear();
+  normed_q_of_ = nullptr;
   logits_out_ = nullptr;
   argmax_out_ = nullptr;
   topk_out_ = nullptr;
@@ -329,6 +360,7 @@ void CudaBackend::BuffersMoving() {
         "a device buffer grew inside a recorded decode step (MOETIER_CUDA_GRAPHS=0 turns "
         "the recording off)";
   graphs_.Invalidate();
+  normed_q_of_ = nullptr;  // its buffer may be freed, and its address reused
 }
 
 void CudaBackend::FinishCapture() {
@@ -361,7 +393,6 @@ void CudaBackend::Embed(const TensorView& table, std::span<const int32_t> tokens
 
 void CudaBackend::RmsNorm(const float* x, int64_t n_rows, std::span<const int32_t> rows,
                           const std::vector<float>& weight, float eps, int64_t d, float* y) {
-  if (Replaying()) return;
   const int32_t* rows_dev = nullptr;
   if (!rows.empty()) {
     // The decoder picks rows only for the logits: the step's logit rows, already on the device.
@@ -372,7 +403,9 @@ void CudaBackend::RmsNorm(const float* x, int64_t n_rows, std::span<const int32_
     rows_dev = logit_rows_dev_;
     n_rows = static_cast<int64_t>(rows.size());
   }
-  cuda::LaunchRmsNorm(x, rows_dev, n_rows, weights_.Vector(weight), eps, d, y, stream_);
+  const cuda::QuantizedActs yq = QuantizedNormOut(y, n_rows, d);
+  if (Replaying()) return;
+  cuda::LaunchRmsNorm(x, rows_dev, n_rows, weights_.Vector(weight), eps, d, y, stream_, yq);
 }
 
 void CudaBackend::Add(const float* x, int64_t n, float* y) {
@@ -382,8 +415,19 @@ void CudaBackend::Add(const float* x, int64_t n, float* y) {
 
 void CudaBackend::AddRmsNorm(const float* x, int64_t n_rows, float* h,
                              const std::vector<float>& weight, float eps, int64_t d, float* y) {
-  if (Replaying()) return;
-  cuda::LaunchAddRmsNorm(x, n_rows, h, weights_.Vector(weight), eps, d, y, stream_);
+  AddRmsNormScan(x, n_rows, h, weight, eps, d, y, -1);
+}
+
+int64_t CudaBackend::AddRmsNormScan(const float* x, int64_t n_rows, float* h,
+                                    const std::vector<float>& weight, float eps, int64_t d,
+                                    float* y, int64_t slot) {
+  const bool scanned = slot >= 0 && slot < kNonFiniteSlots;
+  if (scanned) n_scans_ = std::max(n_scans_, slot + 1);
+  const cuda::QuantizedActs yq = QuantizedNormOut(y, n_rows, d);
+  if (Replaying()) return -1;
+  cuda::LaunchAddRmsNorm(x, n_rows, h, weights_.Vector(weight), eps, d, y, stream_,
+                         scanned ? scans_dev_.data() + slot : nullptr, yq);
+  return -1;
 }
 
 void CudaBackend::MatMul(const float* x, int64_t n_tokens, std::span<const MatMulOut> targets) {
@@ -398,7 +442,8 @@ void CudaBackend::MatMul(const float* x, int64_t n_tokens, std::span<const MatMu
     matrices[i] = weights_.Matrix(*targets[i].w);
     products[i] = {&matrices[i], targets[i].y};
   }
-  dense_.RunAll(std::span(products.data(), targets.size()), x, n_tokens, stream_);
+  dense_.RunAll(std::span(products.data(), targets.size()), x, n_tokens, stream_,
+                QuantizedInput(x, n_tokens));
 }
 
 void CudaBackend::SiluMul(float* gate, const float* up, int64_t n) {
@@ -632,7 +677,9 @@ bool CudaBackend::LmHead(const float* x, int64_t n_rows, const TensorView& lm_he
     }
     logits_dev_ = std::move(*made);
   }
-  if (!Replaying()) dense_.Run(weights_.Matrix(lm_head), x, n_rows, logits_dev_.data(), stream_);
+  if (!Replaying())
+    dense_.Run(weights_.Matrix(lm_head), x, n_rows, logits_dev_.data(), stream_,
+               QuantizedInput(x, n_rows));
   out_rows_ = n_rows;
   return true;
 }

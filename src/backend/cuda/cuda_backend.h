@@ -57,6 +57,9 @@ class CudaBackend final : public ComputeBackend, private ComputeSegments {
   void Add(const float* x, int64_t n, float* y) override;
   void AddRmsNorm(const float* x, int64_t n_rows, float* h, const std::vector<float>& weight,
                   float eps, int64_t d, float* y) override;
+  // The scan inside the norm's launch.
+  int64_t AddRmsNormScan(const float* x, int64_t n_rows, float* h, const std::vector<float>& weight,
+                         float eps, int64_t d, float* y, int64_t slot) override;
   void MatMul(const float* x, int64_t n_tokens, std::span<const MatMulOut> targets) override;
   void SiluMul(float* gate, const float* up, int64_t n) override;
   void Attend(const AttentionWeights& w, const AttentionShape& shape, const Rope& rope,
@@ -93,6 +96,15 @@ class CudaBackend final : public ComputeBackend, private ComputeSegments {
   // Buffers for steps of up to n_tokens tokens (kept; regrown, after a sync, only for a larger
   // step than any before).
   Status Reserve(int64_t n_tokens);
+  // Quantized norm output: when a held Q8_0/Q4_0 matrix multiplies rows of d_model, the norms
+  // of up to DenseMatMul::kMaxDecodeTokens rows also write their output quantized, and a product
+  // of those rows reads it instead of quantizing them again (one launch less a product).
+  Status HoldQuantizedNorms(std::span<const TensorView* const> matrices);
+  // Where a norm writing n_rows rows of d to y puts them quantized (empty: nowhere); from then
+  // on QuantizedInput(y, n_rows) finds them, until the next norm, step or buffer move.
+  cuda::QuantizedActs QuantizedNormOut(const float* y, int64_t n_rows, int64_t d);
+  // x's quantized rows when the last norm wrote them, else null.
+  const cuda::QuantizedActs* QuantizedInput(const float* x, int64_t n_rows);
   // A CUDA error inside a step: the backend's calls return nothing, so the first one is kept
   // and EndStep reports it as the step's failure.
   void Check(cudaError_t err, const char* what);
@@ -141,6 +153,11 @@ class CudaBackend final : public ComputeBackend, private ComputeSegments {
   int64_t offload_generation_ = 0;     // ExpertOffload::buffer_generation of the graphs
 
   std::array<cuda::DeviceBuffer<float>, static_cast<size_t>(Act::kCount)> acts_;
+  cuda::DeviceBuffer<int8_t> normed_q_;  // [kMaxDecodeTokens, d_model] (HoldQuantizedNorms)
+  cuda::DeviceBuffer<float> normed_d_;   // [kMaxDecodeTokens, d_model / 32]
+  const float* normed_q_of_ = nullptr;   // the rows they hold, null when none
+  int64_t normed_q_rows_ = 0;
+  cuda::QuantizedActs normed_acts_;           // QuantizedInput's answer
   cuda::DeviceBuffer<float> inv_freq_;        // [head_dim / 2] RoPE
   cuda::DeviceBuffer<uint8_t> attn_scratch_;  // the decode attention's split states
 

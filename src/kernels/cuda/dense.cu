@@ -11,11 +11,11 @@
 //     kernels do (kernels/cpu/matmul_scalar.cpp); the warp copies 64 blocks of its row at a time
 //     into shared memory with the widest loads the row's alignment allows (blocks are only 2-byte
 //     aligned; Q4_0 warps of several rows, two rows at once), then each lane takes whole
-//     blocks: integer dots with __dp4a, and (float)dot * d_w * dx summed in fp32. Up to
-//     kMaxFusedTokens tokens, one launch does it all
-//     for up to four matrices of the same x (q, k, v): each block of one resident wave quantizes
-//     x into its shared memory, then its warps take the matrices' rows in turn; more tokens
-//     quantize x into scratch first.
+//     blocks: integer dots with __dp4a, and (float)dot * d_w * dx summed in fp32. x is quantized
+//     once into scratch, or handed over quantized by the norm that wrote it (QuantizedActs),
+//     and up to four matrices of that x (q, k, v) are one launch. With the fused launches
+//     (FusedLaunches, off by default) up to kMaxFusedTokens tokens, each block of one resident
+//     wave quantizes x into its shared memory instead.
 // At one token the float kernels are a pure weight stream (every byte read once with coalesced
 // 16-byte loads): 4.28 TB/s on a bf16 lm_head on the H200 (a plain read of its bytes: 4.35), and
 // launch- and tail-bound on matrices of ~16 MB. The quantized kernels spend more
@@ -44,10 +44,6 @@
 namespace moetier::cuda {
 namespace {
 
-// Largest n_tokens for our decode kernels; more tokens go to cuBLAS. Up to here the weight
-// stream (or, from ~16 tokens, CUDA-core FMAs) costs less than a tensor-core GEMM's operand
-// conversion, and the results keep fp32 activations (1e-5 agreement with the CPU).
-constexpr int64_t kMaxDecodeTokens = 64;
 // Scratch for the dequantized (bf16) weight rows of one GEMM: big enough that each GEMM keeps
 // the tensor cores busy, small next to the VRAM the weights themselves take.
 constexpr int64_t kDequantChunkBytes = 64ll << 20;
@@ -175,11 +171,13 @@ int QuantRowsPerWarp(int64_t rows) {
       std::clamp<int64_t>(rows / (kQuantRowsBlocks * kDecodeWarps), 1, kMaxQuantRowsPerWarp));
 }
 
+// The listed matrices' products with x quantized (xq, dx) in one launch.
 template <DType kD, int kTok>
-void LaunchQuantDecode(const DeviceMatrix& w, const int8_t* xq, const float* dx, int64_t n_tokens,
-                       float* y, cudaStream_t stream) {
-  const int per_warp = QuantRowsPerWarp(w.rows);
-  const auto blocks = static_cast<unsigned>(CeilDiv(w.rows, kDecodeWarps * per_warp));
+void LaunchQuantList(const MatrixList& list, int64_t cols, const int8_t* xq, const float* dx,
+                     int64_t n_tokens, cudaStream_t stream) {
+  const int per_warp = QuantRowsPerWarp(ListedRows(list, 1));
+  const auto blocks =
+      static_cast<unsigned>(CeilDiv(ListedRows(list, per_warp), kDecodeWarps * per_warp));
   // Q4_0 warps of several rows stage two at a time (QuantDecodeKernel; the q4_0 lm_head on the
   // H200, decoding: 71.4 us a token against 80 one at a time). Q8_0 rows are twice the bytes:
   // two staged take ~240 registers, one block an SM.
@@ -187,8 +185,8 @@ void LaunchQuantDecode(const DeviceMatrix& w, const int8_t* xq, const float* dx,
   if constexpr (kD == DType::kQ4_0) {
     if (per_warp > 1) kernel = QuantDecodeKernel<kD, kTok, 2>;
   }
-  Launch(kernel, blocks, kDecodeThreads, 0, stream, static_cast<const uint8_t*>(w.data), w.rows,
-         w.cols / 32, xq, dx, n_tokens, y, per_warp, PrefetchWeights());
+  Launch(kernel, blocks, kDecodeThreads, 0, stream, list, cols / 32, xq, dx, n_tokens, per_warp,
+         PrefetchWeights());
 }
 
 // Tokens per pass: the smallest of 1, 2, 4, 8 that holds n_tokens, else 8 (several passes).
@@ -215,10 +213,10 @@ struct FloatListDecode {
   }
 };
 template <DType kD, int kTok>
-struct QuantDecode {
-  static void Run(const DeviceMatrix& w, const int8_t* xq, const float* dx, int64_t n_tokens,
-                  float* y, cudaStream_t stream) {
-    LaunchQuantDecode<kD, kTok>(w, xq, dx, n_tokens, y, stream);
+struct QuantListDecode {
+  static void Run(const MatrixList& list, int64_t cols, const int8_t* xq, const float* dx,
+                  int64_t n_tokens, cudaStream_t stream) {
+    LaunchQuantList<kD, kTok>(list, cols, xq, dx, n_tokens, stream);
   }
 };
 
@@ -299,10 +297,11 @@ struct DenseMatMul::State {
   Status Allocate();
   void Decode(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y,
               cudaStream_t stream);
-  // Quantized weights' decode: x's nt <= kMaxDecodeTokens rows of `cols` into xq/dx, then w's
-  // product with them.
-  void QuantizeX(const float* x, int64_t nt, int64_t cols, cudaStream_t stream);
-  void QuantizedProduct(const DeviceMatrix& w, int64_t nt, float* y, cudaStream_t stream);
+  // Quantized weights' decode: x's nt <= kMaxDecodeTokens rows of `cols` into xq/dx (returned),
+  // then the products (at most kMaxListed, of one dtype and width) with them in one launch.
+  QuantizedActs QuantizeX(const float* x, int64_t nt, int64_t cols, cudaStream_t stream);
+  void QuantizedList(std::span<const Product> products, int64_t nt, const QuantizedActs& x8,
+                     cudaStream_t stream);
   // Both in one launch, for the products of one x (FusedFits, at most kMaxListed).
   void FusedProduct(std::span<const Product> products, const float* x, int64_t nt,
                     cudaStream_t stream);
@@ -362,14 +361,34 @@ DenseMatMul::DenseMatMul(DenseMatMul&&) noexcept = default;
 DenseMatMul& DenseMatMul::operator=(DenseMatMul&&) noexcept = default;
 
 void DenseMatMul::Run(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, const QuantizedActs* x8) {
   if (n_tokens <= 0 || w.rows <= 0) return;
+  if (x8 != nullptr && IsBlockQuantized(w.dtype) && n_tokens <= kMaxDecodeTokens) {
+    const Product one{&w, y};
+    return s_->QuantizedList(std::span(&one, 1), n_tokens, *x8, stream);
+  }
   if (n_tokens <= kMaxDecodeTokens || s_->cublas == nullptr) {
     s_->Decode(w, x, n_tokens, y, stream);
   } else {
     s_->Prefill(w, x, n_tokens, y, stream);
   }
 }
+
+namespace {
+
+// products (at most kMaxListed) as one list.
+MatrixList ListOf(std::span<const DenseMatMul::Product> products) {
+  MatrixList list;
+  for (const DenseMatMul::Product& p : products) {
+    list.w[list.n] = static_cast<const uint8_t*>(p.w->data);
+    list.y[list.n] = p.y;
+    list.rows[list.n] = p.w->rows;
+    ++list.n;
+  }
+  return list;
+}
+
+}  // namespace
 
 void DenseMatMul::State::Decode(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y,
                                 cudaStream_t stream) {
@@ -393,43 +412,31 @@ void DenseMatMul::State::Decode(const DeviceMatrix& w, const float* x, int64_t n
   // Quantized weights: quantize x into scratch, in passes of at most kMaxDecodeTokens tokens.
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxDecodeTokens) {
     const int64_t nt = n_tokens - t0 < kMaxDecodeTokens ? n_tokens - t0 : kMaxDecodeTokens;
-    QuantizeX(x + t0 * w.cols, nt, w.cols, stream);
-    QuantizedProduct(w, nt, y + t0 * w.rows, stream);
+    const Product pass{&w, y + t0 * w.rows};
+    QuantizedList(std::span(&pass, 1), nt, QuantizeX(x + t0 * w.cols, nt, w.cols, stream), stream);
   }
 }
 
-void DenseMatMul::State::QuantizeX(const float* x, int64_t nt, int64_t cols, cudaStream_t stream) {
+QuantizedActs DenseMatMul::State::QuantizeX(const float* x, int64_t nt, int64_t cols,
+                                            cudaStream_t stream) {
   const int64_t total = nt * (cols / 32);
-  if (total <= 0) return;
   constexpr int kWarpsPerBlock = kElementThreads / kWarp;
-  Launch(QuantizeActivationsKernel, static_cast<unsigned>(CeilDiv(total, kWarpsPerBlock)),
-         kElementThreads, 0, stream, x, total, xq, dx);
+  if (total > 0)
+    Launch(QuantizeActivationsKernel, static_cast<unsigned>(CeilDiv(total, kWarpsPerBlock)),
+           kElementThreads, 0, stream, x, total, xq, dx);
+  return QuantizedActs{xq, dx};
 }
 
-void DenseMatMul::State::QuantizedProduct(const DeviceMatrix& w, int64_t nt, float* y,
-                                          cudaStream_t stream) {
+void DenseMatMul::State::QuantizedList(std::span<const Product> products, int64_t nt,
+                                       const QuantizedActs& x8, cudaStream_t stream) {
+  const MatrixList list = ListOf(products);
+  const DeviceMatrix& w = *products.front().w;
   if (w.dtype == DType::kQ8_0) {
-    ByTokens<QuantDecode, DType::kQ8_0>(nt, w, xq, dx, nt, y, stream);
+    ByTokens<QuantListDecode, DType::kQ8_0>(nt, list, w.cols, x8.q, x8.d, nt, stream);
   } else {
-    ByTokens<QuantDecode, DType::kQ4_0>(nt, w, xq, dx, nt, y, stream);
+    ByTokens<QuantListDecode, DType::kQ4_0>(nt, list, w.cols, x8.q, x8.d, nt, stream);
   }
 }
-
-namespace {
-
-// products (at most kMaxListed) as one list.
-MatrixList ListOf(std::span<const DenseMatMul::Product> products) {
-  MatrixList list;
-  for (const DenseMatMul::Product& p : products) {
-    list.w[list.n] = static_cast<const uint8_t*>(p.w->data);
-    list.y[list.n] = p.y;
-    list.rows[list.n] = p.w->rows;
-    ++list.n;
-  }
-  return list;
-}
-
-}  // namespace
 
 void DenseMatMul::State::FusedProduct(std::span<const Product> products, const float* x, int64_t nt,
                                       cudaStream_t stream) {
@@ -457,7 +464,7 @@ void DenseMatMul::State::FloatListProduct(std::span<const Product> products, con
 }
 
 void DenseMatMul::RunAll(std::span<const Product> products, const float* x, int64_t n_tokens,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, const QuantizedActs* x8) {
   if (products.empty() || n_tokens <= 0) return;
   const DeviceMatrix& first = *products.front().w;
   const bool quantized = IsBlockQuantized(first.dtype);
@@ -471,14 +478,17 @@ void DenseMatMul::RunAll(std::span<const Product> products, const float* x, int6
                (quantized || FloatVectorizable(*p.w, x));
   const bool listable = together && products.size() <= static_cast<size_t>(kMaxListed);
   if (listable && float_dtype) return s_->FloatListProduct(products, x, n_tokens, stream);
+  if (listable && quantized && x8 != nullptr)
+    return s_->QuantizedList(products, n_tokens, *x8, stream);
   if (listable && FusedFits(first.dtype, n_tokens, first.cols))
     return s_->FusedProduct(products, x, n_tokens, stream);
   if (!together || !quantized) {
-    for (const Product& p : products) Run(*p.w, x, n_tokens, p.y, stream);
+    for (const Product& p : products) Run(*p.w, x, n_tokens, p.y, stream, x8);
     return;
   }
-  s_->QuantizeX(x, n_tokens, first.cols, stream);
-  for (const Product& p : products) s_->QuantizedProduct(*p.w, n_tokens, p.y, stream);
+  const QuantizedActs mine = x8 != nullptr ? *x8 : s_->QuantizeX(x, n_tokens, first.cols, stream);
+  if (listable) return s_->QuantizedList(products, n_tokens, mine, stream);
+  for (const Product& p : products) s_->QuantizedList(std::span(&p, 1), n_tokens, mine, stream);
 }
 
 // y[:, 0:n_rows] (row stride ldy) = x[n_tokens, cols] · w[n_rows, cols]ᵀ, fp32 output. cuBLAS

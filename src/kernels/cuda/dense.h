@@ -30,17 +30,25 @@ class DenseMatMul {
   DenseMatMul(DenseMatMul&&) noexcept;
   DenseMatMul& operator=(DenseMatMul&&) noexcept;
 
+  // The most tokens a product takes on the decode kernels; more go to cuBLAS. Up to here the
+  // weight stream (or, from ~16 tokens, CUDA-core FMAs) costs less than a tensor-core GEMM's
+  // operand conversion, and the results keep fp32 activations (1e-5 agreement with the CPU).
+  static constexpr int64_t kMaxDecodeTokens = 64;
+
   // y [n_tokens, w.rows] (row stride w.rows) = x [n_tokens, w.cols] · wᵀ; n_tokens <= max_tokens.
-  void Run(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y, cudaStream_t stream);
+  // x8, when given, is x quantized (n_tokens <= kMaxDecodeTokens rows of w.cols): a Q8_0/Q4_0
+  // product reads it instead of quantizing x itself (the same bits).
+  void Run(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y, cudaStream_t stream,
+           const QuantizedActs* x8 = nullptr);
   // Run for each product, of the same x (the q, k and v projections): decode runs up to four
-  // that share a dtype and their width as one launch (a quantized x quantized once). The same
-  // bits as Run.
+  // that share a dtype and their width as one launch (a quantized x quantized once, or read from
+  // x8 as Run's). The same bits as Run.
   struct Product {
     const DeviceMatrix* w = nullptr;
     float* y = nullptr;
   };
   void RunAll(std::span<const Product> products, const float* x, int64_t n_tokens,
-              cudaStream_t stream);
+              cudaStream_t stream, const QuantizedActs* x8 = nullptr);
 
  private:
   struct State;

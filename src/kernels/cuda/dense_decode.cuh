@@ -397,24 +397,31 @@ __device__ __forceinline__ void QuantRowDots(const uint8_t* const (&row)[kRows],
   }
 }
 
-// One warp per `rows_per_warp` consecutive rows (the last warp's may be fewer), staged kS at a
-// time: with kS = 2 two rows' loads are in flight instead of one (a warp's row of a 2048-wide
-// Q4_0 matrix is 1,152 bytes, 36 a lane), at twice the registers (fewer resident warps: for
-// matrices that give a warp several rows). xq [n_tokens, n_blocks * 32] int8 (rows 32-byte
-// aligned), dx [n_tokens, n_blocks]; y [n_tokens, rows]. With `prefetch` each warp asks L2 for
-// all its rows before PdlWait: the reads of the later rows then come from L2 while the earlier
-// ones are computed, which keeps more of a long matrix (lm_head) in flight than a warp's staged
-// rows.
+// One warp per `rows_per_warp` consecutive rows of the listed matrices (each matrix's rows padded
+// to a multiple of rows_per_warp, so that a warp's rows lie in one; the last warp's may be fewer),
+// staged kS at a time: with kS = 2 two rows' loads are in flight instead of one (a warp's row of
+// a 2048-wide Q4_0 matrix is 1,152 bytes, 36 a lane), at twice the registers (fewer resident
+// warps: for matrices that give a warp several rows). xq [n_tokens, n_blocks * 32] int8 (rows
+// 32-byte aligned), dx [n_tokens, n_blocks]; y [n_tokens, rows] each. With `prefetch` each warp
+// asks L2 for all its rows before PdlWait: the reads of the later rows then come from L2 while the
+// earlier ones are computed, which keeps more of a long matrix (lm_head) in flight than a warp's
+// staged rows.
 template <DType kD, int kTok, int kS>
 __global__ void __launch_bounds__(kDecodeThreads)
-    QuantDecodeKernel(const uint8_t* w, int64_t rows, int64_t n_blocks, const int8_t* xq,
-                      const float* dx, int64_t n_tokens, float* y, int rows_per_warp,
-                      bool prefetch) {
+    QuantDecodeKernel(MatrixList list, int64_t n_blocks, const int8_t* xq, const float* dx,
+                      int64_t n_tokens, int rows_per_warp, bool prefetch) {
   __shared__ __align__(16) uint8_t stage[kDecodeWarps][kS][kChunkBytes<kD>];
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
-  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kDecodeWarps + warp) * rows_per_warp;
-  if (r0 >= rows) return;  // whole warps leave, touching no memory; only __syncwarp below
+  ListedRow at;
+  const int64_t g = (static_cast<int64_t>(blockIdx.x) * kDecodeWarps + warp) * rows_per_warp;
+  // Whole warps leave (past the list, or on a matrix's padding), touching no memory; only
+  // __syncwarp below.
+  if (!Locate(list, g, rows_per_warp, &at) || at.r >= at.rows) return;
+  const uint8_t* w = at.w;
+  const int64_t rows = at.rows;
+  float* y = at.y;
+  const int64_t r0 = at.r;
   const int64_t r1 = r0 + rows_per_warp < rows ? r0 + rows_per_warp : rows;
   const int64_t row_bytes = n_blocks * kQBlockBytes<kD>;
   if (prefetch) PrefetchL2(w + r0 * row_bytes, (r1 - r0) * row_bytes, lane);

@@ -17,4 +17,13 @@ struct DeviceMatrix {
   const void* data = nullptr;  // device address
 };
 
+// Activation rows quantized per 32-block as the Q8_0/Q4_0 products quantize theirs (QuantizeLane,
+// device_math.cuh; the CPU's quantizer bit for bit): q [rows, cols] int8 and d [rows, cols / 32]
+// scales, device addresses. A norm can write them beside its float rows (elementwise.h) for a
+// product of those rows to read instead of quantizing (dense.h).
+struct QuantizedActs {
+  int8_t* q = nullptr;
+  float* d = nullptr;
+};
+
 }  // namespace moetier::cuda

@@ -81,15 +81,41 @@ __device__ double BlockSum(double v, double* warp_sums /* [32] shared */) {
 // normalization kernels: every load of a row is issued before the first is used.
 constexpr int kNormRegs = 16;
 
+constexpr uint32_t kExponentBits = 0x7f800000u;  // all ones: inf or NaN
+__device__ __forceinline__ bool NonFinite(float v) {
+  return (__float_as_uint(v) & kExponentBits) == kExponentBits;
+}
+
+// The warp's smallest `mine` into *first (one atomicMin, and only when a lane has one: the common
+// all-finite case does no atomics at all). ~0ull: none.
+__device__ __forceinline__ void ReportFirst(unsigned long long mine, unsigned long long* first) {
+  if (!__any_sync(0xffffffffu, mine != ~0ull)) return;
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) {
+    const unsigned long long other = __shfl_xor_sync(0xffffffffu, mine, o);
+    mine = other < mine ? other : mine;
+  }
+  if (threadIdx.x % kWarp == 0) atomicMin(first, mine);
+}
+
+// What a norm writes beside y: its sums' first non-finite index (as FirstNonFiniteKernel
+// reports it) when `first` is set, y quantized when yq.q is (rows held in registers, whole
+// 32-blocks: NormQuantizes).
+struct NormExtras {
+  unsigned long long* first = nullptr;
+  QuantizedActs yq;
+};
+
 // One block per output row: y = x[r] * scale * weight, x[r] first gaining `add`'s row r when
 // `add` is not null (written back to x: the residual add fused with the norm that follows it).
 // The sum of squares is kept in double, as kernels::RmsNormRow does (a few thousand squares lose
 // bits in float32); fp64 is cheap on the GPUs we target next to the row's memory traffic. Only
 // the summation order differs from the CPU, so the scale agrees to about 1 ulp of float32. Each
 // thread sums its elements in column order whether the row is held in registers or not: the
-// same bits either way.
+// same bits either way. In registers, warp w holds columns 32w..32w+31 (+ 256j) in its lanes:
+// one 32-block each, which QuantizeLane quantizes as the products' quantizers do.
 __global__ void RmsNormKernel(float* x, const float* add, const int32_t* rows, const float* weight,
-                              float eps, int64_t d, float* y) {
+                              float eps, int64_t d, float* y, NormExtras extras) {
   PdlWait();
   __shared__ double warp_sums[kWarp];
   const int64_t i = blockIdx.x;
@@ -98,6 +124,7 @@ __global__ void RmsNormKernel(float* x, const float* add, const int32_t* rows, c
   const float* ar = add != nullptr ? add + r * d : nullptr;
   float* yr = y + i * d;
   double ss = 0.0;
+  unsigned long long bad = ~0ull;  // the thread's first non-finite index of x[r]
   if (d <= static_cast<int64_t>(blockDim.x) * kNormRegs) {
     // The weights are loaded with x, so that their latency overlaps the reduction's.
     float v[kNormRegs], wt[kNormRegs];
@@ -114,13 +141,23 @@ __global__ void RmsNormKernel(float* x, const float* add, const int32_t* rows, c
       if (c >= d) continue;
       if (ar != nullptr) xr[c] = v[j];
       ss += static_cast<double>(v[j]) * static_cast<double>(v[j]);
+      if (NonFinite(v[j]) && bad == ~0ull) bad = static_cast<unsigned long long>(r * d + c);
     }
+    if (extras.first != nullptr) ReportFirst(bad, extras.first);
     ss = BlockSum(ss, warp_sums);
     const float scale = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + eps));
+    const QuantizedActs& q = extras.yq;
 #pragma unroll
     for (int j = 0; j < kNormRegs; ++j) {
       const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
-      if (c < d) yr[c] = v[j] * scale * wt[j];
+      if (c >= d) continue;  // warp-uniform where q.q is set (d % 32 == 0)
+      const float out = v[j] * scale * wt[j];
+      yr[c] = out;
+      if (q.q != nullptr) {
+        float dq;
+        q.q[i * d + c] = QuantizeLane(out, &dq);
+        if (threadIdx.x % kWarp == 0) q.d[(i * d + c) / kWarp] = dq;
+      }
     }
     return;
   }
@@ -128,7 +165,9 @@ __global__ void RmsNormKernel(float* x, const float* add, const int32_t* rows, c
     float v = xr[c];
     if (ar != nullptr) xr[c] = v = v + ar[c];
     ss += static_cast<double>(v) * static_cast<double>(v);
+    if (NonFinite(v) && bad == ~0ull) bad = static_cast<unsigned long long>(r * d + c);
   }
+  if (extras.first != nullptr) ReportFirst(bad, extras.first);
   ss = BlockSum(ss, warp_sums);
   const float scale = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + eps));
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) yr[c] = xr[c] * scale * weight[c];
@@ -152,25 +191,18 @@ __global__ void SiluMulKernel(float* gate, const float* up, int64_t n) {
   }
 }
 
-// Each thread keeps the lowest non-finite index it saw; one atomicMin per warp that saw any, so
-// the common all-finite case does no atomics at all.
+// Each thread keeps the lowest non-finite index it saw; ReportFirst takes the warp's.
 __global__ void FirstNonFiniteKernel(const float* x, int64_t n, unsigned long long* first) {
   PdlWait();
-  constexpr uint32_t kExponent = 0x7f800000u;  // all ones: inf or NaN
   unsigned long long mine = ~0ull;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    if ((__float_as_uint(x[i]) & kExponent) == kExponent) {
+    if (NonFinite(x[i])) {
       mine = static_cast<unsigned long long>(i);
       break;  // later i of this thread are larger
     }
   }
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o >>= 1) {
-    const unsigned long long other = __shfl_xor_sync(0xffffffffu, mine, o);
-    mine = other < mine ? other : mine;
-  }
-  if (threadIdx.x % kWarp == 0 && mine != ~0ull) atomicMin(first, mine);
+  ReportFirst(mine, first);
 }
 
 // An element's arg-max key: larger values give larger keys (the value's bits in an order that
@@ -194,7 +226,6 @@ __global__ void ArgMaxRowsKernel(const float* x, int64_t n, unsigned long long* 
                                  unsigned long long* first) {
   PdlWait();
   __shared__ unsigned long long warp_best[kThreads / kWarp];
-  constexpr uint32_t kExponent = 0x7f800000u;  // all ones: inf or NaN
   const int64_t row = blockIdx.y;
   const float* xr = x + row * n;
   // A thread's indices ascend: a strictly larger value is a better one, an equal one is not.
@@ -204,7 +235,7 @@ __global__ void ArgMaxRowsKernel(const float* x, int64_t n, unsigned long long* 
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float v = xr[i];
-    if ((__float_as_uint(v) & kExponent) == kExponent) {
+    if (NonFinite(v)) {
       bad = min(bad, static_cast<unsigned long long>(row * n + i));
     } else if (best_i < 0 || v > best_v) {
       best_v = v;
@@ -262,19 +293,29 @@ void LaunchEmbed(const DeviceMatrix& table, const int32_t* tokens, int64_t n_tok
   }
 }
 
+bool NormQuantizes(int64_t d) {
+  return d > 0 && d % kWarp == 0 && d <= static_cast<int64_t>(kThreads) * kNormRegs;
+}
+
 void LaunchRmsNorm(const float* x, const int32_t* rows, int64_t n_rows, const float* weight,
-                   float eps, int64_t d, float* y, cudaStream_t stream) {
+                   float eps, int64_t d, float* y, cudaStream_t stream, QuantizedActs yq) {
   if (n_rows <= 0 || d <= 0) return;
+  NormExtras extras;
+  if (NormQuantizes(d)) extras.yq = yq;
   // Read only: add is null.
   Launch(RmsNormKernel, static_cast<unsigned>(n_rows), kThreads, 0, stream, const_cast<float*>(x),
-         nullptr, rows, weight, eps, d, y);
+         nullptr, rows, weight, eps, d, y, extras);
 }
 
 void LaunchAddRmsNorm(const float* x, int64_t n_rows, float* h, const float* weight, float eps,
-                      int64_t d, float* y, cudaStream_t stream) {
+                      int64_t d, float* y, cudaStream_t stream, unsigned long long* first,
+                      QuantizedActs yq) {
   if (n_rows <= 0 || d <= 0) return;
+  NormExtras extras;
+  extras.first = first;
+  if (NormQuantizes(d)) extras.yq = yq;
   Launch(RmsNormKernel, static_cast<unsigned>(n_rows), kThreads, 0, stream, h, x, nullptr, weight,
-         eps, d, y);
+         eps, d, y, extras);
 }
 
 void LaunchAdd(const float* x, int64_t n, float* y, cudaStream_t stream) {

@@ -18,14 +18,21 @@ void LaunchEmbed(const DeviceMatrix& table, const int32_t* tokens, int64_t n_tok
                  cudaStream_t stream);
 
 // y[i, :] = x[r, :] * (1 / sqrt(mean(x[r, :]^2) + eps)) * weight, r = rows[i] (rows == nullptr:
-// r = i), for i < n_rows; d elements a row; weight [d] float32.
+// r = i), for i < n_rows; d elements a row; weight [d] float32. With yq.q (only where
+// NormQuantizes(d)) y's rows also go there quantized: yq [n_rows, d].
 void LaunchRmsNorm(const float* x, const int32_t* rows, int64_t n_rows, const float* weight,
-                   float eps, int64_t d, float* y, cudaStream_t stream);
+                   float eps, int64_t d, float* y, cudaStream_t stream, QuantizedActs yq = {});
 
 // h[i, :] += x[i, :], then y[i, :] = RmsNorm(h[i, :]) as LaunchRmsNorm, i < n_rows: the residual
-// add and the norm after it in one pass (the same bits as the two).
+// add and the norm after it in one pass (the same bits as the two). With `first`, also
+// LaunchFirstNonFinite of the sums h[0, n_rows * d); with yq.q, y quantized as LaunchRmsNorm's.
 void LaunchAddRmsNorm(const float* x, int64_t n_rows, float* h, const float* weight, float eps,
-                      int64_t d, float* y, cudaStream_t stream);
+                      int64_t d, float* y, cudaStream_t stream, unsigned long long* first = nullptr,
+                      QuantizedActs yq = {});
+
+// Whether the norms can quantize rows of d as they write them: whole 32-blocks, a row held in a
+// block's registers.
+bool NormQuantizes(int64_t d);
 
 // y[i] += x[i], i < n.
 void LaunchAdd(const float* x, int64_t n, float* y, cudaStream_t stream);

@@ -300,6 +300,60 @@ TEST_P(DenseMatMulTest, RunAllGivesEachRunsBits) {
   }
 }
 
+// x handed over already quantized (as a norm writes it beside its output): Run and RunAll read
+// it instead of quantizing x, with the same bits; float formats ignore it. Lists long enough
+// that a warp takes several rows (each matrix padded to them) included.
+TEST_P(DenseMatMulTest, QuantizedXGivesTheSameBits) {
+  MT_REQUIRE_GPU();
+  std::mt19937 rng(testing::TestSeed());
+  const DType dtype = GetParam();
+  struct Case {
+    int64_t cols;
+    std::vector<int64_t> rows;
+  };
+  for (const Case& c : {Case{512, {256, 64, 96}}, Case{64, {8461, 37, 5}}}) {
+    for (int64_t n_tokens : {int64_t{1}, int64_t{3}, int64_t{9}}) {
+      std::vector<HostMatrix> host;
+      std::vector<DeviceBuffer<uint8_t>> d_w;
+      std::vector<DeviceMatrix> mats;
+      int64_t max_rows = 0;
+      for (int64_t r : c.rows) {
+        host.push_back(MakeMatrix(dtype, r, c.cols, rng));
+        d_w.push_back(Upload(host.back().bytes));
+        mats.push_back(DeviceMatrix{dtype, r, c.cols, d_w.back().data()});
+        max_rows = std::max(max_rows, r);
+      }
+      const std::vector<float> x = RandomFloats(static_cast<size_t>(n_tokens * c.cols), rng);
+      const testing::HostQuantized xq = testing::QuantizeActivations(x);
+      const DeviceBuffer<float> d_x = Upload(x);
+      DeviceBuffer<int8_t> d_q = Upload(xq.q);
+      DeviceBuffer<float> d_d = Upload(xq.d);
+      const QuantizedActs x8{d_q.data(), d_d.data()};
+      auto mm = DenseMatMul::Create(n_tokens, c.cols, max_rows);
+      ASSERT_TRUE(mm.ok()) << mm.status().message();
+      std::vector<DeviceBuffer<float>> own, given, listed;
+      std::vector<DenseMatMul::Product> products;
+      for (size_t m = 0; m < c.rows.size(); ++m) {
+        const auto n_y = static_cast<size_t>(n_tokens * c.rows[m]);
+        for (auto* v : {&own, &given, &listed})
+          v->push_back(DeviceBuffer<float>::Create(n_y, "y").value());
+        mm->Run(mats[m], d_x.data(), n_tokens, own.back().data(), nullptr);
+        mm->Run(mats[m], d_x.data(), n_tokens, given.back().data(), nullptr, &x8);
+        products.push_back({&mats[m], listed.back().data()});
+      }
+      mm->RunAll(products, d_x.data(), n_tokens, nullptr, &x8);
+      for (size_t m = 0; m < c.rows.size(); ++m) {
+        const auto n_y = static_cast<size_t>(n_tokens * c.rows[m]);
+        const std::vector<float> want = Download(own[m], n_y);
+        EXPECT_EQ(Download(given[m], n_y), want)
+            << DTypeName(dtype) << " tokens " << n_tokens << " matrix " << m;
+        EXPECT_EQ(Download(listed[m], n_y), want)
+            << DTypeName(dtype) << " tokens " << n_tokens << " matrix " << m << " (listed)";
+      }
+    }
+  }
+}
+
 TEST_P(DenseMatMulTest, NoTokensLaunchNothing) {
   MT_REQUIRE_GPU();
   auto mm = DenseMatMul::Create(4, 64, 8);

@@ -166,6 +166,84 @@ TEST(CudaAddRmsNormTest, EqualsTheAddThenTheNorm) {
   }
 }
 
+// The scan of the sums inside the fused add and norm: the first non-finite index of h + x as
+// kernels::FirstNonFinite finds it (none when clean), the sums and y as without the scan (the
+// bits, NaN included); and y's rows quantized beside it as the CPU quantizes activations, where
+// NormQuantizes (rows of whole 32-blocks held in registers; 4099 takes the long-row path, unscanned
+// by the quantizer and scanned by the loop).
+TEST(CudaAddRmsNormTest, ScansTheSumsAndQuantizesTheOutput) {
+  MT_REQUIRE_GPU();
+  std::mt19937 rng(testing::TestSeed());
+  constexpr unsigned long long kNone = ~0ull >> 1;
+  const float eps = 1e-6f;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (auto [d, n_rows] : {std::pair{2048, 1}, {2048, 5}, {4096, 3}, {4099, 2}, {96, 7}}) {
+    const auto n = static_cast<size_t>(n_rows * d);
+    std::uniform_int_distribution<size_t> at(0, n - 1);
+    for (int bad = 0; bad < 3; ++bad) {  // clean; one inf; a NaN and an inf
+      std::vector<float> x = RandomFloats(n, 1.0f, rng);
+      const std::vector<float> h = RandomFloats(n, 3.0f, rng);
+      if (bad >= 1) x[at(rng)] = inf;
+      if (bad >= 2) x[at(rng)] = nan;
+      const std::vector<float> weight = RandomFloats(static_cast<size_t>(d), 1.0f, rng);
+      const DeviceBuffer<float> d_x = Upload(x);
+      const DeviceBuffer<float> d_w = Upload(weight);
+      DeviceBuffer<float> h_scan = Upload(h);
+      DeviceBuffer<float> h_plain = Upload(h);
+      DeviceBuffer<float> y_scan = DeviceBuffer<float>::Create(n, "y").value();
+      DeviceBuffer<float> y_plain = DeviceBuffer<float>::Create(n, "y").value();
+      DeviceBuffer<int8_t> q = DeviceBuffer<int8_t>::Create(n, "q").value();
+      DeviceBuffer<float> qd = DeviceBuffer<float>::Create(n / 32 + 1, "q scales").value();
+      DeviceBuffer<unsigned long long> first = Upload(std::vector<unsigned long long>{kNone});
+      LaunchAddRmsNorm(d_x.data(), n_rows, h_scan.data(), d_w.data(), eps, d, y_scan.data(),
+                       nullptr, first.data(), QuantizedActs{q.data(), qd.data()});
+      LaunchAddRmsNorm(d_x.data(), n_rows, h_plain.data(), d_w.data(), eps, d, y_plain.data(),
+                       nullptr);
+      const std::vector<float> sums = Download(h_scan, n), y = Download(y_scan, n);
+      const std::vector<float> sums_plain = Download(h_plain, n), y_plain_v = Download(y_plain, n);
+      EXPECT_EQ(std::memcmp(sums.data(), sums_plain.data(), n * 4), 0) << "d " << d;
+      EXPECT_EQ(std::memcmp(y.data(), y_plain_v.data(), n * 4), 0) << "d " << d;
+      std::vector<float> sum = h;
+      kernels::Axpy(1.0f, x.data(), static_cast<int64_t>(n), sum.data());
+      const int64_t want = kernels::FirstNonFinite(sum.data(), static_cast<int64_t>(n));
+      const unsigned long long got = Download(first, 1)[0];
+      EXPECT_EQ(got, want < 0 ? kNone : static_cast<unsigned long long>(want))
+          << "d " << d << " rows " << n_rows << " bad " << bad;
+      if (bad > 0 || !NormQuantizes(d)) continue;  // non-finite rows' codes are unspecified
+      const testing::HostQuantized ref = testing::QuantizeActivations(y);
+      EXPECT_EQ(Download(q, n), ref.q) << "d " << d << " rows " << n_rows;
+      EXPECT_EQ(Download(qd, n / 32), ref.d) << "d " << d << " rows " << n_rows;
+    }
+  }
+  EXPECT_TRUE(NormQuantizes(2048));
+  EXPECT_FALSE(NormQuantizes(4099));  // not whole 32-blocks
+  EXPECT_FALSE(NormQuantizes(8192));  // past the registers
+}
+
+// The norm of picked rows (the logits') quantizes its output rows as the CPU would.
+TEST(CudaRmsNormTest, QuantizesPickedRows) {
+  MT_REQUIRE_GPU();
+  std::mt19937 rng(testing::TestSeed());
+  const int64_t d = 2048, n_src = 9;
+  const std::vector<int32_t> rows = {8, 3, 0};
+  const auto n_rows = static_cast<int64_t>(rows.size());
+  const std::vector<float> x = RandomFloats(static_cast<size_t>(n_src * d), 2.0f, rng);
+  const std::vector<float> weight = RandomFloats(static_cast<size_t>(d), 1.0f, rng);
+  const DeviceBuffer<float> d_x = Upload(x);
+  const DeviceBuffer<float> d_w = Upload(weight);
+  const DeviceBuffer<int32_t> d_rows = Upload(rows);
+  const auto n = static_cast<size_t>(n_rows * d);
+  DeviceBuffer<float> d_y = DeviceBuffer<float>::Create(n, "y").value();
+  DeviceBuffer<int8_t> q = DeviceBuffer<int8_t>::Create(n, "q").value();
+  DeviceBuffer<float> qd = DeviceBuffer<float>::Create(n / 32, "q scales").value();
+  LaunchRmsNorm(d_x.data(), d_rows.data(), n_rows, d_w.data(), 1e-6f, d, d_y.data(), nullptr,
+                QuantizedActs{q.data(), qd.data()});
+  const testing::HostQuantized ref = testing::QuantizeActivations(Download(d_y, n));
+  EXPECT_EQ(Download(q, n), ref.q);
+  EXPECT_EQ(Download(qd, n / 32), ref.d);
+}
+
 TEST(CudaAddTest, MatchesAxpyOfOneExactly) {
   MT_REQUIRE_GPU();
   std::mt19937 rng(testing::TestSeed());
