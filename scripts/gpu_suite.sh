@@ -47,6 +47,9 @@
 #   BACKENDS=gpu-ab: all-VRAM decode with PDL, the weight prefetch and the fused launches on and
 #   off, and attention splits of 16 and 32 positions (MOETIER_CUDA_ATTN_CHUNK), twice (GPU_AB
 #   picks the variants);
+#   BACKENDS=gpu-env: one sequence's all-VRAM decode under each of GPU_ENVS (default the norm
+#   fusion on and off: MOETIER_CUDA_NORM_FUSE), ROUNDS (2) rounds interleaved, after llama.cpp's
+#   build;
 #   KVTIER=1 times a 4,000-token prefix's second request after a filler evicted it from VRAM,
 #   with and without the host KV tier (bench/engine/prefix_ttft.sh), gpu and hybrid
 #   (KVTIER_DTYPES: which dtypes, default DTYPES);
@@ -437,6 +440,16 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
           bench cpu "$dt" --moe-backend cpu --prompt-tokens 128 --gen-tokens 64 ;;
         cpu-only)
           bench cpu-only "$dt" --moe-backend cpu --no-gpu --prompt-tokens 128 --gen-tokens 32 ;;
+        gpu-env)  # one sequence's all-VRAM decode under each of GPU_ENVS (comma-separated sets
+                  # of VAR=value), ROUNDS rounds interleaved, after llama.cpp's build (a quiet host)
+          IFS=, read -r -a ENVS <<< "${GPU_ENVS:-MOETIER_CUDA_NORM_FUSE=1,MOETIER_CUDA_NORM_FUSE=0}"
+          for round in $(seq "${ROUNDS:-2}"); do
+            for e in "${ENVS[@]}"; do
+              # shellcheck disable=SC2086  # $e: VAR=value words
+              (export $e; bench "env-${e// /_}-$round" "$dt" --moe-backend gpu \
+                --prompt-tokens 512 --gen-tokens 256)
+            done
+          done ;;
         cpu-batched)  # the CPU alone at CPU_PAR sequences (4 and 16): this build, the same with
                       # AMX batches off (MOETIER_AMX_MIN_TOKENS past any batch), the carried base
           # (CPU_VARIANTS: which of "new noamx base")

@@ -7,7 +7,7 @@
 
 namespace moetier {
 
-const std::array<TuningKnobSpec, 23> kTuningKnobSpecs = {{
+const std::array<TuningKnobSpec, 24> kTuningKnobSpecs = {{
     {"MOETIER_AMX_MIN_TOKENS", &TuningKnobs::amx_min_tokens, 1, 1 << 20,
      "smallest batch of tokens whose q8_0/bf16 matmuls use AMX tiles"},
     {"MOETIER_BF16C_EXPAND_MIN_TOKENS", &TuningKnobs::bf16c_expand_min_tokens, 1, 1 << 20,
@@ -49,6 +49,9 @@ const std::array<TuningKnobSpec, 23> kTuningKnobSpecs = {{
     {"MOETIER_CUDA_FUSE", &TuningKnobs::cuda_fuse, 0, 1,
      "GPU: 1 fuses a decode step's launches (the quantized products of one x, top-k with "
      "grouping); 0 (default) launches each apart"},
+    {"MOETIER_CUDA_NORM_FUSE", &TuningKnobs::cuda_norm_fuse, 0, 1,
+     "GPU: 1 (default) has a decode step's norms scan the residual sums for NaN/inf and "
+     "quantize their output for Q8_0/Q4_0 products in their own launch; 0 launches both apart"},
     {"MOETIER_CUDA_PREFETCH", &TuningKnobs::cuda_prefetch, 0, 1,
      "GPU: 1 (default) has decode kernels ask L2 for their weights before they wait for the "
      "kernel before them; 0 does not"},

@@ -152,7 +152,8 @@ Status CudaBackend::Hold(std::span<const TensorView* const> matrices,
 Status CudaBackend::HoldQuantizedNorms(std::span<const TensorView* const> matrices) {
   const int64_t H = dims_.d_model;
   const bool wanted =
-      cuda::NormQuantizes(H) && std::any_of(matrices.begin(), matrices.end(), [&](auto* m) {
+      cuda::FusedNorms() && cuda::NormQuantizes(H) &&
+      std::any_of(matrices.begin(), matrices.end(), [&](auto* m) {
         return IsBlockQuantized(m->dtype) && m->shape.size() == 2 && m->shape[1] == H;
       });
   if (!wanted || normed_q_.size() > 0) return OkStatus();
@@ -415,19 +416,27 @@ void CudaBackend::Add(const float* x, int64_t n, float* y) {
 
 void CudaBackend::AddRmsNorm(const float* x, int64_t n_rows, float* h,
                              const std::vector<float>& weight, float eps, int64_t d, float* y) {
-  AddRmsNormScan(x, n_rows, h, weight, eps, d, y, -1);
+  LaunchAddRmsNorm(x, n_rows, h, weight, eps, d, y, nullptr);
 }
 
 int64_t CudaBackend::AddRmsNormScan(const float* x, int64_t n_rows, float* h,
                                     const std::vector<float>& weight, float eps, int64_t d,
                                     float* y, int64_t slot) {
-  const bool scanned = slot >= 0 && slot < kNonFiniteSlots;
-  if (scanned) n_scans_ = std::max(n_scans_, slot + 1);
-  const cuda::QuantizedActs yq = QuantizedNormOut(y, n_rows, d);
-  if (Replaying()) return -1;
-  cuda::LaunchAddRmsNorm(x, n_rows, h, weights_.Vector(weight), eps, d, y, stream_,
-                         scanned ? scans_dev_.data() + slot : nullptr, yq);
+  if (!cuda::FusedNorms() || slot < 0 || slot >= kNonFiniteSlots) {
+    AddRmsNorm(x, n_rows, h, weight, eps, d, y);
+    return ScanNonFinite(h, n_rows * d, slot);
+  }
+  n_scans_ = std::max(n_scans_, slot + 1);
+  LaunchAddRmsNorm(x, n_rows, h, weight, eps, d, y, scans_dev_.data() + slot);
   return -1;
+}
+
+void CudaBackend::LaunchAddRmsNorm(const float* x, int64_t n_rows, float* h,
+                                   const std::vector<float>& weight, float eps, int64_t d, float* y,
+                                   unsigned long long* first) {
+  const cuda::QuantizedActs yq = QuantizedNormOut(y, n_rows, d);
+  if (Replaying()) return;
+  cuda::LaunchAddRmsNorm(x, n_rows, h, weights_.Vector(weight), eps, d, y, stream_, first, yq);
 }
 
 void CudaBackend::MatMul(const float* x, int64_t n_tokens, std::span<const MatMulOut> targets) {

@@ -105,6 +105,10 @@ class CudaBackend final : public ComputeBackend, private ComputeSegments {
   cuda::QuantizedActs QuantizedNormOut(const float* y, int64_t n_rows, int64_t d);
   // x's quantized rows when the last norm wrote them, else null.
   const cuda::QuantizedActs* QuantizedInput(const float* x, int64_t n_rows);
+  // The residual add and norm (QuantizedNormOut's output too), scanning the sums into *first
+  // when first is not null.
+  void LaunchAddRmsNorm(const float* x, int64_t n_rows, float* h, const std::vector<float>& weight,
+                        float eps, int64_t d, float* y, unsigned long long* first);
   // A CUDA error inside a step: the backend's calls return nothing, so the first one is kept
   // and EndStep reports it as the step's failure.
   void Check(cudaError_t err, const char* what);

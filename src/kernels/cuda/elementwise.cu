@@ -116,6 +116,17 @@ struct NormExtras {
 // one 32-block each, which QuantizeLane quantizes as the products' quantizers do.
 __global__ void RmsNormKernel(float* x, const float* add, const int32_t* rows, const float* weight,
                               float eps, int64_t d, float* y, NormExtras extras) {
+  // The weights are the model's, written before any step: loaded before PdlWait, their latency
+  // overlaps the wait for the kernel before.
+  const bool in_registers = d <= static_cast<int64_t>(blockDim.x) * kNormRegs;
+  float wt[kNormRegs];
+  if (in_registers) {
+#pragma unroll
+    for (int j = 0; j < kNormRegs; ++j) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+      wt[j] = c < d ? weight[c] : 0.0f;
+    }
+  }
   PdlWait();
   __shared__ double warp_sums[kWarp];
   const int64_t i = blockIdx.x;
@@ -125,14 +136,12 @@ __global__ void RmsNormKernel(float* x, const float* add, const int32_t* rows, c
   float* yr = y + i * d;
   double ss = 0.0;
   unsigned long long bad = ~0ull;  // the thread's first non-finite index of x[r]
-  if (d <= static_cast<int64_t>(blockDim.x) * kNormRegs) {
-    // The weights are loaded with x, so that their latency overlaps the reduction's.
-    float v[kNormRegs], wt[kNormRegs];
+  if (in_registers) {
+    float v[kNormRegs];
 #pragma unroll
     for (int j = 0; j < kNormRegs; ++j) {
       const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
       v[j] = c < d ? xr[c] : 0.0f;
-      wt[j] = c < d ? weight[c] : 0.0f;
       if (ar != nullptr && c < d) v[j] += ar[c];
     }
 #pragma unroll

@@ -15,6 +15,11 @@ bool FusedLaunches() {
   return on;
 }
 
+bool FusedNorms() {
+  static const bool on = Tuning().cuda_norm_fuse.value_or(1) != 0;
+  return on;
+}
+
 bool PrefetchWeights() {
   static const bool on = Tuning().cuda_prefetch.value_or(1) != 0;
   return on;

@@ -17,6 +17,11 @@ bool ProgrammaticLaunch();
 // benchmarks.md). The float formats' products of one x are one launch either way.
 bool FusedLaunches();
 
+// Whether the norms between sublayers also scan the residual sums for NaN/inf and write their
+// output quantized for the Q8_0/Q4_0 products that read it (MOETIER_CUDA_NORM_FUSE, default on;
+// CudaBackend): off, the scan and each product's quantizing are launches of their own.
+bool FusedNorms();
+
 // Whether the decode kernels ask L2 for their weights before they wait for the kernel before
 // them (MOETIER_CUDA_PREFETCH, default on): with PDL the fetch overlaps that kernel. The dense
 // products' weights, and the expert GEMV kernels' rows, found from a routing written two or more
