@@ -412,8 +412,8 @@ void DenseMatMul::State::Decode(const DeviceMatrix& w, const float* x, int64_t n
   // Quantized weights: quantize x into scratch, in passes of at most kMaxDecodeTokens tokens.
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxDecodeTokens) {
     const int64_t nt = n_tokens - t0 < kMaxDecodeTokens ? n_tokens - t0 : kMaxDecodeTokens;
-    const Product pass{&w, y + t0 * w.rows};
-    QuantizedList(std::span(&pass, 1), nt, QuantizeX(x + t0 * w.cols, nt, w.cols, stream), stream);
+    const Product part{&w, y + t0 * w.rows};
+    QuantizedList(std::span(&part, 1), nt, QuantizeX(x + t0 * w.cols, nt, w.cols, stream), stream);
   }
 }
 

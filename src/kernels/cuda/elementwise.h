@@ -24,7 +24,7 @@ void LaunchRmsNorm(const float* x, const int32_t* rows, int64_t n_rows, const fl
                    float eps, int64_t d, float* y, cudaStream_t stream, QuantizedActs yq = {});
 
 // h[i, :] += x[i, :], then y[i, :] = RmsNorm(h[i, :]) as LaunchRmsNorm, i < n_rows: the residual
-// add and the norm after it in one pass (the same bits as the two). With `first`, also
+// add and the norm after it in one launch (the same bits as the two). With `first`, also
 // LaunchFirstNonFinite of the sums h[0, n_rows * d); with yq.q, y quantized as LaunchRmsNorm's.
 void LaunchAddRmsNorm(const float* x, int64_t n_rows, float* h, const float* weight, float eps,
                       int64_t d, float* y, cudaStream_t stream, unsigned long long* first = nullptr,
