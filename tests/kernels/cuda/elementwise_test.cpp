@@ -137,6 +137,21 @@ TEST(CudaRmsNormTest, MatchesRmsNormRow) {
   }
 }
 
+// An add-and-norm check's device inputs: x, the weights, and h twice with a y for each (two
+// launches compared).
+struct AddNormBuffers {
+  DeviceBuffer<float> x, w, h_a, h_b, y_a, y_b;
+};
+AddNormBuffers UploadAddNorm(const std::vector<float>& x, const std::vector<float>& h,
+                             const std::vector<float>& weight) {
+  return {Upload(x),
+          Upload(weight),
+          Upload(h),
+          Upload(h),
+          DeviceBuffer<float>::Create(x.size(), "y").value(),
+          DeviceBuffer<float>::Create(x.size(), "y").value()};
+}
+
 // The fused residual add and norm: the bits of the add and then the norm, in registers (d up to
 // 4096) and past them.
 TEST(CudaAddRmsNormTest, EqualsTheAddThenTheNorm) {
@@ -148,21 +163,15 @@ TEST(CudaAddRmsNormTest, EqualsTheAddThenTheNorm) {
     const std::vector<float> x = RandomFloats(n, 1.0f, rng);
     const std::vector<float> h = RandomFloats(n, 3.0f, rng);
     const std::vector<float> weight = RandomFloats(static_cast<size_t>(d), 1.0f, rng);
-    const DeviceBuffer<float> d_x = Upload(x);
-    const DeviceBuffer<float> d_w = Upload(weight);
-    DeviceBuffer<float> h_fused = Upload(h);
-    DeviceBuffer<float> h_apart = Upload(h);
-    DeviceBuffer<float> y_fused = DeviceBuffer<float>::Create(n, "y").value();
-    DeviceBuffer<float> y_apart = DeviceBuffer<float>::Create(n, "y").value();
-    LaunchAddRmsNorm(d_x.data(), n_rows, h_fused.data(), d_w.data(), eps, d, y_fused.data(),
-                     nullptr);
-    LaunchAdd(d_x.data(), static_cast<int64_t>(n), h_apart.data(), nullptr);
-    LaunchRmsNorm(h_apart.data(), nullptr, n_rows, d_w.data(), eps, d, y_apart.data(), nullptr);
-    EXPECT_EQ(Download(h_fused, n), Download(h_apart, n)) << "d " << d;
-    EXPECT_EQ(Download(y_fused, n), Download(y_apart, n)) << "d " << d;
+    AddNormBuffers b = UploadAddNorm(x, h, weight);  // a: fused, b: apart
+    LaunchAddRmsNorm(b.x.data(), n_rows, b.h_a.data(), b.w.data(), eps, d, b.y_a.data(), nullptr);
+    LaunchAdd(b.x.data(), static_cast<int64_t>(n), b.h_b.data(), nullptr);
+    LaunchRmsNorm(b.h_b.data(), nullptr, n_rows, b.w.data(), eps, d, b.y_b.data(), nullptr);
+    EXPECT_EQ(Download(b.h_a, n), Download(b.h_b, n)) << "d " << d;
+    EXPECT_EQ(Download(b.y_a, n), Download(b.y_b, n)) << "d " << d;
     std::vector<float> sum = h;
     kernels::Axpy(1.0f, x.data(), static_cast<int64_t>(n), sum.data());
-    EXPECT_EQ(Download(h_fused, n), sum) << "d " << d;
+    EXPECT_EQ(Download(b.h_a, n), sum) << "d " << d;
   }
 }
 
@@ -187,23 +196,17 @@ TEST(CudaAddRmsNormTest, ScansTheSumsAndQuantizesTheOutput) {
       if (bad >= 1) x[at(rng)] = inf;
       if (bad >= 2) x[at(rng)] = nan;
       const std::vector<float> weight = RandomFloats(static_cast<size_t>(d), 1.0f, rng);
-      const DeviceBuffer<float> d_x = Upload(x);
-      const DeviceBuffer<float> d_w = Upload(weight);
-      DeviceBuffer<float> h_scan = Upload(h);
-      DeviceBuffer<float> h_plain = Upload(h);
-      DeviceBuffer<float> y_scan = DeviceBuffer<float>::Create(n, "y").value();
-      DeviceBuffer<float> y_plain = DeviceBuffer<float>::Create(n, "y").value();
+      AddNormBuffers b = UploadAddNorm(x, h, weight);  // a: scanned and quantized, b: plain
       DeviceBuffer<int8_t> q = DeviceBuffer<int8_t>::Create(n, "q").value();
       DeviceBuffer<float> qd = DeviceBuffer<float>::Create(n / 32 + 1, "q scales").value();
       DeviceBuffer<unsigned long long> first = Upload(std::vector<unsigned long long>{kNone});
-      LaunchAddRmsNorm(d_x.data(), n_rows, h_scan.data(), d_w.data(), eps, d, y_scan.data(),
-                       nullptr, first.data(), QuantizedActs{q.data(), qd.data()});
-      LaunchAddRmsNorm(d_x.data(), n_rows, h_plain.data(), d_w.data(), eps, d, y_plain.data(),
-                       nullptr);
-      const std::vector<float> sums = Download(h_scan, n), y = Download(y_scan, n);
-      const std::vector<float> sums_plain = Download(h_plain, n), y_plain_v = Download(y_plain, n);
+      LaunchAddRmsNorm(b.x.data(), n_rows, b.h_a.data(), b.w.data(), eps, d, b.y_a.data(), nullptr,
+                       first.data(), QuantizedActs{q.data(), qd.data()});
+      LaunchAddRmsNorm(b.x.data(), n_rows, b.h_b.data(), b.w.data(), eps, d, b.y_b.data(), nullptr);
+      const std::vector<float> sums = Download(b.h_a, n), y = Download(b.y_a, n);
+      const std::vector<float> sums_plain = Download(b.h_b, n), y_plain = Download(b.y_b, n);
       EXPECT_EQ(std::memcmp(sums.data(), sums_plain.data(), n * 4), 0) << "d " << d;
-      EXPECT_EQ(std::memcmp(y.data(), y_plain_v.data(), n * 4), 0) << "d " << d;
+      EXPECT_EQ(std::memcmp(y.data(), y_plain.data(), n * 4), 0) << "d " << d;
       std::vector<float> sum = h;
       kernels::Axpy(1.0f, x.data(), static_cast<int64_t>(n), sum.data());
       const int64_t want = kernels::FirstNonFinite(sum.data(), static_cast<int64_t>(n));
