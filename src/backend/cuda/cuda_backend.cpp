@@ -156,26 +156,26 @@ Status CudaBackend::HoldQuantizedNorms(std::span<const TensorView* const> matric
       std::any_of(matrices.begin(), matrices.end(), [&](auto* m) {
         return IsBlockQuantized(m->dtype) && m->shape.size() == 2 && m->shape[1] == H;
       });
-  if (!wanted || normed_q_.size() > 0) return OkStatus();
+  if (!wanted || normed_acts_.q != nullptr) return OkStatus();
   const auto rows = static_cast<size_t>(cuda::DenseMatMul::kMaxDecodeTokens);
   MT_ASSIGN_OR_RETURN(normed_q_, cuda::DeviceBuffer<int8_t>::Create(rows * static_cast<size_t>(H),
                                                                     "quantized normed rows"));
   MT_ASSIGN_OR_RETURN(normed_d_, cuda::DeviceBuffer<float>::Create(
                                      rows * static_cast<size_t>(H / 32), "quantized normed rows"));
+  normed_acts_ = {normed_q_.data(), normed_d_.data()};
   return OkStatus();
 }
 
 cuda::QuantizedActs CudaBackend::QuantizedNormOut(const float* y, int64_t n_rows, int64_t d) {
-  const bool fits =
-      normed_q_.size() > 0 && d == dims_.d_model && n_rows <= cuda::DenseMatMul::kMaxDecodeTokens;
+  const bool fits = normed_acts_.q != nullptr && d == dims_.d_model &&
+                    n_rows <= cuda::DenseMatMul::kMaxDecodeTokens;
   normed_q_of_ = fits ? y : nullptr;
   normed_q_rows_ = n_rows;
-  return fits ? cuda::QuantizedActs{normed_q_.data(), normed_d_.data()} : cuda::QuantizedActs{};
+  return fits ? normed_acts_ : cuda::QuantizedActs{};
 }
 
 const cuda::QuantizedActs* CudaBackend::QuantizedInput(const float* x, int64_t n_rows) {
   if (x == nullptr || x != normed_q_of_ || n_rows != normed_q_rows_) return nullptr;
-  normed_acts_ = {normed_q_.data(), normed_d_.data()};
   return &normed_acts_;
 }
 

@@ -161,7 +161,7 @@ class CudaBackend final : public ComputeBackend, private ComputeSegments {
   cuda::DeviceBuffer<float> normed_d_;   // [kMaxDecodeTokens, d_model / 32]
   const float* normed_q_of_ = nullptr;   // the rows they hold, null when none
   int64_t normed_q_rows_ = 0;
-  cuda::QuantizedActs normed_acts_;           // QuantizedInput's answer
+  cuda::QuantizedActs normed_acts_;           // the two, once allocated
   cuda::DeviceBuffer<float> inv_freq_;        // [head_dim / 2] RoPE
   cuda::DeviceBuffer<uint8_t> attn_scratch_;  // the decode attention's split states
 

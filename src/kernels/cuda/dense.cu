@@ -2,8 +2,8 @@
 //
 // Decode (n_tokens <= kMaxDecodeTokens): our own kernels, one warp per weight row (float formats
 // with several tokens: up to kMultiRows rows, see LaunchFloatDecode). The warp streams its row once
-// per pass of up to kTok tokens (the tokens of one pass share every weight load; later passes find
-// the row in L1/L2) and sums in fp32, then reduces across lanes.
+// per sweep of up to kTok tokens (the tokens of one sweep share every weight load; later sweeps
+// find the row in L1/L2) and sums in fp32, then reduces across lanes.
 //   - f32/f16/bf16: 16-byte loads of the row (8 weights a lane a step, kFloatUnroll steps in
 //     flight), the activations read as float4 from L1/L2. Rows whose bytes are not 16-byte
 //     aligned take a per-element path (correct, slower; no real model has them).
@@ -189,7 +189,8 @@ void LaunchQuantList(const MatrixList& list, int64_t cols, const int8_t* xq, con
          PrefetchWeights());
 }
 
-// Tokens per pass: the smallest of 1, 2, 4, 8 that holds n_tokens, else 8 (several passes).
+// Tokens a sweep of the rows takes: the smallest of 1, 2, 4, 8 that holds n_tokens, else 8
+// (several sweeps).
 template <template <DType, int> class Launch, DType kD, typename... Args>
 void ByTokens(int64_t n_tokens, Args&&... args) {
   if (n_tokens == 1) return Launch<kD, 1>::Run(std::forward<Args>(args)...);
@@ -409,7 +410,7 @@ void DenseMatMul::State::Decode(const DeviceMatrix& w, const float* x, int64_t n
     const Product one{&w, y};
     return FusedProduct(std::span(&one, 1), x, n_tokens, stream);
   }
-  // Quantized weights: quantize x into scratch, in passes of at most kMaxDecodeTokens tokens.
+  // Quantized weights: quantize x into scratch, in chunks of at most kMaxDecodeTokens tokens.
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kMaxDecodeTokens) {
     const int64_t nt = n_tokens - t0 < kMaxDecodeTokens ? n_tokens - t0 : kMaxDecodeTokens;
     const Product part{&w, y + t0 * w.rows};
