@@ -48,8 +48,8 @@
 #   off, and attention splits of 16 and 32 positions (MOETIER_CUDA_ATTN_CHUNK), twice (GPU_AB
 #   picks the variants);
 #   BACKENDS=gpu-env: one sequence's all-VRAM decode under each of GPU_ENVS (default the norm
-#   fusion on and off: MOETIER_CUDA_NORM_FUSE), ROUNDS (2) rounds interleaved, after llama.cpp's
-#   build;
+#   fusion on and off: MOETIER_CUDA_NORM_FUSE; "base" the carried base build), ROUNDS (2) rounds
+#   interleaved, after llama.cpp's build;
 #   KVTIER=1 times a 4,000-token prefix's second request after a filler evicted it from VRAM,
 #   with and without the host KV tier (bench/engine/prefix_ttft.sh), gpu and hybrid
 #   (KVTIER_DTYPES: which dtypes, default DTYPES);
@@ -441,10 +441,16 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
         cpu-only)
           bench cpu-only "$dt" --moe-backend cpu --no-gpu --prompt-tokens 128 --gen-tokens 32 ;;
         gpu-env)  # one sequence's all-VRAM decode under each of GPU_ENVS (comma-separated sets
-                  # of VAR=value), ROUNDS rounds interleaved, after llama.cpp's build (a quiet host)
+                  # of VAR=value, or "base": the carried base build), ROUNDS rounds interleaved,
+                  # after llama.cpp's build (a quiet host)
           IFS=, read -r -a ENVS <<< "${GPU_ENVS:-MOETIER_CUDA_NORM_FUSE=1,MOETIER_CUDA_NORM_FUSE=0}"
           for round in $(seq "${ROUNDS:-2}"); do
             for e in "${ENVS[@]}"; do
+              if [ "$e" = base ]; then  # the carried base build (make_gpucarry.sh BASE_BIN)
+                [ -x "$W/base/moetier" ] && BENCH_BIN=$W/base/moetier bench "env-base-$round" \
+                  "$dt" --moe-backend gpu --prompt-tokens 512 --gen-tokens 256
+                continue
+              fi
               # shellcheck disable=SC2086  # $e: VAR=value words
               (export $e; bench "env-${e// /_}-$round" "$dt" --moe-backend gpu \
                 --prompt-tokens 512 --gen-tokens 256)

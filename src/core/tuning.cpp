@@ -49,9 +49,11 @@ const std::array<TuningKnobSpec, 24> kTuningKnobSpecs = {{
     {"MOETIER_CUDA_FUSE", &TuningKnobs::cuda_fuse, 0, 1,
      "GPU: 1 fuses a decode step's launches (the quantized products of one x, top-k with "
      "grouping); 0 (default) launches each apart"},
-    {"MOETIER_CUDA_NORM_FUSE", &TuningKnobs::cuda_norm_fuse, 0, 1,
-     "GPU: 1 (default) has a decode step's norms scan the residual sums for NaN/inf and "
-     "quantize their output for Q8_0/Q4_0 products in their own launch; 0 launches both apart"},
+    {"MOETIER_CUDA_NORM_FUSE", &TuningKnobs::cuda_norm_fuse, 0, 2,
+     "GPU: 2 (default) has a decode step's norms scan the residual sums for NaN/inf and "
+     "quantize their output for the Q8_0/Q4_0 products and experts that read it, in their own "
+     "launch; 1 the same but the experts quantize x themselves; 0 launches scan and quantizing "
+     "apart"},
     {"MOETIER_CUDA_PREFETCH", &TuningKnobs::cuda_prefetch, 0, 1,
      "GPU: 1 (default) has decode kernels ask L2 for their weights before they wait for the "
      "kernel before them; 0 does not"},

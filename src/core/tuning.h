@@ -41,7 +41,7 @@ struct TuningKnobs {
   std::optional<int64_t> cuda_graphs;              // MOETIER_CUDA_GRAPHS (0 or 1)
   std::optional<int64_t> cuda_pdl;                 // MOETIER_CUDA_PDL (0 or 1)
   std::optional<int64_t> cuda_fuse;                // MOETIER_CUDA_FUSE (0 or 1)
-  std::optional<int64_t> cuda_norm_fuse;           // MOETIER_CUDA_NORM_FUSE (0 or 1)
+  std::optional<int64_t> cuda_norm_fuse;           // MOETIER_CUDA_NORM_FUSE (0, 1 or 2)
   std::optional<int64_t> cuda_prefetch;            // MOETIER_CUDA_PREFETCH (0 or 1)
   std::optional<int64_t> cuda_attn_chunk;          // MOETIER_CUDA_ATTN_CHUNK
   std::optional<int64_t> cuda_gemv_assign;         // MOETIER_CUDA_GEMV_ASSIGN

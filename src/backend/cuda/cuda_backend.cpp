@@ -567,12 +567,14 @@ void CudaBackend::RunExpertsOnGpu(int64_t layer, const float* x, float* out,
     }
   }
   TimeExperts(layer, true);
+  const cuda::QuantizedActs* x8 =
+      cuda::NormsFeedExperts() ? QuantizedInput(x, routing_.n_tokens) : nullptr;
   if (!cached) {  // (never replaying here: Moe left already)
-    ffn_.Run(routing_, table, x, out, stream_, active_record);
+    ffn_.Run(routing_, table, x, out, stream_, active_record, x8);
     TimeExperts(layer, false);
     return;
   }
-  ffn_.RunExperts(routing_, table, x, stream_);
+  ffn_.RunExperts(routing_, table, x, stream_, x8);
   TimeExperts(layer, false);
   // Hybrid: the CPU computes its share of the misses while the GPU runs the launches above.
   Expected<const float*> cpu = offload_->ComputeCpuShare(layer, stream_);

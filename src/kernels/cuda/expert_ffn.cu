@@ -227,11 +227,24 @@ bool UsesGemv(const Scratch& s, const DeviceRouting& r, const float* x) {
                                            reinterpret_cast<uintptr_t>(x) % 16 == 0);
 }
 
-// The GEMV kernels' gate+up: h, after x is quantized for Q8_0/Q4_0 (and h after it). Returns
-// the arguments for the down launch.
+// Where gate+up finds x quantized (Q8_0/Q4_0): x8 when the caller has it (rows of d_model),
+// else the scratch, which QuantizeRows fills first. Returns whether that launch was queued.
+bool QuantizedX(Scratch& s, const DeviceRouting& r, const float* x, const QuantizedActs* x8,
+                cudaStream_t stream, const int8_t** q, const float** d, int64_t* q_stride) {
+  if (x8 != nullptr) {
+    *q = x8->q, *d = x8->d, *q_stride = s.shape.d_model;
+    return false;
+  }
+  QuantizeRows(x, r.n_tokens, s.shape.d_model, s.x_q, s.x_q_stride, s.x_d, stream);
+  *q = s.x_q, *d = s.x_d, *q_stride = s.x_q_stride;
+  return true;
+}
+
+// The GEMV kernels' gate+up: h, and for Q8_0/Q4_0 h quantized after it, x quantized before it
+// unless the caller handed it over. Returns the arguments for the down launch.
 template <Fmt F>
 GemvArgs RunGemvGateUp(Scratch& s, const DeviceRouting& r, const ExpertPointers* table,
-                       const float* x, cudaStream_t stream) {
+                       const float* x, const QuantizedActs* x8, cudaStream_t stream) {
   GemvArgs p;
   p.r = r;
   p.table = table;
@@ -240,13 +253,13 @@ GemvArgs RunGemvGateUp(Scratch& s, const DeviceRouting& r, const ExpertPointers*
   p.x = x;
   p.h = s.h;
   p.y = s.y;
+  bool routing_two_back = false;
   if constexpr (F != Fmt::kBF16) {
-    QuantizeRows(x, r.n_tokens, p.d_model, s.x_q, s.x_q_stride, s.x_d, stream);
-    p.x_q = s.x_q, p.x_d = s.x_d, p.x_q_stride = s.x_q_stride;
+    routing_two_back = QuantizedX(s, r, x, x8, stream, &p.x_q, &p.x_d, &p.x_q_stride);
     p.h_q = s.h_q, p.h_d = s.h_d, p.h_q_stride = s.h_q_stride;
   }
   // After x's quantizing the routing lies two launches back (launch.cuh).
-  p.rows_before_wait = F != Fmt::kBF16 && PrefetchWeights();
+  p.rows_before_wait = routing_two_back && PrefetchWeights();
   const int64_t warps = r.n_assignments() * CeilDiv(p.width, kGemvGateUpRows);
   Launch(GemvGateUpKernel<F>, static_cast<unsigned>(CeilDiv(warps, kGemvWarps)), kGemvThreads,
          GemvSmemBytes(F, 2), stream, p);
@@ -268,9 +281,9 @@ void LaunchGemvDown(GemvArgs p, cudaStream_t stream) {
 // Q8_0/Q4_0 (x before gate+up, h before down).
 template <Fmt F>
 void RunDecode(Scratch& s, const DeviceRouting& r, const ExpertPointers* table, const float* x,
-               cudaStream_t stream) {
+               const QuantizedActs* x8, cudaStream_t stream) {
   if (UsesGemv(s, r, x))
-    return LaunchGemvDown<F, false>(RunGemvGateUp<F>(s, r, table, x, stream), stream);
+    return LaunchGemvDown<F, false>(RunGemvGateUp<F>(s, r, table, x, x8, stream), stream);
   const int64_t d_model = s.shape.d_model, width = s.shape.width;
   DecodeArgs up = DecodeArgsFor(r, table, width, d_model, r.token_of, s.h);
   DecodeArgs down = DecodeArgsFor(r, table, d_model, width, nullptr, s.y);
@@ -278,8 +291,7 @@ void RunDecode(Scratch& s, const DeviceRouting& r, const ExpertPointers* table, 
     up.act = x;
     down.act = s.h;
   } else {
-    QuantizeRows(x, r.n_tokens, d_model, s.x_q, s.x_q_stride, s.x_d, stream);
-    up.act_q = s.x_q, up.act_d = s.x_d, up.q_stride = s.x_q_stride;
+    (void)QuantizedX(s, r, x, x8, stream, &up.act_q, &up.act_d, &up.q_stride);
     down.act_q = s.h_q, down.act_d = s.h_d, down.q_stride = s.h_q_stride;
   }
   Launch(DecodeKernel<F, 2>, DecodeGrid(s.decode_blocks_gate_up, r, width), kDecodeThreads,
@@ -370,11 +382,11 @@ bool UsePrefill(ExpertFfnPath path, DType dtype, const DeviceRouting& r) {
 
 template <Fmt F>
 void RunFmt(Scratch& s, const DeviceRouting& r, const ExpertPointers* table, const float* x,
-            cudaStream_t stream) {
+            const QuantizedActs* x8, cudaStream_t stream) {
   if (UsePrefill(s.options.path, s.shape.dtype, r)) {
     RunPrefill<F>(s, r, table, x, stream);
   } else {
-    RunDecode<F>(s, r, table, x, stream);
+    RunDecode<F>(s, r, table, x, x8, stream);
   }
 }
 
@@ -406,16 +418,16 @@ ExpertFfn::ExpertFfn(ExpertFfn&&) noexcept = default;
 ExpertFfn& ExpertFfn::operator=(ExpertFfn&&) noexcept = default;
 
 void ExpertFfn::Run(const DeviceRouting& r, const ExpertPointers* table, const float* x, float* out,
-                    cudaStream_t stream, int32_t* active_record) {
+                    cudaStream_t stream, int32_t* active_record, const QuantizedActs* x8) {
   Scratch& s = *s_;
   if (r.n_tokens == 0) return;
   if (UsePrefill(s.options.path, s.shape.dtype, r) || !UsesGemv(s, r, x)) {
-    RunExperts(r, table, x, stream);
+    RunExperts(r, table, x, stream, x8);
     return RoutedSum(r, nullptr, out, stream, active_record);
   }
   // The down launch sums each token's products itself: no routed-sum launch.
   ByFmt(s.shape.dtype, [&]<Fmt F>() {
-    GemvArgs p = RunGemvGateUp<F>(s, r, table, x, stream);
+    GemvArgs p = RunGemvGateUp<F>(s, r, table, x, x8, stream);
     p.out = out;
     p.active_record = active_record;
     LaunchGemvDown<F, true>(p, stream);
@@ -423,10 +435,10 @@ void ExpertFfn::Run(const DeviceRouting& r, const ExpertPointers* table, const f
 }
 
 void ExpertFfn::RunExperts(const DeviceRouting& r, const ExpertPointers* table, const float* x,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, const QuantizedActs* x8) {
   if (r.n_tokens == 0) return;
   Scratch& s = *s_;
-  ByFmt(s.shape.dtype, [&]<Fmt F>() { RunFmt<F>(s, r, table, x, stream); });
+  ByFmt(s.shape.dtype, [&]<Fmt F>() { RunFmt<F>(s, r, table, x, x8, stream); });
 }
 
 void ExpertFfn::RoutedSum(const DeviceRouting& r, const float* partial, float* out,

@@ -27,6 +27,7 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "kernels/cuda/device_matrix.h"
 #include "kernels/cuda/routing.h"
 
 namespace moetier::cuda {
@@ -73,8 +74,11 @@ class ExpertFfn {
   // gate+up and down launches on `stream`; r.n_tokens <= max_tokens, r.n_experts <= 65535.
   // Create sizes the decode grids for the device current then; Run on that device.
   // *r.n_active is also copied to *active_record when that is not null (see RoutedSum).
+  // x8: x already quantized (Q8_0/Q4_0 experts; rows of d_model, as CudaBackend's norms write
+  // them), read by the decode kernels instead of quantizing x in a launch of their own.
   void Run(const DeviceRouting& r, const ExpertPointers* table, const float* x, float* out,
-           cudaStream_t stream, int32_t* active_record = nullptr);
+           cudaStream_t stream, int32_t* active_record = nullptr,
+           const QuantizedActs* x8 = nullptr);
   // Run in two halves, for a caller that adds a partial sum computed elsewhere (the hybrid
   // split: the CPU executor's experts) between them. RunExperts queues the gate+up and down
   // launches (per-assignment outputs in the scratch); RoutedSum then writes
@@ -83,7 +87,7 @@ class ExpertFfn {
   // RoutedSum also copies *r.n_active to *active_record when that is not null (a caller's
   // per-layer counts of active experts, without a copy of their own).
   void RunExperts(const DeviceRouting& r, const ExpertPointers* table, const float* x,
-                  cudaStream_t stream);
+                  cudaStream_t stream, const QuantizedActs* x8 = nullptr);
   void RoutedSum(const DeviceRouting& r, const float* partial, float* out, cudaStream_t stream,
                  int32_t* active_record = nullptr);
 

@@ -15,9 +15,19 @@ bool FusedLaunches() {
   return on;
 }
 
+// MOETIER_CUDA_NORM_FUSE: 0, 1 (the dense products read the norms' quantized rows) or 2 (the
+// experts too).
+int64_t NormFusion() {
+  static const int64_t level = Tuning().cuda_norm_fuse.value_or(2);
+  return level;
+}
+
 bool FusedNorms() {
-  static const bool on = Tuning().cuda_norm_fuse.value_or(1) != 0;
-  return on;
+  return NormFusion() >= 1;
+}
+
+bool NormsFeedExperts() {
+  return NormFusion() >= 2;
 }
 
 bool PrefetchWeights() {

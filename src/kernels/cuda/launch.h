@@ -18,9 +18,13 @@ bool ProgrammaticLaunch();
 bool FusedLaunches();
 
 // Whether the norms between sublayers also scan the residual sums for NaN/inf and write their
-// output quantized for the Q8_0/Q4_0 products that read it (MOETIER_CUDA_NORM_FUSE, default on;
-// CudaBackend): off, the scan and each product's quantizing are launches of their own.
+// output quantized for the Q8_0/Q4_0 products that read it (MOETIER_CUDA_NORM_FUSE 1 or 2;
+// CudaBackend): off (0), the scan and each product's quantizing are launches of their own.
 bool FusedNorms();
+// Whether the experts' decode kernels read the norm's quantized rows too (MOETIER_CUDA_NORM_FUSE
+// 2, the default) instead of quantizing x themselves: one launch less a layer, but the GEMV
+// gate+up then waits for the routing before it can prefetch its rows (launch.cuh).
+bool NormsFeedExperts();
 
 // Whether the decode kernels ask L2 for their weights before they wait for the kernel before
 // them (MOETIER_CUDA_PREFETCH, default on): with PDL the fetch overlaps that kernel. The dense

@@ -187,7 +187,8 @@ TEST(CudaAddRmsNormTest, ScansTheSumsAndQuantizesTheOutput) {
   const float eps = 1e-6f;
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
-  for (auto [d, n_rows] : {std::pair{2048, 1}, {2048, 5}, {4096, 3}, {4099, 2}, {96, 7}}) {
+  for (auto [d, n_rows] :
+       {std::pair{2048, 1}, {2048, 5}, {2080, 2}, {4096, 3}, {4099, 2}, {96, 7}}) {
     const auto n = static_cast<size_t>(n_rows * d);
     std::uniform_int_distribution<size_t> at(0, n - 1);
     for (int bad = 0; bad < 3; ++bad) {  // clean; one inf; a NaN and an inf

@@ -250,10 +250,12 @@ std::vector<float> RunCpu(const HostExperts& ex, const StepRouting& s,
   return out;
 }
 
-// out = the GPU's result (NaN-filled first, so an element never written shows).
+// out = the GPU's result (NaN-filled first, so an element never written shows). With
+// pre_quantized, Run is handed x quantized by the CPU's formula (Q8_0/Q4_0: CudaBackend's norms
+// write it so) instead of quantizing x itself.
 void RunGpu(const HostExperts& ex, const DeviceExperts& dev, const StepRouting& s,
             const std::vector<float>& x, ExpertFfnPath path, std::vector<float>* out,
-            int64_t max_tokens = 0) {
+            int64_t max_tokens = 0, bool pre_quantized = false) {
   const int64_t n_tokens = s.host.n_tokens;
   Expected<ExpertFfn> ffn =
       ExpertFfn::Create(ex.shape, std::max(max_tokens, n_tokens), s.top_k, ExpertFfnOptions{path});
@@ -262,9 +264,18 @@ void RunGpu(const HostExperts& ex, const DeviceExperts& dev, const StepRouting& 
   DeviceBuffer<float> x_dev = Upload(x);
   DeviceBuffer<float> out_dev = DeviceBuffer<float>::Create(x.size(), "test out").value();
   ASSERT_EQ(cudaSuccess, cudaMemset(out_dev.data(), 0xFF, out_dev.bytes()));
+  DeviceBuffer<int8_t> x_q;
+  DeviceBuffer<float> x_d;
+  if (pre_quantized) {
+    const testing::HostQuantized host = testing::QuantizeActivations(x);
+    x_q = Upload(host.q);
+    x_d = Upload(host.d);
+  }
+  const cuda::QuantizedActs x8{x_q.data(), x_d.data()};
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaSuccess, cudaStreamCreate(&stream));
-  ffn->Run(routing.view, dev.table.data(), x_dev.data(), out_dev.data(), stream);
+  ffn->Run(routing.view, dev.table.data(), x_dev.data(), out_dev.data(), stream, nullptr,
+           pre_quantized ? &x8 : nullptr);
   ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(stream));
   ASSERT_EQ(cudaSuccess, cudaStreamDestroy(stream));
   ASSERT_EQ(cudaSuccess, cudaDeviceSynchronize());
@@ -526,6 +537,32 @@ TEST(ExpertFfnDecode, TokenAloneEqualsTokenInBatch) {
             << "token " << t;
       }
     }
+}
+
+// x handed over already quantized (as CudaBackend's norms write it) gives the bits of x
+// quantized by the experts' own launch: one token (the one-warp-a-row kernels) and a batch (the
+// tiled ones), rows 2-byte aligned (kSmall) and longer than a staged chunk.
+TEST(ExpertFfnDecode, PreQuantizedInputGivesTheSameBits) {
+  MT_REQUIRE_GPU();
+  std::mt19937 rng(testing::TestSeed());
+  for (const ExpertShape& base : {kSmall, ExpertShape{DType::kQ8_0, 2304, 576}})
+    for (DType dtype : {DType::kQ8_0, DType::kQ4_0})
+      for (int64_t T : {1, 13}) {
+        SCOPED_TRACE(std::string(DTypeName(dtype)) + " " + std::to_string(base.d_model) + "x" +
+                     std::to_string(base.width) + ", T=" + std::to_string(T));
+        ExpertShape shape = base;
+        shape.dtype = dtype;
+        const HostExperts ex = MakeExperts(shape, 16, rng);
+        const DeviceExperts dev = UploadExperts(ex, false);
+        const StepRouting s = MakeRouting(T, 16, 4, rng);
+        const std::vector<float> x = RandomInput(T, shape.d_model, rng);
+        std::vector<float> own, handed;
+        ASSERT_NO_FATAL_FAILURE(RunGpu(ex, dev, s, x, ExpertFfnPath::kDecode, &own));
+        ASSERT_NO_FATAL_FAILURE(
+            RunGpu(ex, dev, s, x, ExpertFfnPath::kDecode, &handed, 0, /*pre_quantized=*/true));
+        EXPECT_EQ(0, std::memcmp(own.data(), handed.data(), own.size() * sizeof(float)));
+        ExpectMatch(ex, s, x, handed, "pre-quantized x");
+      }
 }
 
 // The hybrid split's mechanism: experts whose table entries point at an expert of zeros add
