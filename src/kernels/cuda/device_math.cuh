@@ -42,14 +42,11 @@ __device__ __forceinline__ float WarpMax(float v) {
 // (kernels/cpu/matmul_scalar.cpp): amax = max |v| over the warp, *scale = amax / 127, and the
 // code round-half-even(clamp(v * (127 / amax), -127, 127)), 0 when amax is 0. IEEE division and
 // one multiply, no contraction: the codes match the CPU's bit for bit.
-// QuantizeWithMax is the same given the block's amax (found by the caller, as WarpMax does).
-__device__ __forceinline__ int8_t QuantizeWithMax(float v, float amax, float* scale) {
+__device__ __forceinline__ int8_t QuantizeLane(float v, float* scale) {
+  const float amax = WarpMax(fabsf(v));
   const float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
   *scale = amax / 127.0f;
   return static_cast<int8_t>(__float2int_rn(fminf(127.0f, fmaxf(-127.0f, v * inv))));
-}
-__device__ __forceinline__ int8_t QuantizeLane(float v, float* scale) {
-  return QuantizeWithMax(v, WarpMax(fabsf(v)), scale);
 }
 
 // Exact integer dot of 32 weight codes (4 a word) with 32 activation quants (xa: quants 0-15,

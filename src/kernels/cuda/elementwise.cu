@@ -106,34 +106,6 @@ struct NormExtras {
   QuantizedActs yq;
 };
 
-// Row i of a norm's output, held in registers as RmsNormKernel holds it (v[j]: column
-// threadIdx.x + j * blockDim.x; d % 32 == 0, so each warp's columns of a j are one 32-block and
-// `c < d` is the same for its lanes), quantized into yq as QuantizeLane quantizes: the blocks'
-// maxima are reduced together, each shuffle level over every j at once, so that their latencies
-// overlap instead of adding up (the maximum is the same whatever the order).
-__device__ __forceinline__ void QuantizeNormRow(const float (&v)[kNormRegs], int64_t d, int64_t i,
-                                                const QuantizedActs& yq) {
-  float amax[kNormRegs];
-#pragma unroll
-  for (int j = 0; j < kNormRegs; ++j) amax[j] = fabsf(v[j]);
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o >>= 1) {
-#pragma unroll
-    for (int j = 0; j < kNormRegs; ++j) {
-      if (threadIdx.x + static_cast<int64_t>(j) * blockDim.x < d)
-        amax[j] = fmaxf(amax[j], __shfl_xor_sync(0xffffffffu, amax[j], o));
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kNormRegs; ++j) {
-    const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
-    if (c >= d) continue;
-    float dq;
-    yq.q[i * d + c] = QuantizeWithMax(v[j], amax[j], &dq);
-    if (threadIdx.x % kWarp == 0) yq.d[(i * d + c) / kWarp] = dq;
-  }
-}
-
 // One block per output row: y = x[r] * scale * weight, x[r] first gaining `add`'s row r when
 // `add` is not null (written back to x: the residual add fused with the norm that follows it).
 // The sum of squares is kept in double, as kernels::RmsNormRow does (a few thousand squares lose
@@ -141,7 +113,7 @@ __device__ __forceinline__ void QuantizeNormRow(const float (&v)[kNormRegs], int
 // the summation order differs from the CPU, so the scale agrees to about 1 ulp of float32. Each
 // thread sums its elements in column order whether the row is held in registers or not: the
 // same bits either way. In registers, warp w holds columns 32w..32w+31 (+ 256j) in its lanes:
-// one 32-block each, which QuantizeNormRow quantizes as the products' quantizers do.
+// one 32-block each, which QuantizeLane quantizes as the products' quantizers do.
 __global__ void RmsNormKernel(float* x, const float* add, const int32_t* rows, const float* weight,
                               float eps, int64_t d, float* y, NormExtras extras) {
   // The weights are the model's, written before any step: loaded before PdlWait, their latency
@@ -183,14 +155,19 @@ __global__ void RmsNormKernel(float* x, const float* add, const int32_t* rows, c
     if (extras.first != nullptr) ReportFirst(bad, extras.first);
     ss = BlockSum(ss, warp_sums);
     const float scale = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(d) + eps));
+    const QuantizedActs& q = extras.yq;
 #pragma unroll
     for (int j = 0; j < kNormRegs; ++j) {
       const int64_t c = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
-      if (c >= d) continue;
-      v[j] = v[j] * scale * wt[j];
-      yr[c] = v[j];
+      if (c >= d) continue;  // warp-uniform where q.q is set (d % 32 == 0)
+      const float out = v[j] * scale * wt[j];
+      yr[c] = out;
+      if (q.q != nullptr) {
+        float dq;
+        q.q[i * d + c] = QuantizeLane(out, &dq);
+        if (threadIdx.x % kWarp == 0) q.d[(i * d + c) / kWarp] = dq;
+      }
     }
-    if (extras.yq.q != nullptr) QuantizeNormRow(v, d, i, extras.yq);
     return;
   }
   for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
