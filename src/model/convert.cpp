@@ -41,7 +41,7 @@ class DataWriter {
       : dir_(std::move(dir)), shard_bytes_(shard_bytes) {}
   ~DataWriter() { Close(); }
 
-  // Positions the next item of n_bytes: a new file if this one would pass the shard size.
+  // Positions the next item of n_bytes: a new file if this one would exceed the shard size.
   Status Begin(uint64_t n_bytes, uint32_t* file, uint64_t* offset) {
     if (fd_ < 0 || (offset_ > 0 && offset_ + n_bytes > shard_bytes_))
       MT_RETURN_IF_ERROR(NextFile());

@@ -20,8 +20,8 @@ const TensorView* WeightBinder::Lookup(const std::string& name, const std::vecto
   }
   // A converted model's matrices may be in the dtype its index says convert chose; anything
   // else must match config.json (a Hugging Face checkpoint always must). BF16C holds bf16's
-  // values exactly (packed by convert, or at load: model/dense_holding.h), so it passes
-  // wherever bf16 would.
+  // values exactly (packed by convert, or at load: model/dense_holding.h), so it is accepted
+  // wherever bf16 is.
   const auto matches = [&](DType want) {
     return v->dtype == want || (v->dtype == DType::kBF16C && want == DType::kBF16);
   };

@@ -278,7 +278,7 @@ void LaunchGemvDown(GemvArgs p, cudaStream_t stream) {
 }
 
 // Gate+up then down on the decode kernels: h, then y. Activations quantized once each for
-// Q8_0/Q4_0 (x before gate+up, h before down).
+// Q8_0/Q4_0 (x before gate+up unless x8 holds it, h before down).
 template <Fmt F>
 void RunDecode(Scratch& s, const DeviceRouting& r, const ExpertPointers* table, const float* x,
                const QuantizedActs* x8, cudaStream_t stream) {

@@ -15,12 +15,16 @@ bool FusedLaunches() {
   return on;
 }
 
+namespace {
+
 // MOETIER_CUDA_NORM_FUSE: 0, 1 (the dense products read the norms' quantized rows) or 2 (the
 // experts too).
 int64_t NormFusion() {
   static const int64_t level = Tuning().cuda_norm_fuse.value_or(2);
   return level;
 }
+
+}  // namespace
 
 bool FusedNorms() {
   return NormFusion() >= 1;
