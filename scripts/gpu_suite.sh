@@ -26,7 +26,7 @@
 #   same for a 512-token prefill; EXPERT_TIMING=1 runs the expert kernels' timing test (ms by
 #   path and tokens: the prefill crossover) and bf16c's expansion's; BACKENDS=gpu1: gpu's first row alone;
 #   BACKENDS=gpu-gemv: decode at 1 and 4 sequences with the tiled expert kernels alone
-#   (MOETIER_CUDA_GEMV_ASSIGN=0) and with the one-warp-a-row ones up to 4 tokens (32); BACKENDS=gpu-sampled: gpu decode greedy and sampled (the GPU's top-k candidates, or the rows for top-p alone), 1 and 16 sequences;
+#   (MOETIER_CUDA_GEMV_ASSIGN=0) and with the one-warp-a-row ones up to 4 tokens (32); BACKENDS=gpu-sampled: gpu decode greedy and sampled (the GPU's top-k candidates; top-p alone and temperature alone drawn on the GPU, and by the carried base), 1 and 16 sequences;
 #   RECALL=1 measures the prefetch predictor's recall on the synthetic bf16 model
 #   (bench/engine/prefetch_recall); STAGING=1 runs bench/gpu/staging_bench; BACKENDS=staged:
 #   prefill of 4,096 tokens with every expert locked (--moe-backend cpu) on the CPU executor,
@@ -254,19 +254,31 @@ if [ "${SYNTH:-0}" = 1 ]; then
             MOETIER_CUDA_GEMV_ASSIGN=32 bench "gpu-gemv-par$n" "$dt" --moe-backend gpu \
               --parallel $n --prompt-tokens 512 --gen-tokens 128
           done ;;
-        gpu-sampled)  # what a sampled draw costs: Qwen3's sampling defaults (top-k 20, top-p
-                      # 0.95, temperature 0.6: the GPU hands back top-k candidates) and top-p
-                      # alone (the rows), against greedy, at 1 and 16 sequences
+        gpu-sampled)  # what a sampled draw costs, against greedy, at 1 and 16 sequences:
+                      # Qwen3's sampling defaults (top-k 20, top-p 0.95, temperature 0.6: the
+                      # GPU hands back top-k candidates), top-p alone and temperature alone (the
+                      # OpenAI API's default; both drawn on the GPU), and those two by the
+                      # carried base build (which read the rows), when there is one
           SAMPLED=(--temperature 0.6 --top-k 20 --top-p 0.95)
-          bench gpu-greedy "$dt" --moe-backend gpu --prompt-tokens 512 --gen-tokens 128
-          bench gpu-qwen3-sampling "$dt" --moe-backend gpu --prompt-tokens 512 --gen-tokens 128 \
-            "${SAMPLED[@]}"
-          bench gpu-top-p "$dt" --moe-backend gpu --prompt-tokens 512 --gen-tokens 128 \
-            --temperature 0.6 --top-p 0.95
-          bench gpu-par16-greedy "$dt" --moe-backend gpu --parallel 16 --prompt-tokens 128 \
-            --gen-tokens 32
-          bench gpu-par16-qwen3-sampling "$dt" --moe-backend gpu --parallel 16 \
-            --prompt-tokens 128 --gen-tokens 32 "${SAMPLED[@]}" ;;
+          TOP_P=(--temperature 0.6 --top-p 0.95)
+          TEMP=(--temperature 1.0)
+          ONE=(--moe-backend gpu --prompt-tokens 512 --gen-tokens 128)
+          SIXTEEN=(--moe-backend gpu --parallel 16 --prompt-tokens 128 --gen-tokens 32)
+          bench gpu-greedy "$dt" "${ONE[@]}"
+          bench gpu-qwen3-sampling "$dt" "${ONE[@]}" "${SAMPLED[@]}"
+          bench gpu-top-p "$dt" "${ONE[@]}" "${TOP_P[@]}"
+          bench gpu-temperature "$dt" "${ONE[@]}" "${TEMP[@]}"
+          bench gpu-par16-greedy "$dt" "${SIXTEEN[@]}"
+          bench gpu-par16-qwen3-sampling "$dt" "${SIXTEEN[@]}" "${SAMPLED[@]}"
+          bench gpu-par16-top-p "$dt" "${SIXTEEN[@]}" "${TOP_P[@]}"
+          bench gpu-par16-temperature "$dt" "${SIXTEEN[@]}" "${TEMP[@]}"
+          if [ -x "$W/base/moetier" ]; then
+            BENCH_BIN=$W/base/moetier bench base-top-p "$dt" "${ONE[@]}" "${TOP_P[@]}"
+            BENCH_BIN=$W/base/moetier bench base-temperature "$dt" "${ONE[@]}" "${TEMP[@]}"
+            BENCH_BIN=$W/base/moetier bench base-par16-top-p "$dt" "${SIXTEEN[@]}" "${TOP_P[@]}"
+            BENCH_BIN=$W/base/moetier bench base-par16-temperature "$dt" "${SIXTEEN[@]}" \
+              "${TEMP[@]}"
+          fi ;;
         gpu-ab)  # one sequence's decode with PDL, the weight prefetch and the fused launches on
                  # and off, and attention splits of 16 and 32 positions (GPU_AB: which, as
                  # "pdl prefetch chunk fuse" quadruples separated by commas); two rounds
@@ -522,7 +534,7 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
                          # joins parts with '+': base (the defaults), tN (--threads N), spinN
                          # (MOETIER_SPIN_US=N), fixP (MOETIER_FETCH_PERCENT=P), async (the CPU's
                          # share on a worker thread), profile (--profile), topp (sampled with
-                         # top-p alone: the engine's sample pool draws from whole rows),
+                         # top-p alone: drawn on the GPU),
                          # nocopy (--weight-packing none: no bf16c CPU copies of pinned layers),
                          # packed (MOETIER_PACK_PINNED=1: pinned banks held as bf16c, copied
                          # packed and expanded in VRAM; the CPU's share reads them, no copies),
@@ -539,7 +551,7 @@ pinned load (logits of one token) $(python3 -c "print($t2 - $t1)") s"
                   export MOETIER_CACHE_DIR=$W/cache-$v  # each variant learns its own split
                   for part in ${v//+/ }; do
                     case $part in
-                      topp) args+=(--temperature 0.6 --top-p 0.95) ;;  # rows drawn on the host
+                      topp) args+=(--temperature 0.6 --top-p 0.95) ;;  # drawn on the GPU
                       t*) args+=(--threads "${part#t}") ;;
                       spin*) export MOETIER_SPIN_US=${part#spin} ;;
                       fix*) export MOETIER_FETCH_PERCENT=${part#fix} ;;

@@ -234,7 +234,8 @@ class ComputeBackend {
   // cands[r * kMaxLogitCandidates ...] and their number into counts[r] (host memory, complete
   // after EndStep): kernels::TopKCandidates with k = kMaxCandidateTopK, whose prefix of the
   // logits at least the k-th's is a smaller k's; -1 when they do not fit (then CopyLogitsRow).
-  // The scan as ArgMaxLogits'.
+  // A row the step's Batch::draws draws (u >= 0, where SelectsTopK) instead gets the token
+  // drawn (kernels/cuda/draw.h) as its one candidate. The scan as ArgMaxLogits'.
   virtual void TopKLogits(const float* x, int64_t n_rows, const TensorView& lm_head,
                           LogitCandidate* cands, int32_t* counts, int64_t scan_slot) = 0;
   // After a step that ended with ArgMaxLogits or TopKLogits, and before the next: row r of its

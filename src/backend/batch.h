@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <span>
 
+#include "core/logit_candidate.h"
+
 namespace moetier {
 
 struct Batch {
@@ -17,6 +19,9 @@ struct Batch {
   std::span<const std::span<const int32_t>> block_tables;
   // Ascending indices of the tokens whose logits are wanted; logits rows come in this order.
   std::span<const int32_t> logit_rows;
+  // Empty, or one a logit row: the rows whose draw has u >= 0 are drawn where the logits are
+  // (a GPU; ComputeBackend::TopKLogits), the others give their top-k candidates.
+  std::span<const RowDraw> draws = {};
 
   int64_t n_tokens() const { return static_cast<int64_t>(tokens.size()); }
 };

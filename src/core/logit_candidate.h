@@ -19,4 +19,18 @@ inline constexpr int32_t kMaxCandidateTopK = 64;
 // is read instead.
 inline constexpr int32_t kMaxLogitCandidates = 256;
 
+// A row's draw made where its logits are (a GPU: kernels/cuda/draw.h defines it), for samplers
+// of temperature, top-p and min-p over the whole vocabulary without penalties: the drawn token
+// comes back as the row's one candidate. u, in [0, 1), picks the token; u < 0: no draw there,
+// the row's top-k candidates instead.
+struct RowDraw {
+  double u = -1.0;
+  float inv_temperature = 1.0f;
+  float top_p = 1.0f;  // 1: off
+  float min_p = 0.0f;  // 0: off
+};
+
+// The largest vocabulary a device draw's integer weights sum over without overflow (draw.h).
+inline constexpr int64_t kMaxDrawVocab = int64_t{1} << 20;
+
 }  // namespace moetier

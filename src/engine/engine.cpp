@@ -239,6 +239,8 @@ Status Engine::Step() {
   batch.seq_of = seq_of_;
   batch.block_tables = tables_;
   batch.logit_rows = logit_rows_;
+  ChooseDeviceDraws();
+  batch.draws = draws_;
   const StepDraw draw = ChooseStepDraw();
   const Status s = draw == StepDraw::kArgMax ? model_.ForwardArgMax(batch, pool_, sampled_)
                    : draw == StepDraw::kTopK ? model_.ForwardTopK(batch, pool_, top_k_)
@@ -486,15 +488,35 @@ void Engine::ReleaseBlocks(Sequence& s) {
 
 // ---- after the forward ---------------------------------------------------------------------
 
+bool Engine::Forced(const Sequence& s) {
+  return s.n_generated < static_cast<int64_t>(s.req.forced_tokens.size());
+}
+
+void Engine::ChooseDeviceDraws() {
+  draws_.clear();
+  if (!model_.CandidatesOnDevice()) return;
+  const int64_t vocab = model_.config().vocab_size;
+  bool any = false;
+  for (Sequence* s : logit_seq_) {
+    RowDraw d;
+    if (!Forced(*s) && s->sampler->DrawsOnDevice(vocab)) d = s->sampler->DeviceDraw();
+    any = any || d.u >= 0.0;
+    draws_.push_back(d);
+  }
+  if (!any) draws_.clear();
+}
+
 Engine::StepDraw Engine::ChooseStepDraw() const {
   const int64_t vocab = model_.config().vocab_size;
   bool argmax = true, top_k = model_.CandidatesOnDevice();
   for (const Sequence* s : logit_seq_) {
-    if (s->n_generated < static_cast<int64_t>(s->req.forced_tokens.size())) continue;
+    if (Forced(*s)) continue;
     argmax = argmax && s->sampler->DrawsArgMax();
     top_k = top_k && s->sampler->CandidatesRead(vocab) > 0;
   }
-  return argmax ? StepDraw::kArgMax : top_k ? StepDraw::kTopK : StepDraw::kLogits;
+  return argmax                     ? StepDraw::kArgMax
+         : top_k || !draws_.empty() ? StepDraw::kTopK
+                                    : StepDraw::kLogits;
 }
 
 void Engine::AfterForward(StepDraw draw) {
@@ -511,7 +533,7 @@ void Engine::AfterForward(StepDraw draw) {
   for (size_t r = 0; r < logit_seq_.size(); ++r) {
     Sequence& s = *logit_seq_[r];
     if (s.finished) continue;
-    if (s.n_generated < static_cast<int64_t>(s.req.forced_tokens.size())) {
+    if (Forced(s)) {
       OnToken(s, s.req.forced_tokens[static_cast<size_t>(s.n_generated)]);
       continue;
     }
@@ -528,10 +550,16 @@ void Engine::SampleCandidateRows() {
   sampled_.assign(n, 0);
   sample_status_.assign(n, OkStatus());
   SamplerScratch& scratch = sample_scratch_[0];
+  const int64_t vocab = model_.config().vocab_size;
   for (size_t r = 0; r < n; ++r) {
     Sequence& s = *logit_seq_[r];
-    if (s.finished || s.n_generated < static_cast<int64_t>(s.req.forced_tokens.size())) continue;
-    if (top_k_.counts[r] >= 0) {
+    if (s.finished || Forced(s)) continue;
+    if (!draws_.empty() && draws_[r].u >= 0.0) {
+      sampled_[r] = top_k_.cands[r * kMaxLogitCandidates].id;
+      s.sampler->CommitDeviceDraw();
+      continue;
+    }
+    if (top_k_.counts[r] >= 0 && s.sampler->CandidatesRead(vocab) > 0) {
       sampled_[r] = s.sampler->SampleCandidates(top_k_.Row(r), scratch);
       continue;
     }
@@ -553,7 +581,7 @@ void Engine::SampleRows(const std::vector<float>& logits) {
   sample_status_.assign(n, OkStatus());
   auto draw = [&](size_t r, int thread) {
     Sequence& s = *logit_seq_[r];
-    if (s.finished || s.n_generated < static_cast<int64_t>(s.req.forced_tokens.size())) return;
+    if (s.finished || Forced(s)) return;
     auto next = s.sampler->Sample(std::span<const float>(logits.data() + r * V, V), s.tokens,
                                   static_cast<size_t>(s.n_prompt),
                                   sample_scratch_[static_cast<size_t>(thread)]);

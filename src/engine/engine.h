@@ -161,16 +161,24 @@ class Engine {
   bool MakeWritable(Sequence& s, int64_t position);
   bool PreemptOneBesides(const Sequence& s);
   void Preempt(Sequence& s);
+  // Per logit row, whether its token is drawn on the model's device (Sampler::DrawsOnDevice,
+  // where the model selects candidates there), into draws_.
+  void ChooseDeviceDraws();
+  // Whether s's next token is one of its request's forced tokens, not drawn.
+  static bool Forced(const Sequence& s);
   // What the step hands back of its logit rows: each row's arg-max when every draw is one
   // (greedy without penalties, or forced: CausalLM::ForwardArgMax); each row's top-k candidates
-  // when every draw reads at most kMaxCandidateTopK of them and the model selects them on its
-  // device (ForwardTopK); else the rows.
+  // or device-drawn token (ForwardTopK) when some row is drawn on the device, or when every
+  // draw reads at most kMaxCandidateTopK candidates and the model selects them on its device
+  // (rows that read more then read their row); else the rows. A row drawn on the device is so
+  // in every step, whatever else the batch holds.
   enum class StepDraw { kArgMax, kTopK, kLogits };
   StepDraw ChooseStepDraw() const;
   // After the step: sampled_ from the model's arg-max ids, or drawn from top_k_ or logits_.
   void AfterForward(StepDraw draw);
-  // Draws every logit row's next token from its candidates (a row that did not fit: from the
-  // row, read from the model), on this thread: a few dozen candidates a row.
+  // Every logit row's next token: drawn on the device, or drawn from its candidates, or (a row
+  // whose candidates did not fit, or whose draw reads more) from its row, read from the model;
+  // on this thread: a few dozen candidates a row.
   void SampleCandidateRows();
   // Draws the next token of every logit row's sequence into sampled_ / sample_status_, rows of
   // different sequences at once on sample_pool_ (each sequence has its own sampler, so a draw does
@@ -209,6 +217,7 @@ class Engine {
   std::vector<std::span<const int32_t>> tables_;  // per batch sequence
   std::vector<float> logits_;
   TopKRows top_k_;                 // the step's candidates (StepDraw::kTopK)
+  std::vector<RowDraw> draws_;     // per logit row (Batch::draws); empty: none on the device
   std::vector<float> row_logits_;  // a row that did not fit its candidates
   // The sampling threads (none for one sequence at a time) and each logit row's draw. A draw over
   // a real vocabulary takes ~1 ms: 16 sequences one after another would outlast a GPU's step.

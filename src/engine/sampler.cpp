@@ -143,6 +143,25 @@ int32_t Sampler::CandidatesRead(int64_t vocab) const {
   return options_.top_k;
 }
 
+bool Sampler::DrawsOnDevice(int64_t vocab) const {
+  const bool penalties = options_.repetition_penalty != 1.0f || options_.presence_penalty != 0.0f ||
+                         options_.frequency_penalty != 0.0f;
+  return options_.temperature > 0.0f && !penalties &&
+         (options_.top_k <= 0 || options_.top_k >= vocab) && vocab <= kMaxDrawVocab;
+}
+
+RowDraw Sampler::DeviceDraw() {
+  if (!pending_u_) pending_u_ = NextUniform();
+  RowDraw d;
+  d.u = *pending_u_;
+  // A temperature so small that its inverse overflows gives infinity: only the largest logits
+  // weigh (draw.h).
+  d.inv_temperature = static_cast<float>(1.0 / static_cast<double>(options_.temperature));
+  d.top_p = options_.top_p;
+  d.min_p = options_.min_p;
+  return d;
+}
+
 int32_t Sampler::SampleCandidates(std::span<const LogitCandidate> cands, SamplerScratch& x) {
   if (options_.temperature <= 0.0f) return cands[0].id;
   const double inv_t = 1.0 / static_cast<double>(options_.temperature);
@@ -187,7 +206,7 @@ int32_t Sampler::Draw(double total, SamplerScratch& x) {
   for (size_t i = 0; i < n; ++i) sum += x.probs[i];
   // u in [0, sum) from 53 random bits: the mapping from seed to token is fixed by this code,
   // not by a library's distribution implementation.
-  const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * sum;
+  const double u = NextUniform() * sum;
   double acc = 0.0;
   for (size_t i = 0; i < n; ++i) {
     acc += x.probs[i];
@@ -298,7 +317,7 @@ int32_t Sampler::DrawInTokenOrder(std::span<const float> l, double inv_t, Sample
     total += x.chunk_mass[c] =
         kernels::SumOf(x.weights.data() + begin, std::min(kChunk, n - begin));
   }
-  const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
+  const double u = NextUniform() * total;
   double acc = 0.0;
   size_t c = 0;
   while (c + 1 < x.chunk_mass.size() && acc + x.chunk_mass[c] <= u) acc += x.chunk_mass[c++];

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -71,11 +72,24 @@ class Sampler {
   int32_t SampleCandidates(std::span<const LogitCandidate> cands) {
     return SampleCandidates(cands, own_);
   }
+  // Whether a GPU may draw this sampler's tokens where the logits are (RowDraw,
+  // kernels/cuda/draw.h): temperature, top-p and min-p over the whole vocabulary (no top-k
+  // below it), no penalty, a vocabulary of at most kMaxDrawVocab. A model whose candidates come
+  // from the device draws every such token there (Engine): Sample's distribution, drawn by
+  // another walk, so a seed gives other tokens than on the CPU engine.
+  bool DrawsOnDevice(int64_t vocab) const;
+  // The next device draw: the options, and the uniform that picks the token, which stays the
+  // next one (a step run again draws with it again) until CommitDeviceDraw.
+  RowDraw DeviceDraw();
+  void CommitDeviceDraw() { pending_u_.reset(); }
 
  private:
   SamplerOptions options_;
   std::mt19937_64 rng_;
-  SamplerScratch own_;  // empty until a draw without a scratch of its caller's
+  SamplerScratch own_;               // empty until a draw without a scratch of its caller's
+  std::optional<double> pending_u_;  // DeviceDraw's uniform, until committed
+  // A uniform in [0, 1) from the next 53 random bits.
+  double NextUniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
   // Penalises x.work (a copy of the logits) for the generated ids.
   void ApplyOccurrencePenalties(std::span<const int32_t> generated, SamplerScratch& x);
   // Fills x.cand with the tokens top-k, top-p and min-p may keep, the most likely first where

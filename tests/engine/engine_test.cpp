@@ -111,6 +111,27 @@ TEST_P(EngineBatching, ManyRequestsGiveWhatEachGivesAlone) {
   }
 }
 
+// Runs `requests` alone, each on a fresh engine, then together on one: each request's tokens
+// are the same.
+void ExpectTogetherAsAlone(CausalLM& model, const std::vector<RequestOptions>& requests) {
+  std::vector<Outcome> alone;
+  for (const auto& r : requests) {
+    auto engine = testing::MakeEngine(model, 256);
+    alone.push_back(RunAll(*engine, {r})[0]);
+    EXPECT_TRUE(alone.back().status.ok()) << alone.back().status.message();
+  }
+  EngineOptions o;
+  o.kv_positions = 2048;
+  o.max_running = static_cast<int64_t>(requests.size());
+  auto engine = Engine::Create(model, nullptr, o);
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  const auto together = RunAll(**engine, requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_TRUE(together[i].status.ok()) << together[i].status.message();
+    EXPECT_EQ(together[i].tokens, alone[i].tokens) << "request " << i;
+  }
+}
+
 // Seeded sampling (each request its own seed and settings): drawn together on the engine's
 // sampling threads, each request's tokens equal its tokens alone. Where AMX tiles run the
 // batched products they sum a batch differently from one row (batch_identity_test.cpp), and a
@@ -127,17 +148,33 @@ TEST_P(EngineBatching, SampledRequestsGiveWhatEachGivesAlone) {
     r.sampler.top_p = (rng() % 2) != 0 ? 0.9f : 1.0f;
     r.sampler.seed = rng();
   }
-  const auto alone = Alone(requests);
-  EngineOptions o;
-  o.kv_positions = 2048;
-  o.max_running = 7;
-  auto engine = Engine::Create(*model_, nullptr, o);
-  ASSERT_TRUE(engine.ok()) << engine.message();
-  const auto together = RunAll(**engine, requests);
+  ExpectTogetherAsAlone(*model_, requests);
+}
+
+// The same on the GPU, where a step draws the tokens of temperature, top-p and min-p rows on
+// the device, hands back top-k rows' candidates, and a row with a penalty reads its row: each
+// row drawn the same way whatever else the batch holds.
+TEST_P(EngineBatching, SampledRequestsGiveWhatEachGivesAloneOnTheGpu) {
+  MT_REQUIRE_GPU();
+  LoadOptions lo;
+  lo.residency.backend = Backend::kGpu;
+  auto m = LoadCausalLM(testing::HfFixture(GetParam()), lo);
+  ASSERT_TRUE(m.ok()) << m.message();
+  ASSERT_TRUE((*m)->CandidatesOnDevice());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto requests = Requests(7, seed, (*m)->config().vocab_size);
+  std::mt19937 rng(seed);
   for (size_t i = 0; i < requests.size(); ++i) {
-    EXPECT_TRUE(together[i].status.ok()) << together[i].status.message();
-    EXPECT_EQ(together[i].tokens, alone[i].tokens) << "request " << i;
+    SamplerOptions& s = requests[i].sampler;
+    s.temperature = 1.2f;
+    s.top_p = i % 3 == 1 ? 0.8f : 1.0f;
+    s.min_p = i == 2 ? 0.02f : 0.0f;
+    s.top_k = i == 3 ? 20 : 0;
+    s.repetition_penalty = i == 5 ? 1.3f : 1.0f;
+    s.seed = rng();
   }
+  ExpectTogetherAsAlone(**m, requests);
 }
 
 // A pool too small for everyone at once: sequences are preempted and recomputed, and still

@@ -331,6 +331,63 @@ TEST(Sampler, CandidatesReadIsZeroWhereADrawMayReadTheRow) {
   EXPECT_EQ(Sampler(o).CandidatesRead(1000), 0);
 }
 
+// Which settings a GPU may draw itself: a temperature, with top-p or min-p, over the whole
+// vocabulary, no penalty.
+TEST(Sampler, DrawsOnDeviceOnlyWithoutTopKAndPenalties) {
+  SamplerOptions o;
+  EXPECT_FALSE(Sampler(o).DrawsOnDevice(1000));  // greedy
+  o.temperature = 0.7f;
+  EXPECT_TRUE(Sampler(o).DrawsOnDevice(1000));
+  o.top_p = 0.9f;
+  o.min_p = 0.05f;
+  EXPECT_TRUE(Sampler(o).DrawsOnDevice(1000));
+  EXPECT_FALSE(Sampler(o).DrawsOnDevice(kMaxDrawVocab + 1));
+  o.top_k = 20;
+  EXPECT_FALSE(Sampler(o).DrawsOnDevice(1000));
+  EXPECT_TRUE(Sampler(o).DrawsOnDevice(20));  // top-k of the whole vocabulary
+  o.top_k = 0;
+  o.frequency_penalty = 0.5f;
+  EXPECT_FALSE(Sampler(o).DrawsOnDevice(1000));
+  o.frequency_penalty = 0.0f;
+  o.repetition_penalty = 1.1f;
+  EXPECT_FALSE(Sampler(o).DrawsOnDevice(1000));
+}
+
+// A device draw's uniform stays the next one until committed (a step run again draws with the
+// same), and takes one draw's random bits, as a host draw does: a seed's later draws follow.
+TEST(Sampler, DeviceDrawKeepsItsUniformUntilCommitted) {
+  SamplerOptions o;
+  o.temperature = 0.5f;
+  o.top_p = 0.8f;
+  o.min_p = 0.1f;
+  o.seed = 1234;
+  Sampler device(o), host(o);
+  const RowDraw first = device.DeviceDraw();
+  EXPECT_GE(first.u, 0.0);
+  EXPECT_LT(first.u, 1.0);
+  EXPECT_EQ(first.inv_temperature, 2.0f);
+  EXPECT_EQ(first.top_p, 0.8f);
+  EXPECT_EQ(first.min_p, 0.1f);
+  EXPECT_EQ(device.DeviceDraw().u, first.u);
+  device.CommitDeviceDraw();
+  const RowDraw second = device.DeviceDraw();
+  EXPECT_NE(second.u, first.u);
+  device.CommitDeviceDraw();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> l(500);
+  for (float& v : l) v = normal(rng);
+  ASSERT_TRUE(host.Sample(l).ok());
+  ASSERT_TRUE(host.Sample(l).ok());
+  for (int i = 0; i < 5; ++i) {
+    auto a = device.Sample(l), b = host.Sample(l);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(*a, *b) << "draw " << i;
+  }
+  o.temperature = 1e-40f;  // its inverse overflows a float: infinity
+  EXPECT_EQ(Sampler(o).DeviceDraw().inv_temperature, INFINITY);
+}
+
 // kernels::TopKCandidates: every finite value at least the k-th largest, in order, or -1 past
 // the room given.
 TEST(TopKCandidates, KeepsTiesSkipsNonFiniteAndRefusesPastItsRoom) {

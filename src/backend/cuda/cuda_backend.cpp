@@ -7,6 +7,7 @@
 
 #include "core/log.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/draw.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/router.h"
@@ -303,12 +304,41 @@ void CudaBackend::BeginStep(const Batch& batch, const KvPool& kv, StepOutput out
   batch_dev_.block_tables = d + 3 * T + n_out;
   batch_dev_.max_blocks = max_blocks;
   batch_dev_.max_position = PlannedMaxPosition(max_position);
+  step_draws_ = UploadDraws(batch);
   Check(cudaMemsetAsync(scans_dev_.data(), 0x7f, scans_dev_.bytes(), stream_),
         "clearing the non-finite scans");
   n_scans_ = 0;
   moe_calls_ = 0;
   if (Status s = offload_->BeginStep(T, stream_); !s.ok()) error_ = s.message();
   ChooseGraphMode(batch, kv, output);
+}
+
+bool CudaBackend::UploadDraws(const Batch& batch) {
+  const std::span<const RowDraw> draws = batch.draws;
+  if (std::none_of(draws.begin(), draws.end(), [](const RowDraw& d) { return d.u >= 0.0; }))
+    return false;
+  if (draws.size() != batch.logit_rows.size() || dims_.vocab > kMaxDrawVocab) {
+    error_ = "a step's draws must be one a logit row, of a vocabulary of at most " +
+             std::to_string(kMaxDrawVocab) + " tokens";
+    return false;
+  }
+  if (draws_dev_.size() < draws.size()) {
+    BuffersMoving();
+    Check(cudaStreamSynchronize(stream_), "waiting for the GPU");
+    auto dev = cuda::DeviceBuffer<RowDraw>::Create(2 * draws.size(), "the step's draws");
+    if (Status s = draws_host_.Reserve(2 * draws.size(), "the step's draws"); !s.ok())
+      error_ = s.message();
+    else if (!dev.ok())
+      error_ = dev.status().message();
+    else
+      draws_dev_ = std::move(*dev);
+    if (!error_.empty()) return false;
+  }
+  std::copy(draws.begin(), draws.end(), draws_host_.data());
+  Check(cudaMemcpyAsync(draws_dev_.data(), draws_host_.data(), draws.size() * sizeof(RowDraw),
+                        cudaMemcpyHostToDevice, stream_),
+        "copying the step's draws to the GPU");
+  return true;
 }
 
 void CudaBackend::ChooseGraphMode(const Batch& batch, const KvPool& kv, StepOutput output) {
@@ -331,6 +361,7 @@ void CudaBackend::ChooseGraphMode(const Batch& batch, const KvPool& kv, StepOutp
                                        kv.block_size(),
                                        static_cast<int>(kv.dtype()),
                                        static_cast<int>(output)};
+  segment_key_.draws = step_draws_;
   step_recorded_ = true;
   BeginSegment();
 }
@@ -771,6 +802,9 @@ void CudaBackend::TopKLogits(const float* x, int64_t n_rows, const TensorView& l
     cuda::LaunchTopKRows(logits_dev_.data(), n_rows, dims_.vocab, kMaxCandidateTopK,
                          topk_scratch_.data(), topk_dev_.data(), topk_counts_dev_.data(),
                          scanned ? scans_dev_.data() + scan_slot : nullptr, stream_);
+  if (step_draws_ && !Replaying())
+    cuda::LaunchDrawRows(logits_dev_.data(), n_rows, dims_.vocab, draws_dev_.data(),
+                         topk_dev_.data(), topk_counts_dev_.data(), stream_);
   if (scanned) n_scans_ = std::max(n_scans_, scan_slot + 1);
   if (graph_mode_ == cuda::StepGraphs::Mode::kCapture) FinishCapture();
   Check(cudaMemcpyAsync(topk_host_.data(), topk_dev_.data(), n_cands * sizeof(LogitCandidate),

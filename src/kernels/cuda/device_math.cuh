@@ -25,6 +25,20 @@ __device__ __forceinline__ uint16_t FloatToF16Bits(float x) {
   return __half_as_ushort(__float2half_rn(x));
 }
 
+// Larger float, larger key (finite values; the logits' order in top_k.cu and draw.cu).
+__device__ __forceinline__ uint32_t OrderKey(float v) {
+  const uint32_t u = __float_as_uint(v);
+  return (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float FromOrderKey(uint32_t key) {
+  return __uint_as_float((key & 0x80000000u) != 0 ? (key & 0x7fffffffu) : ~key);
+}
+// Neither NaN nor an infinity.
+__device__ __forceinline__ bool Finite(float v) {
+  constexpr uint32_t kExponent = 0x7f800000u;  // all ones: inf or NaN
+  return (__float_as_uint(v) & kExponent) != kExponent;
+}
+
 // Sum over the 32 lanes of a warp; every lane gets the result. The order is fixed (a butterfly),
 // so a given input always gives the same bits.
 __device__ __forceinline__ float WarpSum(float v) {

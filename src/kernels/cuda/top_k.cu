@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/launch.cuh"
 
 namespace moetier::cuda {
@@ -26,8 +27,6 @@ constexpr int kSortThreads = 1024;
 // Values a block of the histogram and gather kernels reads (grid: a row's length over this).
 constexpr int64_t kBlockElems = 8192;
 constexpr int64_t kMaxBlocksPerRow = 64;
-constexpr uint32_t kExponent = 0x7f800000u;  // all ones: inf or NaN
-
 // The scratch of one row: its histogram, then how many values its gather found, then them.
 struct RowScratch {
   uint32_t hist[kBins];
@@ -36,21 +35,10 @@ struct RowScratch {
   unsigned long long values[kTopKCollect];  // SortKey of each
 };
 
-// Larger float, larger key (finite values).
-__device__ __forceinline__ uint32_t OrderKey(float v) {
-  const uint32_t u = __float_as_uint(v);
-  return (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
-}
-__device__ __forceinline__ float FromOrderKey(uint32_t key) {
-  return __uint_as_float((key & 0x80000000u) != 0 ? (key & 0x7fffffffu) : ~key);
-}
 // Descending order of this key is the candidates' order: value descending, index ascending.
 __device__ __forceinline__ unsigned long long SortKey(float v, int64_t i) {
   return (static_cast<unsigned long long>(OrderKey(v)) << 32) |
          static_cast<unsigned long long>(~static_cast<uint32_t>(i));
-}
-__device__ __forceinline__ bool Finite(float v) {
-  return (__float_as_uint(v) & kExponent) != kExponent;
 }
 
 __global__ void TopKHistogramKernel(const float* x, int64_t n, RowScratch* scratch,

@@ -1,0 +1,31 @@
+// Tokens drawn on the GPU from rows of logits (RowDraw, core/logit_candidate.h), so that a
+// sampled step hands back one token a row instead of the row. One block a row. The draw,
+// exactly: its sums are of integers, so a row's token depends on that row alone and the same
+// inputs always give the same token.
+// - Weights w = e^((logit - max) * inv_temperature) in float (the largest exactly 1), held as
+//   integers W = round(w * 2^44): a token under 2^-45 of the most likely one is never drawn.
+// - Top-p (top_p < 1): the most likely first (logit descending, id ascending), the shortest
+//   prefix whose W reach ceil(top_p * the row's sum of W).
+// - Min-p (min_p > 0): of those, the tokens with w >= min_p.
+// - The kept tokens in id order: the one where their running sum of W first exceeds
+//   floor(u * their sum).
+// Non-finite logits weigh nothing (the step's non-finite scan reports them). This is the
+// sampler's distribution (engine/sampler.h), drawn by another walk than its host draw, so the
+// same u may pick another token there.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/logit_candidate.h"
+
+namespace moetier::cuda {
+
+// For each row r < n_rows of x [n_rows, n] (n <= kMaxDrawVocab) whose draws[r].u >= 0: the
+// drawn token into out[r * kMaxLogitCandidates] (its logit and id) and 1 into counts[r]; other
+// rows are left as they are. draws: device memory.
+void LaunchDrawRows(const float* x, int64_t n_rows, int64_t n, const RowDraw* draws,
+                    LogitCandidate* out, int32_t* counts, cudaStream_t stream);
+
+}  // namespace moetier::cuda
