@@ -168,6 +168,8 @@ __device__ Cut TopPCut(const float* x, int64_t n, bool aligned, float inv_t, flo
   if (threadIdx.x == 0) {
     s.prefix = 0;
     s.above = 0;
+    s.ties = 0;  // stay so only where nothing weighs (every logit non-finite)
+    s.tie_w = 0;
   }
   const float max = s.max;
   for (int pass = 0; pass < kPasses; ++pass) {
