@@ -185,10 +185,11 @@ __device__ Cut TopPCut(const float* x, int64_t n, bool aligned, float inv_t, flo
       float v[4];
       Load4(x, base + 4 * lane, n, aligned, v);
       for (float c : v) {
-        const Weighed q = Weigh(c, max, inv_t);
+        // Outside the prefix found so far: no weight to compute.
         const uint32_t key = OrderKey(c);
-        const bool in = q.W != 0 && (pass == 0 || (key >> (shift + kDigitBits)) == high);
-        AddToBin(in, (key >> shift) & (kDigits - 1), q.W, lane, s);
+        const bool prefixed = pass == 0 || (key >> (shift + kDigitBits)) == high;
+        const unsigned long long W = prefixed ? Weigh(c, max, inv_t).W : 0;
+        AddToBin(W != 0, (key >> shift) & (kDigits - 1), W, lane, s);
       }
     }
     __syncthreads();
@@ -215,8 +216,11 @@ __device__ __forceinline__ void KeptWeights(const float v[4], const Cut& cut, fl
   bool tie[4];
   uint32_t lane_ties = 0;
   for (int k = 0; k < 4; ++k) {
-    q[k] = Weigh(v[k], max, inv_t);
-    tie[k] = cut.top_p && q[k].W != 0 && OrderKey(v[k]) == cut.key;
+    const uint32_t key = OrderKey(v[k]);
+    // Below top-p's cut: no weight to compute (the cut key's tokens weigh: tie_w > 0).
+    const bool below = cut.top_p && key < cut.key;
+    q[k] = below ? Weighed{} : Weigh(v[k], max, inv_t);
+    tie[k] = cut.top_p && Finite(v[k]) && key == cut.key;
     lane_ties += tie[k] ? 1u : 0u;
   }
   uint32_t rank = 0;
