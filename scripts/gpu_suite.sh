@@ -26,7 +26,7 @@
 #   same for a 512-token prefill; EXPERT_TIMING=1 runs the expert kernels' timing test (ms by
 #   path and tokens: the prefill crossover) and bf16c's expansion's; BACKENDS=gpu1: gpu's first row alone;
 #   BACKENDS=gpu-gemv: decode at 1 and 4 sequences with the tiled expert kernels alone
-#   (MOETIER_CUDA_GEMV_ASSIGN=0) and with the one-warp-a-row ones up to 4 tokens (32); BACKENDS=gpu-sampled: gpu decode greedy and sampled (the GPU's top-k candidates; top-p alone and temperature alone drawn on the GPU, and by the carried base), 1 and 16 sequences;
+#   (MOETIER_CUDA_GEMV_ASSIGN=0) and with the one-warp-a-row ones up to 4 tokens (32); BACKENDS=gpu-sampled: gpu decode greedy and sampled (the GPU's top-k candidates; top-p alone and temperature alone drawn on the GPU, and on the host), 1 and 16 sequences;
 #   RECALL=1 measures the prefetch predictor's recall on the synthetic bf16 model
 #   (bench/engine/prefetch_recall); STAGING=1 runs bench/gpu/staging_bench; BACKENDS=staged:
 #   prefill of 4,096 tokens with every expert locked (--moe-backend cpu) on the CPU executor,
@@ -257,8 +257,8 @@ if [ "${SYNTH:-0}" = 1 ]; then
         gpu-sampled)  # what a sampled draw costs, against greedy, at 1 and 16 sequences:
                       # Qwen3's sampling defaults (top-k 20, top-p 0.95, temperature 0.6: the
                       # GPU hands back top-k candidates), top-p alone and temperature alone (the
-                      # OpenAI API's default; both drawn on the GPU), and those two by the
-                      # carried base build (which read the rows), when there is one
+                      # OpenAI API's default; both drawn on the GPU), and those two with the
+                      # rows copied and drawn on the host (MOETIER_DEVICE_DRAWS=0)
           SAMPLED=(--temperature 0.6 --top-k 20 --top-p 0.95)
           TOP_P=(--temperature 0.6 --top-p 0.95)
           TEMP=(--temperature 1.0)
@@ -272,13 +272,10 @@ if [ "${SYNTH:-0}" = 1 ]; then
           bench gpu-par16-qwen3-sampling "$dt" "${SIXTEEN[@]}" "${SAMPLED[@]}"
           bench gpu-par16-top-p "$dt" "${SIXTEEN[@]}" "${TOP_P[@]}"
           bench gpu-par16-temperature "$dt" "${SIXTEEN[@]}" "${TEMP[@]}"
-          if [ -x "$W/base/moetier" ]; then
-            BENCH_BIN=$W/base/moetier bench base-top-p "$dt" "${ONE[@]}" "${TOP_P[@]}"
-            BENCH_BIN=$W/base/moetier bench base-temperature "$dt" "${ONE[@]}" "${TEMP[@]}"
-            BENCH_BIN=$W/base/moetier bench base-par16-top-p "$dt" "${SIXTEEN[@]}" "${TOP_P[@]}"
-            BENCH_BIN=$W/base/moetier bench base-par16-temperature "$dt" "${SIXTEEN[@]}" \
-              "${TEMP[@]}"
-          fi ;;
+          MOETIER_DEVICE_DRAWS=0 bench rows-top-p "$dt" "${ONE[@]}" "${TOP_P[@]}"
+          MOETIER_DEVICE_DRAWS=0 bench rows-temperature "$dt" "${ONE[@]}" "${TEMP[@]}"
+          MOETIER_DEVICE_DRAWS=0 bench rows-par16-top-p "$dt" "${SIXTEEN[@]}" "${TOP_P[@]}"
+          MOETIER_DEVICE_DRAWS=0 bench rows-par16-temperature "$dt" "${SIXTEEN[@]}" "${TEMP[@]}" ;;
         gpu-ab)  # one sequence's decode with PDL, the weight prefetch and the fused launches on
                  # and off, and attention splits of 16 and 32 positions (GPU_AB: which, as
                  # "pdl prefetch chunk fuse" quadruples separated by commas); two rounds

@@ -7,7 +7,7 @@
 
 namespace moetier {
 
-const std::array<TuningKnobSpec, 24> kTuningKnobSpecs = {{
+const std::array<TuningKnobSpec, 25> kTuningKnobSpecs = {{
     {"MOETIER_AMX_MIN_TOKENS", &TuningKnobs::amx_min_tokens, 1, 1 << 20,
      "smallest batch of tokens whose q8_0/bf16 matmuls use AMX tiles"},
     {"MOETIER_BF16C_EXPAND_MIN_TOKENS", &TuningKnobs::bf16c_expand_min_tokens, 1, 1 << 20,
@@ -41,6 +41,9 @@ const std::array<TuningKnobSpec, 24> kTuningKnobSpecs = {{
     {"MOETIER_CACHE_LRU", &TuningKnobs::cache_lru, 0, 1,
      "offload/hybrid: 1 evicts the GPU expert cache's least recently used slot; 0 (default) the "
      "expert used next the latest in the layers' order"},
+    {"MOETIER_DEVICE_DRAWS", &TuningKnobs::device_draws, 0, 1,
+     "GPU: 1 (default) draws temperature/top-p/min-p tokens on the device; 0 copies the rows "
+     "and draws on the host"},
     {"MOETIER_CUDA_GRAPHS", &TuningKnobs::cuda_graphs, 0, 1,
      "gpu: 1 (default) replays decode steps from recorded CUDA graphs; 0 launches each kernel"},
     {"MOETIER_CUDA_PDL", &TuningKnobs::cuda_pdl, 0, 1,

@@ -39,6 +39,7 @@ struct TuningKnobs {
   std::optional<int64_t> cpu_share_async;          // MOETIER_CPU_SHARE_ASYNC (0 or 1)
   std::optional<int64_t> cache_lru;                // MOETIER_CACHE_LRU (0 or 1)
   std::optional<int64_t> cuda_graphs;              // MOETIER_CUDA_GRAPHS (0 or 1)
+  std::optional<int64_t> device_draws;             // MOETIER_DEVICE_DRAWS (0 or 1)
   std::optional<int64_t> cuda_pdl;                 // MOETIER_CUDA_PDL (0 or 1)
   std::optional<int64_t> cuda_fuse;                // MOETIER_CUDA_FUSE (0 or 1)
   std::optional<int64_t> cuda_norm_fuse;           // MOETIER_CUDA_NORM_FUSE (0, 1 or 2)
@@ -56,7 +57,7 @@ struct TuningKnobSpec {
   int64_t min, max;
   std::string_view help;
 };
-extern const std::array<TuningKnobSpec, 24> kTuningKnobSpecs;
+extern const std::array<TuningKnobSpec, 25> kTuningKnobSpecs;
 
 // MOETIER_* variables parsed elsewhere (with their own validation, reported by
 // CheckEnvironment): the kernel level, budgets, failure injection and seeds for tests, debug

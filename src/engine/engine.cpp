@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "core/log.h"
+#include "core/tuning.h"
 #include "engine/stop_strings.h"
 
 namespace moetier {
@@ -494,7 +495,7 @@ bool Engine::Forced(const Sequence& s) {
 
 void Engine::ChooseDeviceDraws() {
   draws_.clear();
-  if (!model_.CandidatesOnDevice()) return;
+  if (!model_.CandidatesOnDevice() || Tuning().device_draws.value_or(1) == 0) return;
   const int64_t vocab = model_.config().vocab_size;
   bool any = false;
   for (Sequence* s : logit_seq_) {
