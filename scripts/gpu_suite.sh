@@ -257,8 +257,8 @@ if [ "${SYNTH:-0}" = 1 ]; then
         gpu-sampled)  # what a sampled draw costs, against greedy, at 1 and 16 sequences:
                       # Qwen3's sampling defaults (top-k 20, top-p 0.95, temperature 0.6: the
                       # GPU hands back top-k candidates), top-p alone and temperature alone (the
-                      # OpenAI API's default; both drawn on the GPU), and those two with the
-                      # rows copied and drawn on the host (MOETIER_DEVICE_DRAWS=0)
+                      # OpenAI API's default), each drawn on the GPU (MOETIER_DEVICE_DRAWS=1)
+                      # and with the rows copied and drawn on the host (=0, the default)
           SAMPLED=(--temperature 0.6 --top-k 20 --top-p 0.95)
           TOP_P=(--temperature 0.6 --top-p 0.95)
           TEMP=(--temperature 1.0)
@@ -266,12 +266,13 @@ if [ "${SYNTH:-0}" = 1 ]; then
           SIXTEEN=(--moe-backend gpu --parallel 16 --prompt-tokens 128 --gen-tokens 32)
           bench gpu-greedy "$dt" "${ONE[@]}"
           bench gpu-qwen3-sampling "$dt" "${ONE[@]}" "${SAMPLED[@]}"
-          bench gpu-top-p "$dt" "${ONE[@]}" "${TOP_P[@]}"
-          bench gpu-temperature "$dt" "${ONE[@]}" "${TEMP[@]}"
+          MOETIER_DEVICE_DRAWS=1 bench device-top-p "$dt" "${ONE[@]}" "${TOP_P[@]}"
+          MOETIER_DEVICE_DRAWS=1 bench device-temperature "$dt" "${ONE[@]}" "${TEMP[@]}"
           bench gpu-par16-greedy "$dt" "${SIXTEEN[@]}"
           bench gpu-par16-qwen3-sampling "$dt" "${SIXTEEN[@]}" "${SAMPLED[@]}"
-          bench gpu-par16-top-p "$dt" "${SIXTEEN[@]}" "${TOP_P[@]}"
-          bench gpu-par16-temperature "$dt" "${SIXTEEN[@]}" "${TEMP[@]}"
+          MOETIER_DEVICE_DRAWS=1 bench device-par16-top-p "$dt" "${SIXTEEN[@]}" "${TOP_P[@]}"
+          MOETIER_DEVICE_DRAWS=1 bench device-par16-temperature "$dt" "${SIXTEEN[@]}" \
+            "${TEMP[@]}"
           MOETIER_DEVICE_DRAWS=0 bench rows-top-p "$dt" "${ONE[@]}" "${TOP_P[@]}"
           MOETIER_DEVICE_DRAWS=0 bench rows-temperature "$dt" "${ONE[@]}" "${TEMP[@]}"
           MOETIER_DEVICE_DRAWS=0 bench rows-par16-top-p "$dt" "${SIXTEEN[@]}" "${TOP_P[@]}"

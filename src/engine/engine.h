@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -99,6 +100,9 @@ struct EngineOptions {
   bool prefix_cache = true;
   // --kv-host-gb: host RAM for prefix-cache blocks the pool evicts (host_kv_tier.h); 0: none.
   uint64_t kv_host_bytes = 0;
+  // Whether a model whose candidates come from its device (a GPU) draws the tokens of samplers
+  // without top-k or penalties there (Sampler::DrawsOnDevice); unset: MOETIER_DEVICE_DRAWS.
+  std::optional<bool> device_draws;
 };
 
 struct EngineStats {

@@ -74,9 +74,10 @@ class Sampler {
   }
   // Whether a GPU may draw this sampler's tokens where the logits are (RowDraw,
   // kernels/cuda/draw.h): temperature, top-p and min-p over the whole vocabulary (no top-k
-  // below it), no penalty, a vocabulary of at most kMaxDrawVocab. A model whose candidates come
-  // from the device draws every such token there (Engine): Sample's distribution, drawn by
-  // another walk, so a seed gives other tokens than on the CPU engine.
+  // below it), no penalty, a vocabulary of at most kMaxDrawVocab. An engine on a model whose
+  // candidates come from the device may draw every such token there (EngineOptions::
+  // device_draws): Sample's distribution, drawn by another walk, so a seed gives other tokens
+  // than Sample.
   bool DrawsOnDevice(int64_t vocab) const;
   // The next device draw: the options, and the uniform that picks the token, which stays the
   // next one (a step run again draws with it again) until CommitDeviceDraw.

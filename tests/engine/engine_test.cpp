@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -113,16 +114,21 @@ TEST_P(EngineBatching, ManyRequestsGiveWhatEachGivesAlone) {
 
 // Runs `requests` alone, each on a fresh engine, then together on one: each request's tokens
 // are the same.
-void ExpectTogetherAsAlone(CausalLM& model, const std::vector<RequestOptions>& requests) {
+void ExpectTogetherAsAlone(CausalLM& model, const std::vector<RequestOptions>& requests,
+                           std::optional<bool> device_draws = std::nullopt) {
   std::vector<Outcome> alone;
+  EngineOptions o;
+  o.device_draws = device_draws;
   for (const auto& r : requests) {
-    auto engine = testing::MakeEngine(model, 256);
-    alone.push_back(RunAll(*engine, {r})[0]);
+    o.kv_positions = 256;
+    o.max_running = 4;
+    auto engine = Engine::Create(model, nullptr, o);
+    ASSERT_TRUE(engine.ok()) << engine.message();
+    alone.push_back(RunAll(**engine, {r})[0]);
     EXPECT_TRUE(alone.back().status.ok()) << alone.back().status.message();
   }
-  EngineOptions o;
   o.kv_positions = 2048;
-  o.max_running = static_cast<int64_t>(requests.size());
+  o.max_running = static_cast<int>(requests.size());
   auto engine = Engine::Create(model, nullptr, o);
   ASSERT_TRUE(engine.ok()) << engine.message();
   const auto together = RunAll(**engine, requests);
@@ -151,9 +157,9 @@ TEST_P(EngineBatching, SampledRequestsGiveWhatEachGivesAlone) {
   ExpectTogetherAsAlone(*model_, requests);
 }
 
-// The same on the GPU, where a step draws the tokens of temperature, top-p and min-p rows on
-// the device, hands back top-k rows' candidates, and a row with a penalty reads its row: each
-// row drawn the same way whatever else the batch holds.
+// The same on the GPU with device draws on, where a step draws the tokens of temperature,
+// top-p and min-p rows on the device, hands back top-k rows' candidates, and a row with a penalty
+// reads its row: each row drawn the same way whatever else the batch holds.
 TEST_P(EngineBatching, SampledRequestsGiveWhatEachGivesAloneOnTheGpu) {
   MT_REQUIRE_GPU();
   LoadOptions lo;
@@ -174,7 +180,7 @@ TEST_P(EngineBatching, SampledRequestsGiveWhatEachGivesAloneOnTheGpu) {
     s.repetition_penalty = i == 5 ? 1.3f : 1.0f;
     s.seed = rng();
   }
-  ExpectTogetherAsAlone(**m, requests);
+  ExpectTogetherAsAlone(**m, requests, /*device_draws=*/true);
 }
 
 // A pool too small for everyone at once: sequences are preempted and recomputed, and still
