@@ -1,5 +1,5 @@
 // Tokens drawn on the GPU (draw.h), one block of kThreads a row: the row's maximum; for top-p,
-// kPasses radix passes over the logits' order-preserving key (kDigitBits a pass, from the top)
+// kSweeps radix sweeps over the logits' order-preserving key (kDigitBits a sweep, from the top)
 // that histogram the weights W and narrow down the key of the last token top-p keeps (with how
 // many of its ties, by id); then each warp sums the kept W of its contiguous segment of the row,
 // and the warp whose segment holds floor(u * their sum) walks it to the token. Every sum is of
@@ -19,7 +19,7 @@ constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / kWarp;
 constexpr int kDigitBits = 8;
 constexpr int kDigits = 1 << kDigitBits;
-constexpr int kPasses = 32 / kDigitBits;
+constexpr int kSweeps = 32 / kDigitBits;
 constexpr int kChunk = 4 * kWarp;  // a warp's tokens at a time: 4 consecutive ones a lane
 constexpr float kWeightScale = 0x1p44f;
 // Below e^kNoWeight a weight rounds to W = 0 (2^-45 is e^-31.19).
@@ -71,7 +71,7 @@ __device__ __forceinline__ unsigned long long WarpSumU64(unsigned long long v) {
 
 // Where top-p and min-p cut the row.
 struct Cut {
-  bool top_p = false;   // off: every key passes
+  bool top_p = false;   // off: every key is kept
   uint32_t key = 0;     // the key of the last token top-p keeps
   bool ranked = false;  // only the first keep_ties tokens (by id) of that key are kept
   uint32_t keep_ties = 0;
@@ -79,13 +79,13 @@ struct Cut {
 };
 
 struct Shared {
-  unsigned long long mass[kDigits];  // a radix pass's W by digit
+  unsigned long long mass[kDigits];  // a radix sweep's W by digit
   uint32_t count[kDigits];           // and how many tokens
   float warp_max[kWarps];
   unsigned long long warp_sum[kWarps];  // kept W of each warp's segment, then their bases
   uint32_t warp_ties[kWarps];           // top-p's ties in each warp's segment, then their bases
   float max;
-  uint32_t prefix;           // the key bits the radix passes found so far
+  uint32_t prefix;           // the key bits the radix sweeps found so far
   unsigned long long above;  // W of the tokens whose keys lie above the prefix's range
   unsigned long long need;   // ceil(top_p * the row's W)
   uint32_t ties;             // tokens of the cut key
@@ -128,15 +128,15 @@ __device__ void RowMax(const float* x, int64_t n, bool aligned, Shared& s) {
   __syncthreads();
 }
 
-// Warp 0, after a radix pass's histogram: the digit holding the need-th unit of W counted from
+// Warp 0, after a radix sweep's histogram: the digit holding the need-th unit of W counted from
 // the top, appended to the prefix.
-__device__ void ChooseDigit(Shared& s, int pass, int shift, float top_p) {
+__device__ void ChooseDigit(Shared& s, int sweep, int shift, float top_p) {
   constexpr int kPer = kDigits / kWarp;
   const int lane = threadIdx.x;
   const int top = kDigits - 1 - lane * kPer;  // this lane's bins: top, top - 1, ...
   unsigned long long mine = 0;
   for (int j = 0; j < kPer; ++j) mine += s.mass[top - j];
-  if (pass == 0) {
+  if (sweep == 0) {
     const unsigned long long total = WarpSumU64(mine);
     const auto need = static_cast<unsigned long long>(
         ceil(static_cast<double>(top_p) * static_cast<double>(total)));
@@ -161,7 +161,7 @@ __device__ void ChooseDigit(Shared& s, int pass, int shift, float top_p) {
   }
 }
 
-// The cut of top-p: kPasses radix passes.
+// The cut of top-p: kSweeps radix sweeps.
 __device__ Cut TopPCut(const float* x, int64_t n, bool aligned, float inv_t, float top_p,
                        Shared& s) {
   const int lane = threadIdx.x % kWarp;
@@ -172,14 +172,14 @@ __device__ Cut TopPCut(const float* x, int64_t n, bool aligned, float inv_t, flo
     s.tie_w = 0;
   }
   const float max = s.max;
-  for (int pass = 0; pass < kPasses; ++pass) {
-    const int shift = 32 - kDigitBits * (pass + 1);
+  for (int sweep = 0; sweep < kSweeps; ++sweep) {
+    const int shift = 32 - kDigitBits * (sweep + 1);
     for (int b = threadIdx.x; b < kDigits; b += kThreads) {
       s.mass[b] = 0;
       s.count[b] = 0;
     }
     __syncthreads();
-    const uint32_t high = pass == 0 ? 0u : s.prefix >> (shift + kDigitBits);
+    const uint32_t high = sweep == 0 ? 0u : s.prefix >> (shift + kDigitBits);
     for (int64_t base = 4 * static_cast<int64_t>(threadIdx.x - lane); base < n;
          base += 4 * kThreads) {
       float v[4];
@@ -187,13 +187,13 @@ __device__ Cut TopPCut(const float* x, int64_t n, bool aligned, float inv_t, flo
       for (float c : v) {
         // Outside the prefix found so far: no weight to compute.
         const uint32_t key = OrderKey(c);
-        const bool prefixed = pass == 0 || (key >> (shift + kDigitBits)) == high;
+        const bool prefixed = sweep == 0 || (key >> (shift + kDigitBits)) == high;
         const unsigned long long W = prefixed ? Weigh(c, max, inv_t).W : 0;
         AddToBin(W != 0, (key >> shift) & (kDigits - 1), W, lane, s);
       }
     }
     __syncthreads();
-    if (threadIdx.x < kWarp) ChooseDigit(s, pass, shift, top_p);
+    if (threadIdx.x < kWarp) ChooseDigit(s, sweep, shift, top_p);
     __syncthreads();
   }
   Cut cut;
