@@ -82,9 +82,13 @@ void Sampler::ApplyOccurrencePenalties(std::span<const int32_t> generated, Sampl
   }
 }
 
+bool Sampler::HasPenalties() const {
+  return options_.repetition_penalty != 1.0f || options_.presence_penalty != 0.0f ||
+         options_.frequency_penalty != 0.0f;
+}
+
 bool Sampler::DrawsArgMax() const {
-  return options_.temperature <= 0.0f && options_.repetition_penalty == 1.0f &&
-         options_.presence_penalty == 0.0f && options_.frequency_penalty == 0.0f;
+  return options_.temperature <= 0.0f && !HasPenalties();
 }
 
 Expected<int32_t> Sampler::Sample(std::span<const float> logits, std::span<const int32_t> context,
@@ -135,18 +139,14 @@ Expected<int32_t> Sampler::Sample(std::span<const float> logits, std::span<const
 
 int32_t Sampler::CandidatesRead(int64_t vocab) const {
   if (DrawsArgMax()) return 1;
-  const bool penalties = options_.repetition_penalty != 1.0f || options_.presence_penalty != 0.0f ||
-                         options_.frequency_penalty != 0.0f;
-  if (penalties || options_.top_k <= 0 || options_.top_k > kMaxCandidateTopK ||
+  if (HasPenalties() || options_.top_k <= 0 || options_.top_k > kMaxCandidateTopK ||
       options_.top_k >= vocab)
     return 0;
   return options_.top_k;
 }
 
 bool Sampler::DrawsOnDevice(int64_t vocab) const {
-  const bool penalties = options_.repetition_penalty != 1.0f || options_.presence_penalty != 0.0f ||
-                         options_.frequency_penalty != 0.0f;
-  return options_.temperature > 0.0f && !penalties &&
+  return options_.temperature > 0.0f && !HasPenalties() &&
          (options_.top_k <= 0 || options_.top_k >= vocab) && vocab <= kMaxDrawVocab;
 }
 

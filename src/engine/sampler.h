@@ -91,6 +91,8 @@ class Sampler {
   std::optional<double> pending_u_;  // DeviceDraw's uniform, until committed
   // A uniform in [0, 1) from the next 53 random bits.
   double NextUniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
+  // Whether a repetition, presence or frequency penalty is on.
+  bool HasPenalties() const;
   // Penalises x.work (a copy of the logits) for the generated ids.
   void ApplyOccurrencePenalties(std::span<const int32_t> generated, SamplerScratch& x);
   // Fills x.cand with the tokens top-k, top-p and min-p may keep, the most likely first where

@@ -63,6 +63,24 @@ std::vector<RequestOptions> Requests(int n, uint32_t seed, int64_t vocab) {
   return r;
 }
 
+// What each request gives alone, on a fresh engine with room for it.
+std::vector<Outcome> EachAlone(CausalLM& model, const std::vector<RequestOptions>& requests,
+                               std::optional<bool> device_draws = std::nullopt) {
+  std::vector<Outcome> out;
+  EngineOptions o;
+  o.kv_positions = 256;
+  o.max_running = 1;
+  o.device_draws = device_draws;
+  for (const auto& r : requests) {
+    auto engine = Engine::Create(model, nullptr, o);
+    EXPECT_TRUE(engine.ok()) << engine.message();
+    if (!engine.ok()) return out;
+    out.push_back(RunAll(**engine, {r})[0]);
+    EXPECT_TRUE(out.back().status.ok()) << out.back().status.message();
+  }
+  return out;
+}
+
 class EngineBatching : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
@@ -72,13 +90,7 @@ class EngineBatching : public ::testing::TestWithParam<const char*> {
   }
   // What each request gives alone, on a fresh engine with room for it.
   std::vector<Outcome> Alone(const std::vector<RequestOptions>& requests) {
-    std::vector<Outcome> out;
-    for (const auto& r : requests) {
-      auto engine = testing::MakeEngine(*model_, 256);
-      out.push_back(RunAll(*engine, {r})[0]);
-      EXPECT_TRUE(out.back().status.ok()) << out.back().status.message();
-    }
-    return out;
+    return EachAlone(*model_, requests);
   }
   std::unique_ptr<CausalLM> model_;
 };
@@ -116,17 +128,9 @@ TEST_P(EngineBatching, ManyRequestsGiveWhatEachGivesAlone) {
 // are the same.
 void ExpectTogetherAsAlone(CausalLM& model, const std::vector<RequestOptions>& requests,
                            std::optional<bool> device_draws = std::nullopt) {
-  std::vector<Outcome> alone;
+  const std::vector<Outcome> alone = EachAlone(model, requests, device_draws);
   EngineOptions o;
   o.device_draws = device_draws;
-  for (const auto& r : requests) {
-    o.kv_positions = 256;
-    o.max_running = 4;
-    auto engine = Engine::Create(model, nullptr, o);
-    ASSERT_TRUE(engine.ok()) << engine.message();
-    alone.push_back(RunAll(**engine, {r})[0]);
-    EXPECT_TRUE(alone.back().status.ok()) << alone.back().status.message();
-  }
   o.kv_positions = 2048;
   o.max_running = static_cast<int>(requests.size());
   auto engine = Engine::Create(model, nullptr, o);

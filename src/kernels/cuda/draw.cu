@@ -22,7 +22,7 @@ constexpr int kDigits = 1 << kDigitBits;
 constexpr int kSweeps = 32 / kDigitBits;
 constexpr int kChunk = 4 * kWarp;  // a warp's tokens at a time: 4 consecutive ones a lane
 constexpr float kWeightScale = 0x1p44f;
-// Below e^kNoWeight a weight rounds to W = 0 (2^-45 is e^-31.19).
+// Below e^kNoWeight a weight is under 2^-45 (e^-31.19), whose W is 0.
 constexpr float kNoWeight = -32.0f;
 // W (at most 2^44) is added by warps in two halves whose sums over 32 lanes fit 32 bits.
 constexpr int kLowBits = 22;
@@ -213,14 +213,15 @@ __device__ __forceinline__ void KeptWeights(const float v[4], const Cut& cut, fl
                                             float inv_t, int lane, uint32_t& ties_before,
                                             unsigned long long W[4]) {
   Weighed q[4];
+  uint32_t key[4];
   bool tie[4];
   uint32_t lane_ties = 0;
   for (int k = 0; k < 4; ++k) {
-    const uint32_t key = OrderKey(v[k]);
+    key[k] = OrderKey(v[k]);
     // Below top-p's cut: no weight to compute (the cut key's tokens weigh: tie_w > 0).
-    const bool below = cut.top_p && key < cut.key;
+    const bool below = cut.top_p && key[k] < cut.key;
     q[k] = below ? Weighed{} : Weigh(v[k], max, inv_t);
-    tie[k] = cut.top_p && Finite(v[k]) && key == cut.key;
+    tie[k] = cut.top_p && Finite(v[k]) && key[k] == cut.key;
     lane_ties += tie[k] ? 1u : 0u;
   }
   uint32_t rank = 0;
@@ -231,10 +232,8 @@ __device__ __forceinline__ void KeptWeights(const float v[4], const Cut& cut, fl
   }
   for (int k = 0; k < 4; ++k) {
     bool keep = q[k].W != 0 && q[k].w >= cut.min_p;
-    if (cut.top_p) {
-      const uint32_t key = OrderKey(v[k]);
-      keep = keep && (key > cut.key || (key == cut.key && (!cut.ranked || rank < cut.keep_ties)));
-    }
+    if (cut.top_p)
+      keep = keep && (key[k] > cut.key || (tie[k] && (!cut.ranked || rank < cut.keep_ties)));
     rank += tie[k] ? 1u : 0u;
     W[k] = keep ? q[k].W : 0;
   }
