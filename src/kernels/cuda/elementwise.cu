@@ -81,11 +81,6 @@ __device__ double BlockSum(double v, double* warp_sums /* [32] shared */) {
 // normalization kernels: every load of a row is issued before the first is used.
 constexpr int kNormRegs = 16;
 
-constexpr uint32_t kExponentBits = 0x7f800000u;  // all ones: inf or NaN
-__device__ __forceinline__ bool NonFinite(float v) {
-  return (__float_as_uint(v) & kExponentBits) == kExponentBits;
-}
-
 // The warp's smallest `mine` into *first (one atomicMin, and only when a lane has one: the common
 // all-finite case does no atomics at all). ~0ull: none.
 __device__ __forceinline__ void ReportFirst(unsigned long long mine, unsigned long long* first) {
@@ -150,7 +145,7 @@ __global__ void RmsNormKernel(float* x, const float* add, const int32_t* rows, c
       if (c >= d) continue;
       if (ar != nullptr) xr[c] = v[j];
       ss += static_cast<double>(v[j]) * static_cast<double>(v[j]);
-      if (NonFinite(v[j]) && bad == ~0ull) bad = static_cast<unsigned long long>(r * d + c);
+      if (!Finite(v[j]) && bad == ~0ull) bad = static_cast<unsigned long long>(r * d + c);
     }
     if (extras.first != nullptr) ReportFirst(bad, extras.first);
     ss = BlockSum(ss, warp_sums);
@@ -174,7 +169,7 @@ __global__ void RmsNormKernel(float* x, const float* add, const int32_t* rows, c
     float v = xr[c];
     if (ar != nullptr) xr[c] = v = v + ar[c];
     ss += static_cast<double>(v) * static_cast<double>(v);
-    if (NonFinite(v) && bad == ~0ull) bad = static_cast<unsigned long long>(r * d + c);
+    if (!Finite(v) && bad == ~0ull) bad = static_cast<unsigned long long>(r * d + c);
   }
   if (extras.first != nullptr) ReportFirst(bad, extras.first);
   ss = BlockSum(ss, warp_sums);
@@ -206,7 +201,7 @@ __global__ void FirstNonFiniteKernel(const float* x, int64_t n, unsigned long lo
   unsigned long long mine = ~0ull;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    if (NonFinite(x[i])) {
+    if (!Finite(x[i])) {
       mine = static_cast<unsigned long long>(i);
       break;  // later i of this thread are larger
     }
@@ -244,7 +239,7 @@ __global__ void ArgMaxRowsKernel(const float* x, int64_t n, unsigned long long* 
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float v = xr[i];
-    if (NonFinite(v)) {
+    if (!Finite(v)) {
       bad = min(bad, static_cast<unsigned long long>(row * n + i));
     } else if (best_i < 0 || v > best_v) {
       best_v = v;
