@@ -28,7 +28,8 @@
 #   BACKENDS=gpu-gemv: decode at 1 and 4 sequences with the tiled expert kernels alone
 #   (MOETIER_CUDA_GEMV_ASSIGN=0) and with the one-warp-a-row ones up to 4 tokens (32); BACKENDS=gpu-sampled: gpu decode greedy and sampled (the GPU's top-k candidates; top-p alone and temperature alone drawn on the GPU, and on the host), 1 and 16 sequences;
 #   RECALL=1 measures the prefetch predictor's recall on the synthetic bf16 model
-#   (bench/engine/prefetch_recall); STAGING=1 runs bench/gpu/staging_bench; BACKENDS=staged:
+#   (bench/engine/prefetch_recall); STAGING=1 runs bench/gpu/staging_bench; DRAWS=1 bench/gpu/draw_bench
+#   (device time of the top-k and of the device draw) and the draw's Nsight Compute rows; BACKENDS=staged:
 #   prefill of 4,096 tokens with every expert locked (--moe-backend cpu) on the CPU executor,
 #   staged to the GPU, and as measured (bf16 with --weight-packing none: bf16c is CPU-only);
 #   BACKENDS=hybrid-ab: hybrid decode with and without recorded graph segments at a fixed split;
@@ -171,6 +172,20 @@ if [ "${EXPERT_TIMING:-0}" = 1 ]; then
   run_timed 60 "$B/tests/cuda_dense_tests" --gtest_also_run_disabled_tests \
     --gtest_filter='Bf16cExpandBench.*' > "$LOGS/expand-timing.log" 2>&1
   grep '^expand' "$LOGS/expand-timing.log" >> "$S"
+fi
+# The device draw's time beside the top-k's, and where its time goes (Nsight Compute), when asked.
+if [ "${DRAWS:-0}" = 1 ]; then
+  run_timed 120 "$B/draw_bench" > "$LOGS/draws.json" 2> "$LOGS/draws.log"
+  say "draw_bench: exit $?: $(cat "$LOGS/draws.json")"
+  NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
+  if [ -n "$NCU_BIN" ]; then
+    run_timed 120 "$NCU_BIN" --kernel-name regex:DrawRows --launch-count 6 --section SpeedOfLight \
+      --section WarpStateStats --section Occupancy "$B/draw_bench" --rows 1,16 --sigma 0.5 \
+      --reps 1 > "$LOGS/draws-ncu.log" 2>&1
+    say "draw ncu: exit $?"
+    grep -E "DrawRows|Duration|Compute \(SM\) Thr|Memory Thr|Achieved Occ|Stall" \
+      "$LOGS/draws-ncu.log" | head -60 >> "$S"
+  fi
 fi
 # Logits of five tokens under each placement, against the CPU engine's.
 logits() {  # model-dir out-name moetier-args...

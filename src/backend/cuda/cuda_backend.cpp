@@ -313,32 +313,37 @@ void CudaBackend::BeginStep(const Batch& batch, const KvPool& kv, StepOutput out
   ChooseGraphMode(batch, kv, output);
 }
 
-bool CudaBackend::UploadDraws(const Batch& batch) {
+cuda::DrawWork CudaBackend::UploadDraws(const Batch& batch) {
   const std::span<const RowDraw> draws = batch.draws;
-  if (std::none_of(draws.begin(), draws.end(), [](const RowDraw& d) { return d.u >= 0.0; }))
-    return false;
+  const cuda::DrawWork work = cuda::DrawWorkOf(draws);
+  if (work == cuda::DrawWork::kNone) return work;
   if (draws.size() != batch.logit_rows.size() || dims_.vocab > kMaxDrawVocab) {
     error_ = "a step's draws must be one a logit row, of a vocabulary of at most " +
              std::to_string(kMaxDrawVocab) + " tokens";
-    return false;
+    return cuda::DrawWork::kNone;
   }
   if (draws_dev_.size() < draws.size()) {
     BuffersMoving();
     Check(cudaStreamSynchronize(stream_), "waiting for the GPU");
+    const auto rows = static_cast<int64_t>(2 * draws.size());
     auto dev = cuda::DeviceBuffer<RowDraw>::Create(2 * draws.size(), "the step's draws");
+    auto scratch =
+        cuda::DeviceBuffer<uint8_t>::Create(cuda::DrawScratchBytes(rows), "the draws' scratch");
     if (Status s = draws_host_.Reserve(2 * draws.size(), "the step's draws"); !s.ok())
       error_ = s.message();
     else if (!dev.ok())
       error_ = dev.status().message();
-    else
-      draws_dev_ = std::move(*dev);
-    if (!error_.empty()) return false;
+    else if (!scratch.ok())
+      error_ = scratch.status().message();
+    if (!error_.empty()) return cuda::DrawWork::kNone;
+    draws_dev_ = std::move(*dev);
+    draw_scratch_ = std::move(*scratch);
   }
   std::copy(draws.begin(), draws.end(), draws_host_.data());
   Check(cudaMemcpyAsync(draws_dev_.data(), draws_host_.data(), draws.size() * sizeof(RowDraw),
                         cudaMemcpyHostToDevice, stream_),
         "copying the step's draws to the GPU");
-  return true;
+  return work;
 }
 
 void CudaBackend::ChooseGraphMode(const Batch& batch, const KvPool& kv, StepOutput output) {
@@ -802,9 +807,9 @@ void CudaBackend::TopKLogits(const float* x, int64_t n_rows, const TensorView& l
     cuda::LaunchTopKRows(logits_dev_.data(), n_rows, dims_.vocab, kMaxCandidateTopK,
                          topk_scratch_.data(), topk_dev_.data(), topk_counts_dev_.data(),
                          scanned ? scans_dev_.data() + scan_slot : nullptr, stream_);
-  if (step_draws_ && !Replaying())
-    cuda::LaunchDrawRows(logits_dev_.data(), n_rows, dims_.vocab, draws_dev_.data(),
-                         topk_dev_.data(), topk_counts_dev_.data(), stream_);
+  if (!Replaying())
+    cuda::LaunchDrawRows(logits_dev_.data(), n_rows, dims_.vocab, draws_dev_.data(), step_draws_,
+                         draw_scratch_.data(), topk_dev_.data(), topk_counts_dev_.data(), stream_);
   if (scanned) n_scans_ = std::max(n_scans_, scan_slot + 1);
   if (graph_mode_ == cuda::StepGraphs::Mode::kCapture) FinishCapture();
   Check(cudaMemcpyAsync(topk_host_.data(), topk_dev_.data(), n_cands * sizeof(LogitCandidate),

@@ -116,8 +116,8 @@ class CudaBackend final : public ComputeBackend, private ComputeSegments {
   // indices were queued): decode steps are recorded, unless they are timed, hand router logits
   // out or stream banks.
   void ChooseGraphMode(const Batch& batch, const KvPool& kv, StepOutput output);
-  // Batch::draws to the device (before a recorded step replays); whether any row is drawn there.
-  bool UploadDraws(const Batch& batch);
+  // Batch::draws to the device (before a recorded step replays); what drawing them there takes.
+  cuda::DrawWork UploadDraws(const Batch& batch);
   // The segment's graph is running: the calls keep their host bookkeeping and launch nothing.
   bool Replaying() const { return graph_mode_ == cuda::StepGraphs::Mode::kReplay; }
   // Records, replays or launches the segment of segment_key_.
@@ -213,7 +213,8 @@ class CudaBackend final : public ComputeBackend, private ComputeSegments {
   // The step's Batch::draws, copied in by BeginStep; TopKLogits draws those rows' tokens.
   cuda::PinnedBuffer<RowDraw> draws_host_;
   cuda::DeviceBuffer<RowDraw> draws_dev_;
-  bool step_draws_ = false;
+  cuda::DeviceBuffer<uint8_t> draw_scratch_;  // DrawScratchBytes of draws_dev_'s rows
+  cuda::DrawWork step_draws_ = cuda::DrawWork::kNone;
   LogitCandidate* topk_out_ = nullptr;  // TopKLogits' destinations, filled at EndStep
   int32_t* topk_counts_out_ = nullptr;
   int64_t out_rows_ = 0;  // rows of the three

@@ -1,11 +1,21 @@
-// Tokens drawn on the GPU (draw.h), one block of kThreads a row: the row's maximum; for top-p,
-// kSweeps radix sweeps over the logits' order-preserving key (kDigitBits a sweep, from the top)
-// that histogram the weights W and narrow down the key of the last token top-p keeps (with how
-// many of its ties, by id); then each warp sums the kept W of its contiguous segment of the row,
-// and the warp whose segment holds floor(u * their sum) walks it to the token. Every sum is of
-// integers: the order the threads add in changes nothing.
+// Tokens drawn on the GPU (draw.h). A row is cut into slices of whole float4s, one block of
+// kThreads a slice (many blocks a row, so that one row's draw spreads over the SMs), and drawn in
+// up to kSweeps + 2 launches over the row's slices, handing what the next needs on through the
+// row's RowScratch:
+//   DrawMaxKernel: each slice's largest logit (and the row's scratch cleared);
+//   DrawSweepKernel, kSweeps times, for rows with top-p: a radix sweep over the logits'
+//     order-preserving key (kDigitBits a sweep, from the top) that histograms the weights W of
+//     the tokens whose keys lie in the range the sweeps before it narrowed down;
+//   DrawPickKernel: from the histograms, the key of the last token top-p keeps and how many of
+//     its ties (lowest ids first); each slice's kept W and its ties; the block that finishes last
+//     finds the slice holding floor(u * the row's kept W) and walks it, a warp a segment, to the
+//     token.
+// Every kernel derives the row's maximum and the sweeps' digits itself from the scratch (a few
+// hundred values) rather than waiting for one block to. Every sum is of integers: neither the
+// order the threads add in nor the slicing changes a token.
 #include "kernels/cuda/draw.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -15,17 +25,29 @@
 namespace moetier::cuda {
 namespace {
 
-constexpr int kThreads = 1024;
+constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarp;
 constexpr int kDigitBits = 8;
 constexpr int kDigits = 1 << kDigitBits;
 constexpr int kSweeps = 32 / kDigitBits;
-constexpr int kChunk = 4 * kWarp;  // a warp's tokens at a time: 4 consecutive ones a lane
+constexpr int kChunk = 4 * kWarp;    // a warp's tokens at a time: 4 consecutive ones a lane
+constexpr int kMaxSlices = 128;      // blocks a row at most
+constexpr int64_t kMinSlice = 2048;  // tokens a slice at least, where the row allows
 constexpr float kWeightScale = 0x1p44f;
 // Below e^kNoWeight a weight is under 2^-45 (e^-31.19), whose W is 0.
 constexpr float kNoWeight = -32.0f;
 // W (at most 2^44) is added by warps in two halves whose sums over 32 lanes fit 32 bits.
 constexpr int kLowBits = 22;
+
+// A row's state between the launches of its draw (DrawScratchBytes: one a row).
+struct RowScratch {
+  unsigned long long mass[kSweeps][kDigits];  // each radix sweep's W by digit
+  uint32_t count[kSweeps][kDigits];           // and how many tokens
+  float slice_max[kMaxSlices];
+  unsigned long long slice_kept[kMaxSlices];  // kept W of each slice, the cut key's tokens aside
+  uint32_t slice_ties[kMaxSlices];            // each slice's tokens of the cut key
+  uint32_t done;                              // slices DrawPickKernel has summed
+};
 
 struct Weighed {
   float w = 0.0f;            // e^((v - max) * inv_t); 0 for a non-finite v
@@ -78,133 +100,20 @@ struct Cut {
   float min_p = 0.0f;
 };
 
-struct Shared {
-  unsigned long long mass[kDigits];  // a radix sweep's W by digit
-  uint32_t count[kDigits];           // and how many tokens
-  float warp_max[kWarps];
-  unsigned long long warp_sum[kWarps];  // kept W of each warp's segment, then their bases
-  uint32_t warp_ties[kWarps];           // top-p's ties in each warp's segment, then their bases
-  float max;
-  uint32_t prefix;           // the key bits the radix sweeps found so far
-  unsigned long long above;  // W of the tokens whose keys lie above the prefix's range
-  unsigned long long need;   // ceil(top_p * the row's W)
-  uint32_t ties;             // tokens of the cut key
-  unsigned long long tie_w;  // and the W of each
-  unsigned long long target;
-  int walker;  // the warp whose segment holds the target
-};
-
 // Adds W to the bin of every lane with `in`, one shared-memory atomic a bin a warp: lanes of
 // one bin found by __match_any_sync, their W summed in 32-bit halves. Every lane of the warp
 // calls it.
 __device__ __forceinline__ void AddToBin(bool in, uint32_t bin, unsigned long long W, int lane,
-                                         Shared& s) {
+                                         unsigned long long* mass, uint32_t* count) {
   const unsigned active = __ballot_sync(0xffffffffu, in);
   if (!in) return;
   const unsigned peers = __match_any_sync(active, bin);
   const uint32_t lo = __reduce_add_sync(peers, static_cast<uint32_t>(W & ((1u << kLowBits) - 1)));
   const uint32_t hi = __reduce_add_sync(peers, static_cast<uint32_t>(W >> kLowBits));
   if (lane == __ffs(peers) - 1) {
-    atomicAdd(&s.mass[bin], (static_cast<unsigned long long>(hi) << kLowBits) + lo);
-    atomicAdd(&s.count[bin], static_cast<uint32_t>(__popc(peers)));
+    atomicAdd(&mass[bin], (static_cast<unsigned long long>(hi) << kLowBits) + lo);
+    atomicAdd(&count[bin], static_cast<uint32_t>(__popc(peers)));
   }
-}
-
-__device__ void RowMax(const float* x, int64_t n, bool aligned, Shared& s) {
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  float m = -INFINITY;
-  for (int64_t i = 4 * static_cast<int64_t>(threadIdx.x); i < n; i += 4 * kThreads) {
-    float v[4];
-    Load4(x, i, n, aligned, v);
-    for (float c : v) m = Finite(c) ? fmaxf(m, c) : m;
-  }
-  m = WarpMax(m);
-  if (lane == 0) s.warp_max[warp] = m;
-  __syncthreads();
-  if (warp == 0) {
-    m = WarpMax(s.warp_max[lane]);
-    if (lane == 0) s.max = m;
-  }
-  __syncthreads();
-}
-
-// Warp 0, after a radix sweep's histogram: the digit holding the need-th unit of W counted from
-// the top, appended to the prefix.
-__device__ void ChooseDigit(Shared& s, int sweep, int shift, float top_p) {
-  constexpr int kPer = kDigits / kWarp;
-  const int lane = threadIdx.x;
-  const int top = kDigits - 1 - lane * kPer;  // this lane's bins: top, top - 1, ...
-  unsigned long long mine = 0;
-  for (int j = 0; j < kPer; ++j) mine += s.mass[top - j];
-  if (sweep == 0) {
-    const unsigned long long total = WarpSumU64(mine);
-    const auto need = static_cast<unsigned long long>(
-        ceil(static_cast<double>(top_p) * static_cast<double>(total)));
-    if (lane == 0) s.need = min(max(need, 1ull), total);
-    __syncwarp();
-  }
-  const unsigned long long above = s.above, need = s.need;
-  __syncwarp();  // every lane has read them before one lane moves them on
-  const unsigned long long incl = WarpInclusiveScan(mine, lane);
-  const unsigned long long before = above + incl - mine;
-  if (before < need && before + mine >= need) {  // one lane
-    unsigned long long acc = before;
-    int d = top;
-    for (int j = 0; j < kPer; ++j, --d) {
-      if (acc + s.mass[d] >= need) break;
-      acc += s.mass[d];
-    }
-    s.prefix |= static_cast<uint32_t>(d) << shift;
-    s.above = acc;
-    s.ties = s.count[d];
-    s.tie_w = s.count[d] != 0 ? s.mass[d] / s.count[d] : 0;
-  }
-}
-
-// The cut of top-p: kSweeps radix sweeps.
-__device__ Cut TopPCut(const float* x, int64_t n, bool aligned, float inv_t, float top_p,
-                       Shared& s) {
-  const int lane = threadIdx.x % kWarp;
-  if (threadIdx.x == 0) {
-    s.prefix = 0;
-    s.above = 0;
-    s.ties = 0;  // stay so only where nothing weighs (every logit non-finite)
-    s.tie_w = 0;
-  }
-  const float max = s.max;
-  for (int sweep = 0; sweep < kSweeps; ++sweep) {
-    const int shift = 32 - kDigitBits * (sweep + 1);
-    for (int b = threadIdx.x; b < kDigits; b += kThreads) {
-      s.mass[b] = 0;
-      s.count[b] = 0;
-    }
-    __syncthreads();
-    const uint32_t high = sweep == 0 ? 0u : s.prefix >> (shift + kDigitBits);
-    for (int64_t base = 4 * static_cast<int64_t>(threadIdx.x - lane); base < n;
-         base += 4 * kThreads) {
-      float v[4];
-      Load4(x, base + 4 * lane, n, aligned, v);
-      for (float c : v) {
-        // Outside the prefix found so far: no weight to compute.
-        const uint32_t key = OrderKey(c);
-        const bool prefixed = sweep == 0 || (key >> (shift + kDigitBits)) == high;
-        const unsigned long long W = prefixed ? Weigh(c, max, inv_t).W : 0;
-        AddToBin(W != 0, (key >> shift) & (kDigits - 1), W, lane, s);
-      }
-    }
-    __syncthreads();
-    if (threadIdx.x < kWarp) ChooseDigit(s, sweep, shift, top_p);
-    __syncthreads();
-  }
-  Cut cut;
-  cut.top_p = true;
-  cut.key = s.prefix;
-  const unsigned long long short_by = s.need - s.above;  // > 0, at most ties * tie_w
-  const auto keep =
-      s.tie_w != 0 ? static_cast<uint32_t>((short_by + s.tie_w - 1) / s.tie_w) : s.ties;
-  cut.keep_ties = min(keep, s.ties);
-  cut.ranked = cut.keep_ties < s.ties;
-  return cut;
 }
 
 // The kept W of this lane's 4 tokens of a chunk; `ties_before` (warp-uniform): the cut key's
@@ -239,100 +148,316 @@ __device__ __forceinline__ void KeptWeights(const float v[4], const Cut& cut, fl
   }
 }
 
-// Warp `warp`'s contiguous segment of the row: whole chunks, the last warps' maybe empty.
+// Warp `warp`'s contiguous segment of a slice of n tokens: whole chunks, the last warps' maybe
+// empty.
 __device__ __forceinline__ int64_t SegmentLength(int64_t n) {
   const int64_t per_warp = (n + kWarps - 1) / kWarps;
   return (per_warp + kChunk - 1) / kChunk * kChunk;
 }
 
-// Each warp's count of the cut key's tokens, then (thread 0) their exclusive prefix.
-__device__ void CountTies(const float* x, int64_t n, bool aligned, const Cut& cut, Shared& s) {
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int64_t seg = SegmentLength(n);
-  const int64_t end = min(n, (warp + 1) * seg);
-  uint32_t ties = 0;
-  for (int64_t i = warp * seg; i < end; i += kChunk) {
-    float v[4];
-    Load4(x, i + 4 * lane, n, aligned, v);
-    for (float c : v) ties += Finite(c) && OrderKey(c) == cut.key ? 1u : 0u;
+// [begin, end) of slice `slice` of `slices` over a row of n: whole float4s, the last maybe empty.
+struct Slice {
+  int64_t begin, end;
+};
+__device__ __forceinline__ Slice SliceOf(int64_t n, int slice, int slices) {
+  const int64_t per = ((n + slices - 1) / slices + 3) / 4 * 4;
+  const int64_t begin = min(n, per * slice);
+  return {begin, min(n, begin + per)};
+}
+
+__device__ __forceinline__ bool Aligned(const float* x, int64_t n) {
+  return n % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+}
+
+// The row's largest logit from its slices' (DrawMaxKernel); every thread gets it.
+__device__ float RowMax(const RowScratch& rs, float& shared_max) {
+  if (threadIdx.x < kWarp) {
+    float m = -INFINITY;
+    for (int s = threadIdx.x; s < static_cast<int>(gridDim.x); s += kWarp)
+      m = fmaxf(m, rs.slice_max[s]);
+    m = WarpMax(m);
+    if (threadIdx.x == 0) shared_max = m;
   }
-  for (int o = kWarp / 2; o > 0; o >>= 1) ties += __shfl_xor_sync(0xffffffffu, ties, o);
-  if (lane == 0) s.warp_ties[warp] = ties;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    uint32_t acc = 0;
-    for (int w = 0; w < kWarps; ++w) {
-      const uint32_t mine = s.warp_ties[w];
-      s.warp_ties[w] = acc;
-      acc += mine;
+  return shared_max;
+}
+
+// Where the first sweeps narrowed top-p's cut: the key bits found, the W of the tokens whose keys
+// lie above their range, and the W top-p needs; after the last sweep, the cut key's tokens and
+// the W of each.
+struct CutState {
+  uint32_t prefix;
+  unsigned long long above;
+  unsigned long long need;  // ceil(top_p * the row's W)
+  uint32_t ties;
+  unsigned long long tie_w;
+};
+
+// Warp 0: the digits the first `sweeps` sweeps' histograms choose, each the one holding the
+// need-th unit of W counted from the top.
+__device__ void FollowDigits(const RowScratch& rs, int sweeps, float top_p, CutState& c) {
+  constexpr int kPer = kDigits / kWarp;
+  const int lane = threadIdx.x;
+  const int top = kDigits - 1 - lane * kPer;   // this lane's bins: top, top - 1, ...
+  if (lane == 0) c = CutState{0, 0, 0, 0, 0};  // so where nothing weighs (every logit non-finite)
+  __syncwarp();
+  for (int sweep = 0; sweep < sweeps; ++sweep) {
+    const unsigned long long* mass = rs.mass[sweep];
+    unsigned long long mine = 0;
+    for (int j = 0; j < kPer; ++j) mine += mass[top - j];
+    if (sweep == 0) {
+      const unsigned long long total = WarpSumU64(mine);
+      const auto need = static_cast<unsigned long long>(
+          ceil(static_cast<double>(top_p) * static_cast<double>(total)));
+      if (lane == 0) c.need = min(max(need, 1ull), total);
+      __syncwarp();
     }
+    const unsigned long long above = c.above, need = c.need;
+    __syncwarp();  // every lane has read them before one lane moves them on
+    const unsigned long long incl = WarpInclusiveScan(mine, lane);
+    const unsigned long long before = above + incl - mine;
+    if (before < need && before + mine >= need) {  // one lane
+      unsigned long long acc = before;
+      int d = top;
+      for (int j = 0; j < kPer; ++j, --d) {
+        if (acc + mass[d] >= need) break;
+        acc += mass[d];
+      }
+      c.prefix |= static_cast<uint32_t>(d) << (32 - kDigitBits * (sweep + 1));
+      c.above = acc;
+      c.ties = rs.count[sweep][d];
+      c.tie_w = c.ties != 0 ? mass[d] / c.ties : 0;
+    }
+    __syncwarp();
   }
-  __syncthreads();
+}
+
+// The cut of the last sweep's state; min-p beside it.
+__device__ Cut CutOf(const CutState& c, bool top_p, float min_p) {
+  Cut cut;
+  cut.min_p = min_p;
+  if (!top_p) return cut;
+  cut.top_p = true;
+  cut.key = c.prefix;
+  const unsigned long long short_by = c.need - c.above;  // > 0, at most ties * tie_w
+  const auto keep =
+      c.tie_w != 0 ? static_cast<uint32_t>((short_by + c.tie_w - 1) / c.tie_w) : c.ties;
+  cut.keep_ties = min(keep, c.ties);
+  cut.ranked = cut.keep_ties < c.ties;
+  return cut;
 }
 
 __global__ void __launch_bounds__(kThreads)
-    DrawRowsKernel(const float* x, int64_t n, const RowDraw* draws, LogitCandidate* out,
-                   int32_t* counts) {
+    DrawMaxKernel(const float* x, int64_t n, const RowDraw* draws, RowScratch* scratch) {
   PdlWait();
-  __shared__ Shared s;
-  const int64_t row = blockIdx.x;
+  const int64_t row = blockIdx.y;
   const RowDraw d = draws[row];
   if (!(d.u >= 0.0)) return;
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  RowScratch& rs = scratch[row];
+  if (d.top_p < 1.0f) {  // the sweeps' histograms, for the launches after this one
+    for (int i = blockIdx.x * kThreads + threadIdx.x; i < kSweeps * kDigits;
+         i += gridDim.x * kThreads) {
+      (&rs.mass[0][0])[i] = 0;
+      (&rs.count[0][0])[i] = 0;
+    }
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) rs.done = 0;
+  const Slice sl = SliceOf(n, blockIdx.x, gridDim.x);
   const float* xr = x + row * n;
-  const bool aligned = n % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  RowMax(xr, n, aligned, s);
-  const float max = s.max;
-  Cut cut;
-  if (d.top_p < 1.0f) cut = TopPCut(xr, n, aligned, d.inv_temperature, d.top_p, s);
-  cut.min_p = d.min_p;
-  if (cut.ranked) CountTies(xr, n, aligned, cut, s);
+  const bool aligned = Aligned(x, n);
+  float m = -INFINITY;
+  for (int64_t i = sl.begin + 4 * threadIdx.x; i < sl.end; i += 4 * kThreads) {
+    float v[4];
+    Load4(xr, i, sl.end, aligned, v);
+    for (float c : v) m = Finite(c) ? fmaxf(m, c) : m;
+  }
+  __shared__ float warp_max[kWarps];
+  m = WarpMax(m);
+  if (threadIdx.x % kWarp == 0) warp_max[threadIdx.x / kWarp] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (float w : warp_max) m = fmaxf(m, w);
+    rs.slice_max[blockIdx.x] = m;
+  }
+}
 
-  // Each warp's kept W, then (thread 0) their exclusive prefix, the target and its warp.
-  const int64_t seg = SegmentLength(n);
-  const int64_t begin = warp * seg, end = min(n, begin + seg);
+// Radix sweep `sweep` of the rows with top-p: the W of the slice's tokens whose keys' higher
+// digits are the ones the sweeps before chose, by this sweep's digit, into the row's histogram.
+__global__ void __launch_bounds__(kThreads)
+    DrawSweepKernel(const float* x, int64_t n, const RowDraw* draws, RowScratch* scratch,
+                    int sweep) {
+  PdlWait();
+  const int64_t row = blockIdx.y;
+  const RowDraw d = draws[row];
+  if (!(d.u >= 0.0) || !(d.top_p < 1.0f)) return;
+  RowScratch& rs = scratch[row];
+  __shared__ unsigned long long mass[kDigits];
+  __shared__ uint32_t count[kDigits];
+  __shared__ float shared_max;
+  __shared__ CutState state;
+  for (int b = threadIdx.x; b < kDigits; b += kThreads) {
+    mass[b] = 0;
+    count[b] = 0;
+  }
+  const float max = RowMax(rs, shared_max);
+  if (sweep > 0 && threadIdx.x < kWarp) FollowDigits(rs, sweep, d.top_p, state);
+  __syncthreads();
+  const int shift = 32 - kDigitBits * (sweep + 1);
+  const uint32_t high = sweep == 0 ? 0u : state.prefix >> (shift + kDigitBits);
+  const int lane = threadIdx.x % kWarp;
+  const Slice sl = SliceOf(n, blockIdx.x, gridDim.x);
+  const float* xr = x + row * n;
+  const bool aligned = Aligned(x, n);
+  for (int64_t base = sl.begin + 4 * static_cast<int64_t>(threadIdx.x - lane); base < sl.end;
+       base += 4 * kThreads) {
+    float v[4];
+    Load4(xr, base + 4 * lane, sl.end, aligned, v);
+    for (float c : v) {
+      // Outside the prefix found so far: no weight to compute.
+      const uint32_t key = OrderKey(c);
+      const bool prefixed = sweep == 0 || (key >> (shift + kDigitBits)) == high;
+      const unsigned long long W = prefixed ? Weigh(c, max, d.inv_temperature).W : 0;
+      AddToBin(W != 0, (key >> shift) & (kDigits - 1), W, lane, mass, count);
+    }
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < kDigits; b += kThreads) {
+    if (count[b] == 0) continue;
+    atomicAdd(&rs.mass[sweep][b], mass[b]);
+    atomicAdd(&rs.count[sweep][b], count[b]);
+  }
+}
+
+// What DrawPickKernel's last block shares.
+struct PickShared {
+  float max;
+  CutState state;
+  bool last;
+  unsigned long long warp_kept[kWarps];
+  uint32_t warp_ties[kWarps];
+  unsigned long long slice_base[kMaxSlices];  // kept W of the slices before each
+  uint32_t slice_ties_before[kMaxSlices];
+  unsigned long long target;
+  int slice;   // the one whose kept W holds the target; -1: none (nothing weighs)
+  int walker;  // the warp whose segment of it holds the target
+};
+
+// This thread's tokens of the slice (strided float4s): the kept W of those above the cut key
+// (every one without top-p) and how many are the cut key's.
+__device__ void TallySlice(const float* xr, Slice sl, bool aligned, const Cut& cut, float max,
+                           float inv_t, unsigned long long& kept, uint32_t& ties) {
+  for (int64_t i = sl.begin + 4 * threadIdx.x; i < sl.end; i += 4 * kThreads) {
+    float v[4];
+    Load4(xr, i, sl.end, aligned, v);
+    for (float c : v) {
+      const uint32_t key = OrderKey(c);
+      if (cut.top_p && key <= cut.key) {
+        ties += Finite(c) && key == cut.key ? 1u : 0u;
+        continue;
+      }
+      const Weighed q = Weigh(c, max, inv_t);
+      kept += q.W != 0 && q.w >= cut.min_p ? q.W : 0;
+    }
+  }
+}
+
+// The last block: each slice's kept W (its cut-key tokens counted in id order against
+// keep_ties), the target, and the slice that holds it.
+__device__ void FindSlice(const RowScratch& rs, const Cut& cut, float max, float inv_t, double u,
+                          PickShared& s) {
+  const int slices = static_cast<int>(gridDim.x);
+  for (int i = threadIdx.x; i < slices; i += kThreads) {
+    s.slice_base[i] = __ldcg(&rs.slice_kept[i]);
+    s.slice_ties_before[i] = __ldcg(&rs.slice_ties[i]);
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  // Every cut-key token has the same W; min-p keeps all of them or none.
+  const Weighed tie = cut.top_p ? Weigh(FromOrderKey(cut.key), max, inv_t) : Weighed{};
+  const unsigned long long tie_W = tie.W != 0 && tie.w >= cut.min_p ? tie.W : 0;
+  unsigned long long total = 0;
+  uint32_t ties_before = 0;
+  for (int i = 0; i < slices; ++i) {
+    const uint32_t ties = s.slice_ties_before[i];
+    const uint32_t room = cut.keep_ties > ties_before ? cut.keep_ties - ties_before : 0u;
+    const unsigned long long kept = s.slice_base[i] + tie_W * min(room, ties);
+    s.slice_base[i] = total;
+    s.slice_ties_before[i] = ties_before;
+    total += kept;
+    ties_before += ties;
+  }
+  const auto pick = static_cast<unsigned long long>(u * static_cast<double>(total));
+  s.target = total == 0 ? 0 : min(pick, total - 1);
+  s.slice = -1;
+  for (int i = 0; i < slices && total != 0; ++i)
+    if (s.slice_base[i] <= s.target && (i + 1 == slices ? total : s.slice_base[i + 1]) > s.target)
+      s.slice = i;
+}
+
+// The last block: the token of the slice that holds the target. Each warp sums the kept W of
+// its segment of the slice (after counting its cut-key tokens, for their ranks, when only some
+// are kept), and the warp whose segment holds the target walks it: chunk by chunk, a scan of the
+// lanes' kept W finds the lane, then its token.
+__device__ void WalkSlice(const float* xr, int64_t n, bool aligned, const Cut& cut, float max,
+                          float inv_t, PickShared& s, LogitCandidate* out, int32_t* count) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const Slice sl = SliceOf(n, s.slice, gridDim.x);
+  const int64_t seg = SegmentLength(sl.end - sl.begin);
+  const int64_t begin = min(sl.end, sl.begin + warp * seg), end = min(sl.end, begin + seg);
+  if (cut.ranked) {
+    uint32_t ties = 0;
+    for (int64_t i = begin; i < end; i += kChunk) {
+      float v[4];
+      Load4(xr, i + 4 * lane, end, aligned, v);
+      for (float c : v) ties += Finite(c) && OrderKey(c) == cut.key ? 1u : 0u;
+    }
+    for (int o = kWarp / 2; o > 0; o >>= 1) ties += __shfl_xor_sync(0xffffffffu, ties, o);
+    if (lane == 0) s.warp_ties[warp] = ties;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint32_t acc = s.slice_ties_before[s.slice];
+      for (int w = 0; w < kWarps; ++w) {
+        const uint32_t mine = s.warp_ties[w];
+        s.warp_ties[w] = acc;
+        acc += mine;
+      }
+    }
+    __syncthreads();
+  }
   uint32_t ties = cut.ranked ? s.warp_ties[warp] : 0u;
   unsigned long long sum = 0;
   for (int64_t i = begin; i < end; i += kChunk) {
     float v[4];
     unsigned long long W[4];
-    Load4(xr, i + 4 * lane, n, aligned, v);
-    KeptWeights(v, cut, max, d.inv_temperature, lane, ties, W);
+    Load4(xr, i + 4 * lane, end, aligned, v);
+    KeptWeights(v, cut, max, inv_t, lane, ties, W);
     sum += W[0] + W[1] + W[2] + W[3];
   }
   sum = WarpSumU64(sum);
-  if (lane == 0) s.warp_sum[warp] = sum;
+  if (lane == 0) s.warp_kept[warp] = sum;
   __syncthreads();
   if (threadIdx.x == 0) {
-    unsigned long long total = 0;
+    unsigned long long acc = s.slice_base[s.slice];
     for (int w = 0; w < kWarps; ++w) {
-      const unsigned long long mine = s.warp_sum[w];
-      s.warp_sum[w] = total;
-      total += mine;
+      const unsigned long long mine = s.warp_kept[w];
+      s.warp_kept[w] = acc;
+      acc += mine;
     }
-    const auto pick = static_cast<unsigned long long>(d.u * static_cast<double>(total));
-    s.target = total == 0 ? 0 : min(pick, total - 1);
     s.walker = -1;
     for (int w = 0; w < kWarps; ++w)
-      if (s.warp_sum[w] <= s.target && (w + 1 == kWarps ? total : s.warp_sum[w + 1]) > s.target)
+      if (s.warp_kept[w] <= s.target && (w + 1 == kWarps ? acc : s.warp_kept[w + 1]) > s.target)
         s.walker = w;
-    if (total == 0) {  // every logit non-finite: the step fails on its scan
-      out[row * kMaxLogitCandidates] = LogitCandidate{max, 0};
-      counts[row] = 1;
-    }
   }
   __syncthreads();
   if (warp != s.walker) return;
-
-  // The walk: chunk by chunk, a scan of the lanes' kept W finds the lane, then its token.
   const unsigned long long target = s.target;
-  unsigned long long running = s.warp_sum[warp];
+  unsigned long long running = s.warp_kept[warp];
   ties = cut.ranked ? s.warp_ties[warp] : 0u;
   for (int64_t i = begin; i < end; i += kChunk) {
     float v[4];
     unsigned long long W[4];
-    Load4(xr, i + 4 * lane, n, aligned, v);
-    KeptWeights(v, cut, max, d.inv_temperature, lane, ties, W);
+    Load4(xr, i + 4 * lane, end, aligned, v);
+    KeptWeights(v, cut, max, inv_t, lane, ties, W);
     const unsigned long long mine = W[0] + W[1] + W[2] + W[3];
     const unsigned long long incl = WarpInclusiveScan(mine, lane);
     const unsigned past = __ballot_sync(0xffffffffu, running + incl > target);
@@ -345,9 +470,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int k = 0; k < 4; ++k) {
         acc += W[k];
         if (acc > target) {
-          out[row * kMaxLogitCandidates] =
-              LogitCandidate{v[k], static_cast<int32_t>(i + 4 * lane + k)};
-          counts[row] = 1;
+          *out = LogitCandidate{v[k], static_cast<int32_t>(i + 4 * lane + k)};
+          *count = 1;
           break;
         }
       }
@@ -356,13 +480,95 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+__global__ void __launch_bounds__(kThreads)
+    DrawPickKernel(const float* x, int64_t n, const RowDraw* draws, RowScratch* scratch,
+                   LogitCandidate* out, int32_t* counts) {
+  PdlWait();
+  const int64_t row = blockIdx.y;
+  const RowDraw d = draws[row];
+  if (!(d.u >= 0.0)) return;
+  RowScratch& rs = scratch[row];
+  __shared__ PickShared s;
+  const float max = RowMax(rs, s.max);
+  const bool top_p = d.top_p < 1.0f;
+  if (top_p && threadIdx.x < kWarp) FollowDigits(rs, kSweeps, d.top_p, s.state);
+  __syncthreads();
+  const Cut cut = CutOf(s.state, top_p, d.min_p);
+  const float* xr = x + row * n;
+  const bool aligned = Aligned(x, n);
+
+  // This slice's kept W and cut-key tokens, then whether it is the last to finish.
+  unsigned long long kept = 0;
+  uint32_t ties = 0;
+  TallySlice(xr, SliceOf(n, blockIdx.x, gridDim.x), aligned, cut, max, d.inv_temperature, kept,
+             ties);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  kept = WarpSumU64(kept);
+  for (int o = kWarp / 2; o > 0; o >>= 1) ties += __shfl_xor_sync(0xffffffffu, ties, o);
+  if (lane == 0) {
+    s.warp_kept[warp] = kept;
+    s.warp_ties[warp] = ties;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    kept = 0;
+    ties = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      kept += s.warp_kept[w];
+      ties += s.warp_ties[w];
+    }
+    rs.slice_kept[blockIdx.x] = kept;
+    rs.slice_ties[blockIdx.x] = ties;
+    __threadfence();  // the sums are visible before the count says so
+    s.last = atomicAdd(&rs.done, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!s.last) return;
+  __threadfence();
+
+  FindSlice(rs, cut, max, d.inv_temperature, d.u, s);
+  __syncthreads();
+  if (s.slice < 0) {  // every logit non-finite: the step fails on its scan
+    if (threadIdx.x == 0) {
+      out[row * kMaxLogitCandidates] = LogitCandidate{max, 0};
+      counts[row] = 1;
+    }
+    return;
+  }
+  WalkSlice(xr, n, aligned, cut, max, d.inv_temperature, s, out + row * kMaxLogitCandidates,
+            counts + row);
+}
+
+// Slices a row: enough blocks for every SM twice over, none under kMinSlice tokens (unless the
+// row is shorter), at most kMaxSlices.
+int SlicesPerRow(int64_t n, int64_t n_rows) {
+  int device = 0, sms = 1;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const int64_t by_length = (n + kMinSlice - 1) / kMinSlice;
+  const int64_t by_sms = (2 * std::max(sms, 1) + n_rows - 1) / n_rows;
+  return static_cast<int>(std::clamp<int64_t>(std::min(by_length, by_sms), 1, kMaxSlices));
+}
+
 }  // namespace
 
-void LaunchDrawRows(const float* x, int64_t n_rows, int64_t n, const RowDraw* draws,
-                    LogitCandidate* out, int32_t* counts, cudaStream_t stream) {
-  if (n_rows <= 0 || n <= 0) return;
-  Launch(DrawRowsKernel, static_cast<unsigned>(n_rows), kThreads, 0, stream, x, n, draws, out,
-         counts);
+size_t DrawScratchBytes(int64_t n_rows) {
+  return static_cast<size_t>(std::max<int64_t>(n_rows, 0)) * sizeof(RowScratch);
+}
+
+void LaunchDrawRows(const float* x, int64_t n_rows, int64_t n, const RowDraw* draws, DrawWork work,
+                    void* scratch, LogitCandidate* out, int32_t* counts, cudaStream_t stream,
+                    int slices) {
+  if (n_rows <= 0 || n <= 0 || work == DrawWork::kNone) return;
+  if (slices <= 0) slices = SlicesPerRow(n, n_rows);
+  const dim3 grid(static_cast<unsigned>(std::min(slices, kMaxSlices)),
+                  static_cast<unsigned>(n_rows));
+  auto* rows = static_cast<RowScratch*>(scratch);
+  Launch(DrawMaxKernel, grid, kThreads, 0, stream, x, n, draws, rows);
+  if (work == DrawWork::kTopP)
+    for (int sweep = 0; sweep < kSweeps; ++sweep)
+      Launch(DrawSweepKernel, grid, kThreads, 0, stream, x, n, draws, rows, sweep);
+  Launch(DrawPickKernel, grid, kThreads, 0, stream, x, n, draws, rows, out, counts);
 }
 
 }  // namespace moetier::cuda

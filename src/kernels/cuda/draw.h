@@ -1,5 +1,6 @@
 // Tokens drawn on the GPU from rows of logits (RowDraw, core/logit_candidate.h), so that a
-// sampled step hands back one token a row instead of the row. One block a row. The draw,
+// sampled step hands back one token a row instead of the row. Each row is cut into slices drawn
+// by blocks of their own, over two launches, or six with top-p (draw.cu). The draw,
 // exactly: its sums are of integers, so a row's token depends on that row alone and the same
 // inputs always give the same token.
 // - Weights w = e^((logit - max) * inv_temperature) in float (the largest exactly 1), held as
@@ -16,16 +17,36 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "core/logit_candidate.h"
 
 namespace moetier::cuda {
 
+// What a step's draws ask of the GPU: nothing, the draw, or the draw with top-p's sweeps.
+enum class DrawWork : uint8_t { kNone, kDraw, kTopP };
+inline DrawWork DrawWorkOf(std::span<const RowDraw> draws) {
+  DrawWork work = DrawWork::kNone;
+  for (const RowDraw& d : draws) {
+    if (!(d.u >= 0.0)) continue;
+    if (d.top_p < 1.0f) return DrawWork::kTopP;
+    work = DrawWork::kDraw;
+  }
+  return work;
+}
+
+// Device scratch LaunchDrawRows needs for n_rows rows.
+size_t DrawScratchBytes(int64_t n_rows);
+
 // For each row r < n_rows of x [n_rows, n] (n <= kMaxDrawVocab) whose draws[r].u >= 0: the
 // drawn token into out[r * kMaxLogitCandidates] (its logit and id) and 1 into counts[r]; other
-// rows are left as they are. draws: device memory.
-void LaunchDrawRows(const float* x, int64_t n_rows, int64_t n, const RowDraw* draws,
-                    LogitCandidate* out, int32_t* counts, cudaStream_t stream);
+// rows are left as they are. work: DrawWorkOf the draws (kTopP where any drawn row has top-p).
+// draws and scratch (DrawScratchBytes(n_rows)): device memory. slices: blocks a row (0: chosen
+// for the GPU's SMs); a row's token does not depend on it.
+void LaunchDrawRows(const float* x, int64_t n_rows, int64_t n, const RowDraw* draws, DrawWork work,
+                    void* scratch, LogitCandidate* out, int32_t* counts, cudaStream_t stream,
+                    int slices = 0);
 
 }  // namespace moetier::cuda

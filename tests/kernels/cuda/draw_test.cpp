@@ -6,7 +6,7 @@
 // differs from the reference's must lie where that could move it (within 1e-6 of the draw's
 // total from a boundary), and such tokens must be rare. Also: the exact distribution over a
 // grid of u on a short row, a row's token whatever the other rows, rows without a draw left
-// alone, and a non-finite logit.
+// alone, a non-finite logit, and a row's token whatever its slicing into blocks.
 #include "kernels/cuda/draw.h"
 
 #include <gtest/gtest.h>
@@ -39,15 +39,21 @@ struct Drawn {
   std::vector<float> logits;
 };
 
-Drawn DrawOnDevice(const std::vector<float>& x, int64_t n, const std::vector<RowDraw>& draws) {
+// slices: blocks a row (0: the GPU's choice).
+Drawn DrawOnDevice(const std::vector<float>& x, int64_t n, const std::vector<RowDraw>& draws,
+                   int slices = 0) {
   const auto rows = static_cast<int64_t>(draws.size());
   const DeviceBuffer<float> d_x = Upload(x);
   const DeviceBuffer<RowDraw> d_draws = Upload(draws);
+  auto d_scratch = DeviceBuffer<uint8_t>::Create(DrawScratchBytes(rows), "scratch");
+  EXPECT_TRUE(d_scratch.ok()) << d_scratch.status().message();
   DeviceBuffer<LogitCandidate> d_out = Upload(
       std::vector<LogitCandidate>(static_cast<size_t>(rows * kMaxLogitCandidates), {0.0f, -1}));
   DeviceBuffer<int32_t> d_counts =
       Upload(std::vector<int32_t>(static_cast<size_t>(rows), kUntouched));
-  LaunchDrawRows(d_x.data(), rows, n, d_draws.data(), d_out.data(), d_counts.data(), nullptr);
+  LaunchDrawRows(d_x.data(), rows, n, d_draws.data(), DrawWorkOf(draws), d_scratch->data(),
+                 d_out.data(), d_counts.data(), nullptr, slices);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<LogitCandidate> out =
       Download(d_out, static_cast<size_t>(rows * kMaxLogitCandidates));
   const std::vector<int32_t> counts = Download(d_counts, static_cast<size_t>(rows));
@@ -250,6 +256,38 @@ TEST(CudaDrawRowsTest, ARowsTokenIsItsOwnWhateverTheOtherRows) {
     for (size_t r = 1; r < draws.size(); r += 2) {
       if (static_cast<int64_t>(r) != at) {
         EXPECT_EQ(got.ids[r], -1) << "row " << r;
+      }
+    }
+  }
+}
+
+// A row is drawn by blocks of slices of it, the last to finish walking the slice that holds the
+// target: the token is the same however many slices (empty ones too, on short rows), with top-p
+// cutting inside a group of ties that spans slices.
+TEST(CudaDrawRowsTest, TheSlicingChangesNoToken) {
+  MT_REQUIRE_GPU();
+  std::mt19937 rng(testing::TestSeed());
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  for (const Rows kind : {Rows::kNormal, Rows::kFlat, Rows::kFewValues}) {
+    for (const int64_t n : {int64_t{5}, int64_t{1001}, int64_t{151936}}) {
+      constexpr int64_t kRows = 8;
+      const std::vector<float> x = MakeRows(kind, kRows, n, rng);
+      std::vector<RowDraw> draws(kRows);
+      for (int64_t r = 0; r < kRows; ++r) {
+        RowDraw& d = draws[static_cast<size_t>(r)];
+        d.u = uniform(rng);
+        d.inv_temperature = r % 2 == 0 ? 1.0f : 1.0f / 0.6f;
+        d.top_p = std::array<float, 4>{1.0f, 0.9f, 0.5f, 0.97f}[r % 4];
+        d.min_p = r >= 6 ? 0.05f : 0.0f;
+      }
+      const std::vector<int32_t> one = DrawOnDevice(x, n, draws, 1).ids;
+      for (const int slices : {0, 3, 64, 128}) {
+        const std::vector<int32_t> got = DrawOnDevice(x, n, draws, slices).ids;
+        for (size_t r = 0; r < one.size(); ++r) {
+          ASSERT_GE(one[r], 0);
+          EXPECT_EQ(got[r], one[r]) << "kind " << static_cast<int>(kind) << " n " << n << " row "
+                                    << r << " slices " << slices;
+        }
       }
     }
   }

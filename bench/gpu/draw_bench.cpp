@@ -1,0 +1,193 @@
+// Device time of a sampled step's last kernels: the logits' top-k candidates (LaunchTopKRows,
+// which every sampled or greedy step runs) and the device draw (LaunchDrawRows), on rows of
+// `--vocab` logits drawn from N(0, sigma^2), per row count and sampler. Prints one JSON line.
+//
+//   draw_bench [--vocab 151936] [--rows 1,16] [--sigma 0.5,3] [--reps 50]
+//
+// Samplers: "temperature" (1.0 alone, the OpenAI API's default), "top_p" (0.95 at temperature
+// 0.6), "min_p" (0.05 at temperature 1.0). A small sigma gives flat rows (top-p keeps most of
+// the vocabulary, as a model of random weights does); a large one peaked rows. Each figure is
+// the median of --reps launches timed by CUDA events after one warm-up launch, in microseconds.
+// Exits 1 without a CUDA device or when a launch fails.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/logit_candidate.h"
+#include "core/status.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/draw.h"
+#include "kernels/cuda/top_k.h"
+
+using namespace moetier;
+using Json = nlohmann::ordered_json;
+
+namespace {
+
+struct Options {
+  int64_t vocab = 151936;
+  std::vector<int64_t> rows = {1, 16};
+  std::vector<double> sigma = {0.5, 3.0};
+  int reps = 50;
+};
+
+struct Sampler {
+  const char* name;
+  float temperature, top_p, min_p;
+};
+constexpr Sampler kSamplers[] = {
+    {"temperature", 1.0f, 1.0f, 0.0f}, {"top_p", 0.6f, 0.95f, 0.0f}, {"min_p", 1.0f, 1.0f, 0.05f}};
+
+constexpr const char* kUsage =
+    "usage: draw_bench [--vocab N] [--rows 1,16] [--sigma 0.5,3] [--reps R]\n"
+    "  device time (us) of the logits' top-k and of the device draw per row count, logit spread\n"
+    "  and sampler. Needs a CUDA device; prints one JSON line. See the top of draw_bench.cpp.\n";
+
+template <typename T>
+std::vector<T> ParseList(const char* s) {
+  std::vector<T> out;
+  for (const char* p = s; *p != '\0';) {
+    char* end = nullptr;
+    out.push_back(static_cast<T>(std::strtod(p, &end)));
+    if (end == p) break;
+    p = *end == ',' ? end + 1 : end;
+  }
+  return out;
+}
+
+bool Parse(int argc, char** argv, Options& o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") return false;
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "draw_bench: %s needs a value\n", a.c_str());
+      return false;
+    }
+    const char* v = argv[++i];
+    if (a == "--vocab") {
+      o.vocab = std::atoll(v);
+    } else if (a == "--rows") {
+      o.rows = ParseList<int64_t>(v);
+    } else if (a == "--sigma") {
+      o.sigma = ParseList<double>(v);
+    } else if (a == "--reps") {
+      o.reps = std::atoi(v);
+    } else {
+      std::fprintf(stderr, "draw_bench: unknown flag %s\n", a.c_str());
+      return false;
+    }
+  }
+  const bool rows_ok = !o.rows.empty() && *std::min_element(o.rows.begin(), o.rows.end()) > 0;
+  if (o.vocab <= 0 || o.vocab > kMaxDrawVocab || !rows_ok || o.sigma.empty() || o.reps <= 0) {
+    std::fprintf(stderr, "draw_bench: --vocab in [1, %lld], --rows and --reps > 0\n",
+                 static_cast<long long>(kMaxDrawVocab));
+    return false;
+  }
+  return true;
+}
+
+bool Ok(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return true;
+  std::fprintf(stderr, "draw_bench: %s: %s\n", what, cudaGetErrorString(e));
+  return false;
+}
+
+// The median device time of `reps` calls of launch (after one warm-up), in microseconds; -1 when
+// a launch failed.
+template <typename F>
+double MedianMicros(int reps, cudaStream_t stream, F launch) {
+  cudaEvent_t start, stop;
+  if (!Ok(cudaEventCreate(&start), "event") || !Ok(cudaEventCreate(&stop), "event")) return -1;
+  launch();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(start, stream);
+    launch();
+    cudaEventRecord(stop, stream);
+    if (!Ok(cudaEventSynchronize(stop), "a timed launch")) return -1;
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, start, stop);
+    t.push_back(1000.0 * ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::nth_element(t.begin(), t.begin() + static_cast<ptrdiff_t>(t.size() / 2), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (!Parse(argc, argv, o)) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "draw_bench: no CUDA device\n");
+    return 1;
+  }
+  cudaStream_t stream;
+  if (!Ok(cudaStreamCreate(&stream), "stream")) return 1;
+  const int64_t max_rows = *std::max_element(o.rows.begin(), o.rows.end());
+  const auto n = static_cast<size_t>(max_rows * o.vocab);
+  auto x = cuda::DeviceBuffer<float>::Create(n, "logits");
+  auto scratch = cuda::DeviceBuffer<char>::Create(cuda::TopKScratchBytes(max_rows), "scratch");
+  auto cands = cuda::DeviceBuffer<LogitCandidate>::Create(
+      static_cast<size_t>(max_rows) * kMaxLogitCandidates, "candidates");
+  auto counts = cuda::DeviceBuffer<int32_t>::Create(static_cast<size_t>(max_rows), "counts");
+  auto draws = cuda::DeviceBuffer<RowDraw>::Create(static_cast<size_t>(max_rows), "draws");
+  auto draw_scratch =
+      cuda::DeviceBuffer<uint8_t>::Create(cuda::DrawScratchBytes(max_rows), "draw scratch");
+  for (const Status& s : {x.status(), scratch.status(), cands.status(), counts.status(),
+                          draws.status(), draw_scratch.status()})
+    if (!s.ok()) {
+      std::fprintf(stderr, "draw_bench: %s\n", s.message().c_str());
+      return 1;
+    }
+  std::mt19937 rng(12345);
+  Json results = Json::array();
+  for (double sigma : o.sigma) {
+    std::normal_distribution<float> normal(0.0f, static_cast<float>(sigma));
+    std::vector<float> host(n);
+    for (float& v : host) v = normal(rng);
+    if (!Ok(cudaMemcpy(x->data(), host.data(), n * sizeof(float), cudaMemcpyHostToDevice),
+            "copying logits"))
+      return 1;
+    for (int64_t rows : o.rows) {
+      const double top_k = MedianMicros(o.reps, stream, [&] {
+        cuda::LaunchTopKRows(x->data(), rows, o.vocab, kMaxCandidateTopK, scratch->data(),
+                             cands->data(), counts->data(), nullptr, stream);
+      });
+      Json row = {{"sigma", sigma}, {"rows", rows}, {"top_k_us", top_k}};
+      for (const Sampler& s : kSamplers) {
+        std::vector<RowDraw> d(static_cast<size_t>(rows));
+        std::uniform_real_distribution<double> uniform(0.0, 1.0);
+        for (RowDraw& r : d) r = {uniform(rng), 1.0f / s.temperature, s.top_p, s.min_p};
+        if (!Ok(cudaMemcpy(draws->data(), d.data(), d.size() * sizeof(RowDraw),
+                           cudaMemcpyHostToDevice),
+                "copying draws"))
+          return 1;
+        row[std::string(s.name) + "_us"] = MedianMicros(o.reps, stream, [&] {
+          cuda::LaunchDrawRows(x->data(), rows, o.vocab, draws->data(), cuda::DrawWorkOf(d),
+                               draw_scratch->data(), cands->data(), counts->data(), stream);
+        });
+      }
+      results.push_back(row);
+    }
+  }
+  if (!Ok(cudaStreamSynchronize(stream), "the last launch")) return 1;
+  Json out = {{"vocab", o.vocab}, {"reps", o.reps}, {"results", results}};
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
