@@ -179,12 +179,11 @@ if [ "${DRAWS:-0}" = 1 ]; then
   say "draw_bench: exit $?: $(cat "$LOGS/draws.json")"
   NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
   if [ -n "$NCU_BIN" ]; then
-    run_timed 120 "$NCU_BIN" --kernel-name regex:DrawRows --launch-count 6 --section SpeedOfLight \
+    run_timed 120 "$NCU_BIN" --kernel-name regex:Draw --launch-count 40 --section SpeedOfLight \
       --section WarpStateStats --section Occupancy "$B/draw_bench" --rows 1,16 --sigma 0.5 \
       --reps 1 > "$LOGS/draws-ncu.log" 2>&1
     say "draw ncu: exit $?"
-    grep -E "DrawRows|Duration|Compute \(SM\) Thr|Memory Thr|Achieved Occ|Stall" \
-      "$LOGS/draws-ncu.log" | head -60 >> "$S"
+    grep -E "Draw[A-Za-z]*Kernel|Duration|Achieved Occ" "$LOGS/draws-ncu.log" | head -120 >> "$S"
   fi
 fi
 # Logits of five tokens under each placement, against the CPU engine's.

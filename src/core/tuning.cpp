@@ -42,7 +42,7 @@ const std::array<TuningKnobSpec, 25> kTuningKnobSpecs = {{
      "offload/hybrid: 1 evicts the GPU expert cache's least recently used slot; 0 (default) the "
      "expert used next the latest in the layers' order"},
     {"MOETIER_DEVICE_DRAWS", &TuningKnobs::device_draws, 0, 1,
-     "GPU: 1 draws temperature/top-p/min-p tokens on the device; 0 (default) copies the rows "
+     "GPU: 1 (default) draws temperature/top-p/min-p tokens on the device; 0 copies the rows "
      "and draws on the host"},
     {"MOETIER_CUDA_GRAPHS", &TuningKnobs::cuda_graphs, 0, 1,
      "gpu: 1 (default) replays decode steps from recorded CUDA graphs; 0 launches each kernel"},

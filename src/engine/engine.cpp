@@ -495,7 +495,7 @@ bool Engine::Forced(const Sequence& s) {
 
 void Engine::ChooseDeviceDraws() {
   draws_.clear();
-  const bool on_device = options_.device_draws.value_or(Tuning().device_draws.value_or(0) != 0);
+  const bool on_device = options_.device_draws.value_or(Tuning().device_draws.value_or(1) != 0);
   if (!model_.CandidatesOnDevice() || !on_device) return;
   const int64_t vocab = model_.config().vocab_size;
   bool any = false;
