@@ -1,5 +1,5 @@
 // Device time of a sampled step's last kernels: the logits' top-k candidates (LaunchTopKRows,
-// which every sampled or greedy step runs) and the device draw (LaunchDrawRows), on rows of
+// which every sampled step on the GPU runs) and the device draw (LaunchDrawRows), on rows of
 // `--vocab` logits drawn from N(0, sigma^2), per row count and sampler. Prints one JSON line.
 //
 //   draw_bench [--vocab 151936] [--rows 1,16] [--sigma 0.5,3] [--reps 50]

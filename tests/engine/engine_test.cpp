@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
-#include <optional>
 #include <random>
 #include <thread>
 
