@@ -325,11 +325,11 @@ cuda::DrawWork CudaBackend::UploadDraws(const Batch& batch) {
   if (draws_dev_.size() < draws.size()) {
     BuffersMoving();
     Check(cudaStreamSynchronize(stream_), "waiting for the GPU");
-    const auto rows = static_cast<int64_t>(2 * draws.size());
-    auto dev = cuda::DeviceBuffer<RowDraw>::Create(2 * draws.size(), "the step's draws");
-    auto scratch =
-        cuda::DeviceBuffer<uint8_t>::Create(cuda::DrawScratchBytes(rows), "the draws' scratch");
-    if (Status s = draws_host_.Reserve(2 * draws.size(), "the step's draws"); !s.ok())
+    const size_t rows = 2 * draws.size();
+    auto dev = cuda::DeviceBuffer<RowDraw>::Create(rows, "the step's draws");
+    auto scratch = cuda::DeviceBuffer<uint8_t>::Create(
+        cuda::DrawScratchBytes(static_cast<int64_t>(rows)), "the draws' scratch");
+    if (Status s = draws_host_.Reserve(rows, "the step's draws"); !s.ok())
       error_ = s.message();
     else if (!dev.ok())
       error_ = dev.status().message();

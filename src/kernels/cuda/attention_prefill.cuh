@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(PrefillParams p
   }
 
   for (;;) {
-    __syncthreads();  // the previous pass is over; tk.seq/pos/first are stored
+    __syncthreads();  // every thread is done with the span before; tk.seq/pos/first are stored
     if (tid == 0) PickPass(tk, n_tok);
     __syncthreads();
     const int32_t seq = tk.pass[0];

@@ -335,7 +335,9 @@ struct PickShared {
   bool last;
   unsigned long long warp_kept[kWarps];
   uint32_t warp_ties[kWarps];
-  unsigned long long slice_base[kMaxSlices];  // kept W of the slices before each
+  // Loaded with each slice's RowScratch tallies, then replaced by FindSlice with the kept W of
+  // the slices before each and their cut-key tokens.
+  unsigned long long slice_base[kMaxSlices];
   uint32_t slice_ties_before[kMaxSlices];
   unsigned long long target;
   int slice;   // the one whose kept W holds the target; -1: none (nothing weighs)
