@@ -29,7 +29,8 @@
 #   (MOETIER_CUDA_GEMV_ASSIGN=0) and with the one-warp-a-row ones up to 4 tokens (32); BACKENDS=gpu-sampled: gpu decode greedy and sampled (the GPU's top-k candidates; top-p alone and temperature alone drawn on the GPU, and on the host), 1 and 16 sequences;
 #   RECALL=1 measures the prefetch predictor's recall on the synthetic bf16 model
 #   (bench/engine/prefetch_recall); STAGING=1 runs bench/gpu/staging_bench; DRAWS=1 bench/gpu/draw_bench
-#   (device time of the top-k and of the device draw) and the draw's Nsight Compute rows; BACKENDS=staged:
+#   (device time of the top-k and of the device draw, at DRAW_SLICES slices a row) and the draw's
+#   Nsight Compute rows; BACKENDS=staged:
 #   prefill of 4,096 tokens with every expert locked (--moe-backend cpu) on the CPU executor,
 #   staged to the GPU, and as measured (bf16 with --weight-packing none: bf16c is CPU-only);
 #   BACKENDS=hybrid-ab: hybrid decode with and without recorded graph segments at a fixed split;
@@ -175,7 +176,8 @@ if [ "${EXPERT_TIMING:-0}" = 1 ]; then
 fi
 # The device draw's time beside the top-k's, and where its time goes (Nsight Compute), when asked.
 if [ "${DRAWS:-0}" = 1 ]; then
-  run_timed 120 "$B/draw_bench" > "$LOGS/draws.json" 2> "$LOGS/draws.log"
+  run_timed 120 "$B/draw_bench" --slices "${DRAW_SLICES:-0,32,64,128,256}" > "$LOGS/draws.json" \
+    2> "$LOGS/draws.log"
   say "draw_bench: exit $?: $(cat "$LOGS/draws.json")"
   NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
   if [ -n "$NCU_BIN" ]; then
@@ -271,8 +273,8 @@ if [ "${SYNTH:-0}" = 1 ]; then
         gpu-sampled)  # what a sampled draw costs, against greedy, at 1 and 16 sequences:
                       # Qwen3's sampling defaults (top-k 20, top-p 0.95, temperature 0.6: the
                       # GPU hands back top-k candidates), top-p alone and temperature alone (the
-                      # OpenAI API's default), each drawn on the GPU (MOETIER_DEVICE_DRAWS=1)
-                      # and with the rows copied and drawn on the host (=0, the default)
+                      # OpenAI API's default), each drawn on the GPU (MOETIER_DEVICE_DRAWS=1,
+                      # the default) and with the rows copied and drawn on the host (=0)
           SAMPLED=(--temperature 0.6 --top-k 20 --top-p 0.95)
           TOP_P=(--temperature 0.6 --top-p 0.95)
           TEMP=(--temperature 1.0)

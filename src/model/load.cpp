@@ -181,6 +181,25 @@ ComputeOptions ComputeFor(const ResidencyPlan& plan, const std::vector<LayerResi
   return c;
 }
 
+// Where a load's time went: the dense checksums (t0 to t1), the expert banks (to t2), then the
+// dense weights and the compute backend (to t3: on a GPU, its start and the uploads).
+std::string LoadTimesLine(const ModelSource& s, std::chrono::steady_clock::time_point t0,
+                          std::chrono::steady_clock::time_point t1,
+                          std::chrono::steady_clock::time_point t2,
+                          std::chrono::steady_clock::time_point t3) {
+  const auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+  uint64_t bank_bytes = 0;
+  for (const LayerBank& b : s.banks) bank_bytes += b.bytes;
+  const double banks_s = secs(t1, t2);
+  char line[240];
+  std::snprintf(line, sizeof line,
+                "load: %.2f s (dense checksums %.2f s; expert banks %.2f GB in %.2f s, %.2f GB/s; "
+                "dense weights and the backend %.2f s)",
+                secs(t0, t3), secs(t0, t1), static_cast<double>(bank_bytes) / 1e9, banks_s,
+                banks_s > 0 ? static_cast<double>(bank_bytes) / 1e9 / banks_s : 0.0, secs(t2, t3));
+  return line;
+}
+
 // The dense tensors a token reads one row of: the embedding table, unless it is the lm_head.
 std::set<std::string> GatheredTensorNames(const ModelSource& s) {
   if (s.config.tie_word_embeddings) return {};
@@ -232,9 +251,6 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
   MT_ASSIGN_OR_RETURN(LoadedBanks banks,
                       LoadBanks(s, report.plan, bank_options, io_pool, pack_pool));
   const auto t2 = std::chrono::steady_clock::now();
-  LogDebug("load: dense checksums " +
-           std::to_string(std::chrono::duration<double>(t1 - t0).count()) + " s, expert banks " +
-           std::to_string(std::chrono::duration<double>(t2 - t1).count()) + " s");
   LogWarnings(banks.warnings);
 
   report.settled = banks.settled;
@@ -293,6 +309,7 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
     ReportHeldInVram(s, *report.settled);
     for (const auto& line : TierSummaryLines(*report.settled)) LogInfo("experts " + line);
   }
+  LogInfo(LoadTimesLine(s, t0, t1, t2, std::chrono::steady_clock::now()));
   model->set_residency(std::move(report));
   return model;
 }

@@ -184,8 +184,9 @@ TEST_F(LoadErrors, NonFiniteActivationsNameTheLayer) {
   EXPECT_NE(s.message().find("config.json"), std::string::npos) << s.message();
 }
 
-// A NaN in the final norm reaches only the logits: Forward and ForwardArgMax (which never hands
-// the logits back) both fail naming the lm_head.
+// A NaN in the final norm reaches only the logits: Forward, ForwardArgMax and ForwardTopK (which
+// never hand the logits back), the last with its row's token drawn on the device too, all fail
+// naming the lm_head.
 TEST_F(LoadErrors, NonFiniteLogitsNameTheLmHead) {
   auto tensors = testing::ReadSafetensors(weights());
   TensorSpec& norm = tensors.at("model.norm.weight");
@@ -203,10 +204,16 @@ TEST_F(LoadErrors, NonFiniteLogitsNameTheLmHead) {
   const std::vector<int32_t> tokens = {1, 2, 3}, positions = {0, 1, 2}, seq_of = {0, 0, 0};
   const std::vector<int32_t> last = {2};
   const Batch batch{tokens, positions, seq_of, tables, last};
+  Batch drawn = batch;
+  RowDraw draw;
+  draw.u = 0.5;
+  drawn.draws = std::span(&draw, 1);
   std::vector<float> logits;
   std::vector<int32_t> ids;
+  TopKRows top;
   for (const Status& s :
-       {(*m)->Forward(batch, *pool, logits), (*m)->ForwardArgMax(batch, *pool, ids)}) {
+       {(*m)->Forward(batch, *pool, logits), (*m)->ForwardArgMax(batch, *pool, ids),
+        (*m)->ForwardTopK(batch, *pool, top), (*m)->ForwardTopK(drawn, *pool, top)}) {
     ASSERT_FALSE(s.ok());
     EXPECT_NE(s.message().find("the lm_head produced a non-finite value"), std::string::npos)
         << s.message();

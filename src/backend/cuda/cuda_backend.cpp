@@ -316,11 +316,11 @@ void CudaBackend::BeginStep(const Batch& batch, const KvPool& kv, StepOutput out
 cuda::DrawWork CudaBackend::UploadDraws(const Batch& batch) {
   const std::span<const RowDraw> draws = batch.draws;
   const cuda::DrawWork work = cuda::DrawWorkOf(draws);
-  if (work == cuda::DrawWork::kNone) return work;
+  if (!work.any) return work;
   if (draws.size() != batch.logit_rows.size() || dims_.vocab > kMaxDrawVocab) {
     error_ = "a step's draws must be one a logit row, of a vocabulary of at most " +
              std::to_string(kMaxDrawVocab) + " tokens";
-    return cuda::DrawWork::kNone;
+    return {};
   }
   if (draws_dev_.size() < draws.size()) {
     BuffersMoving();
@@ -335,7 +335,7 @@ cuda::DrawWork CudaBackend::UploadDraws(const Batch& batch) {
       error_ = dev.status().message();
     else if (!scratch.ok())
       error_ = scratch.status().message();
-    if (!error_.empty()) return cuda::DrawWork::kNone;
+    if (!error_.empty()) return {};
     draws_dev_ = std::move(*dev);
     draw_scratch_ = std::move(*scratch);
   }
@@ -803,13 +803,15 @@ void CudaBackend::TopKLogits(const float* x, int64_t n_rows, const TensorView& l
   }
   if (!LmHead(x, n_rows, lm_head)) return;
   const bool scanned = scan_slot >= 0 && scan_slot < kNonFiniteSlots;
-  if (!Replaying())
+  unsigned long long* first = scanned ? scans_dev_.data() + scan_slot : nullptr;
+  if (!Replaying() && !step_draws_.every_row)  // a drawn row reads only its token
     cuda::LaunchTopKRows(logits_dev_.data(), n_rows, dims_.vocab, kMaxCandidateTopK,
-                         topk_scratch_.data(), topk_dev_.data(), topk_counts_dev_.data(),
-                         scanned ? scans_dev_.data() + scan_slot : nullptr, stream_);
+                         topk_scratch_.data(), topk_dev_.data(), topk_counts_dev_.data(), first,
+                         stream_);
   if (!Replaying())
     cuda::LaunchDrawRows(logits_dev_.data(), n_rows, dims_.vocab, draws_dev_.data(), step_draws_,
-                         draw_scratch_.data(), topk_dev_.data(), topk_counts_dev_.data(), stream_);
+                         draw_scratch_.data(), topk_dev_.data(), topk_counts_dev_.data(), first,
+                         stream_);
   if (scanned) n_scans_ = std::max(n_scans_, scan_slot + 1);
   if (graph_mode_ == cuda::StepGraphs::Mode::kCapture) FinishCapture();
   Check(cudaMemcpyAsync(topk_host_.data(), topk_dev_.data(), n_cands * sizeof(LogitCandidate),

@@ -214,7 +214,7 @@ class CudaBackend final : public ComputeBackend, private ComputeSegments {
   cuda::PinnedBuffer<RowDraw> draws_host_;
   cuda::DeviceBuffer<RowDraw> draws_dev_;
   cuda::DeviceBuffer<uint8_t> draw_scratch_;  // DrawScratchBytes of draws_dev_'s rows
-  cuda::DrawWork step_draws_ = cuda::DrawWork::kNone;
+  cuda::DrawWork step_draws_;
   LogitCandidate* topk_out_ = nullptr;  // TopKLogits' destinations, filled at EndStep
   int32_t* topk_counts_out_ = nullptr;
   int64_t out_rows_ = 0;  // rows of the three

@@ -40,9 +40,9 @@ class StepGraphs {
     int64_t kv_blocks = 0;
     int64_t kv_block_size = 0;
     int kv_dtype = 0;
-    int output = 0;  // what the step ends with (StepOutput: the logits or their arg-max)
-    DrawWork draws = DrawWork::kNone;  // tokens drawn on the device (Batch::draws)
-    int32_t segment = 0;               // the step's segment (0: from the step's start)
+    int output = 0;       // what the step ends with (StepOutput: the logits or their arg-max)
+    DrawWork draws = {};  // tokens drawn on the device (Batch::draws)
+    int32_t segment = 0;  // the step's segment (0: from the step's start)
     int32_t variant = 0;
     bool operator<(const Key& o) const {
       return std::tie(n_tokens, max_blocks, max_position, kv, kv_blocks, kv_block_size, kv_dtype,

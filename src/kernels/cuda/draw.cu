@@ -2,7 +2,8 @@
 // kThreads a slice (many blocks a row, so that one row's draw spreads over the SMs), and drawn in
 // up to kSweeps + 2 launches over the row's slices, handing what the next needs on through the
 // row's RowScratch:
-//   DrawMaxKernel: each slice's largest logit (and the row's scratch cleared);
+//   DrawMaxKernel: each slice's largest logit and first non-finite one (and the row's scratch
+//     cleared);
 //   DrawSweepKernel, kSweeps times, for rows with top-p: a radix sweep over the logits'
 //     order-preserving key (kDigitBits a sweep, from the top) that histograms the weights W of
 //     the tokens whose keys lie in the range the sweeps before it narrowed down;
@@ -31,7 +32,7 @@ constexpr int kDigitBits = 8;
 constexpr int kDigits = 1 << kDigitBits;
 constexpr int kSweeps = 32 / kDigitBits;
 constexpr int kChunk = 4 * kWarp;    // a warp's tokens at a time: 4 consecutive ones a lane
-constexpr int kMaxSlices = 128;      // blocks a row at most
+constexpr int kMaxSlices = 256;      // blocks a row at most (a multiple of kWarp)
 constexpr int64_t kMinSlice = 2048;  // tokens a slice at least, where the row allows
 constexpr float kWeightScale = 0x1p44f;
 // Below e^kNoWeight a weight is under 2^-45 (e^-31.19), whose W is 0.
@@ -194,7 +195,8 @@ struct CutState {
 };
 
 // Warp 0: the digits the first `sweeps` sweeps' histograms choose, each the one holding the
-// need-th unit of W counted from the top.
+// need-th unit of W counted from the top. A lane loads its bins of a sweep at once (one round of
+// loads a sweep, not a chain: the kernels after the first sweep all begin here).
 __device__ void FollowDigits(const RowScratch& rs, int sweeps, float top_p, CutState& c) {
   constexpr int kPer = kDigits / kWarp;
   const int lane = threadIdx.x;
@@ -202,9 +204,16 @@ __device__ void FollowDigits(const RowScratch& rs, int sweeps, float top_p, CutS
   if (lane == 0) c = CutState{0, 0, 0, 0, 0};  // so where nothing weighs (every logit non-finite)
   __syncwarp();
   for (int sweep = 0; sweep < sweeps; ++sweep) {
-    const unsigned long long* mass = rs.mass[sweep];
+    unsigned long long mass[kPer];  // bins top, top - 1, ...
+    uint32_t count[kPer];
     unsigned long long mine = 0;
-    for (int j = 0; j < kPer; ++j) mine += mass[top - j];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      mass[j] = rs.mass[sweep][top - j];
+      count[j] = rs.count[sweep][top - j];
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) mine += mass[j];
     if (sweep == 0) {
       const unsigned long long total = WarpSumU64(mine);
       const auto need = static_cast<unsigned long long>(
@@ -216,17 +225,25 @@ __device__ void FollowDigits(const RowScratch& rs, int sweeps, float top_p, CutS
     __syncwarp();  // every lane has read them before one lane moves them on
     const unsigned long long incl = WarpInclusiveScan(mine, lane);
     const unsigned long long before = above + incl - mine;
-    if (before < need && before + mine >= need) {  // one lane
-      unsigned long long acc = before;
-      int d = top;
-      for (int j = 0; j < kPer; ++j, --d) {
-        if (acc + mass[d] >= need) break;
-        acc += mass[d];
+    if (before < need && before + mine >= need) {  // one lane: its bin holding the need-th
+      unsigned long long acc = before, bin_mass = 0;
+      uint32_t bin_count = 0;
+      int digit = top;
+      bool found = false;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        if (!found && acc + mass[j] >= need) {
+          found = true;
+          digit = top - j;
+          bin_mass = mass[j];
+          bin_count = count[j];
+        }
+        if (!found) acc += mass[j];
       }
-      c.prefix |= static_cast<uint32_t>(d) << (32 - kDigitBits * (sweep + 1));
+      c.prefix |= static_cast<uint32_t>(digit) << (32 - kDigitBits * (sweep + 1));
       c.above = acc;
-      c.ties = rs.count[sweep][d];
-      c.tie_w = c.ties != 0 ? mass[d] / c.ties : 0;
+      c.ties = bin_count;
+      c.tie_w = bin_count != 0 ? bin_mass / bin_count : 0;
     }
     __syncwarp();
   }
@@ -248,7 +265,8 @@ __device__ Cut CutOf(const CutState& c, bool top_p, float min_p) {
 }
 
 __global__ void __launch_bounds__(kThreads)
-    DrawMaxKernel(const float* x, int64_t n, const RowDraw* draws, RowScratch* scratch) {
+    DrawMaxKernel(const float* x, int64_t n, const RowDraw* draws, RowScratch* scratch,
+                  unsigned long long* first) {
   PdlWait();
   const int64_t row = blockIdx.y;
   const RowDraw d = draws[row];
@@ -266,11 +284,18 @@ __global__ void __launch_bounds__(kThreads)
   const float* xr = x + row * n;
   const bool aligned = Aligned(x, n);
   float m = -INFINITY;
+  unsigned long long bad = ~0ull;  // the first non-finite logit's index in x
   for (int64_t i = sl.begin + 4 * threadIdx.x; i < sl.end; i += 4 * kThreads) {
     float v[4];
     Load4(xr, i, sl.end, aligned, v);
-    for (float c : v) m = Finite(c) ? fmaxf(m, c) : m;
+    for (int k = 0; k < 4 && i + k < sl.end; ++k) {
+      if (Finite(v[k]))
+        m = fmaxf(m, v[k]);
+      else
+        bad = min(bad, static_cast<unsigned long long>(row * n + i + k));
+    }
   }
+  if (bad != ~0ull && first != nullptr) atomicMin(first, bad);
   __shared__ float warp_max[kWarps];
   m = WarpMax(m);
   if (threadIdx.x % kWarp == 0) warp_max[threadIdx.x / kWarp] = m;
@@ -335,8 +360,7 @@ struct PickShared {
   bool last;
   unsigned long long warp_kept[kWarps];
   uint32_t warp_ties[kWarps];
-  // Loaded with each slice's RowScratch tallies, then replaced by FindSlice with the kept W of
-  // the slices before each and their cut-key tokens.
+  // Written by FindSlice: the kept W of the slices before each and their cut-key tokens.
   unsigned long long slice_base[kMaxSlices];
   uint32_t slice_ties_before[kMaxSlices];
   unsigned long long target;
@@ -363,37 +387,54 @@ __device__ void TallySlice(const float* xr, Slice sl, bool aligned, const Cut& c
   }
 }
 
-// The last block: each slice's kept W (its cut-key tokens counted in id order against
-// keep_ties), the target, and the slice that holds it.
+// The last block's warp 0: each slice's kept W (its cut-key tokens counted in id order against
+// keep_ties), the target, and the slice that holds it. A lane takes kSlicesPerLane consecutive
+// slices; scans over the lanes give the counts before each.
 __device__ void FindSlice(const RowScratch& rs, const Cut& cut, float max, float inv_t, double u,
                           PickShared& s) {
-  const int slices = static_cast<int>(gridDim.x);
-  for (int i = threadIdx.x; i < slices; i += kThreads) {
-    s.slice_base[i] = __ldcg(&rs.slice_kept[i]);
-    s.slice_ties_before[i] = __ldcg(&rs.slice_ties[i]);
+  constexpr int kSlicesPerLane = kMaxSlices / kWarp;
+  if (threadIdx.x >= kWarp) return;
+  const int slices = static_cast<int>(gridDim.x), lane = static_cast<int>(threadIdx.x);
+  const int first = lane * kSlicesPerLane;
+  unsigned long long kept[kSlicesPerLane];
+  uint32_t ties[kSlicesPerLane];
+  uint32_t lane_ties = 0;
+#pragma unroll
+  for (int j = 0; j < kSlicesPerLane; ++j) {
+    const bool in = first + j < slices;
+    kept[j] = in ? __ldcg(&rs.slice_kept[first + j]) : 0;
+    ties[j] = in ? __ldcg(&rs.slice_ties[first + j]) : 0;
+    lane_ties += ties[j];
   }
-  __syncthreads();
-  if (threadIdx.x != 0) return;
   // Every cut-key token has the same W; min-p keeps all of them or none.
   const Weighed tie = cut.top_p ? Weigh(FromOrderKey(cut.key), max, inv_t) : Weighed{};
   const unsigned long long tie_W = tie.W != 0 && tie.w >= cut.min_p ? tie.W : 0;
-  unsigned long long total = 0;
-  uint32_t ties_before = 0;
-  for (int i = 0; i < slices; ++i) {
-    const uint32_t ties = s.slice_ties_before[i];
+  uint32_t ties_before = WarpInclusiveScan(lane_ties, lane) - lane_ties;
+  unsigned long long lane_kept = 0;
+#pragma unroll
+  for (int j = 0; j < kSlicesPerLane; ++j) {
     const uint32_t room = cut.keep_ties > ties_before ? cut.keep_ties - ties_before : 0u;
-    const unsigned long long kept = s.slice_base[i] + tie_W * min(room, ties);
-    s.slice_base[i] = total;
-    s.slice_ties_before[i] = ties_before;
-    total += kept;
-    ties_before += ties;
+    kept[j] += tie_W * min(room, ties[j]);
+    if (first + j < slices) s.slice_ties_before[first + j] = ties_before;
+    ties_before += ties[j];
+    lane_kept += kept[j];
   }
+  const unsigned long long incl = WarpInclusiveScan(lane_kept, lane);
+  const unsigned long long total = __shfl_sync(0xffffffffu, incl, kWarp - 1);
   const auto pick = static_cast<unsigned long long>(u * static_cast<double>(total));
-  s.target = total == 0 ? 0 : min(pick, total - 1);
-  s.slice = -1;
-  for (int i = 0; i < slices && total != 0; ++i)
-    if (s.slice_base[i] <= s.target && (i + 1 == slices ? total : s.slice_base[i + 1]) > s.target)
-      s.slice = i;
+  const unsigned long long target = total == 0 ? 0 : min(pick, total - 1);
+  if (lane == 0) {
+    s.target = target;
+    s.slice = -1;
+  }
+  __syncwarp();
+  unsigned long long base = incl - lane_kept;
+#pragma unroll
+  for (int j = 0; j < kSlicesPerLane; ++j) {
+    if (first + j < slices) s.slice_base[first + j] = base;
+    if (base <= target && base + kept[j] > target) s.slice = first + j;  // one slice holds it
+    base += kept[j];
+  }
 }
 
 // The last block: the token of the slice that holds the target. Each warp sums the kept W of
@@ -559,15 +600,15 @@ size_t DrawScratchBytes(int64_t n_rows) {
 }
 
 void LaunchDrawRows(const float* x, int64_t n_rows, int64_t n, const RowDraw* draws, DrawWork work,
-                    void* scratch, LogitCandidate* out, int32_t* counts, cudaStream_t stream,
-                    int slices) {
-  if (n_rows <= 0 || n <= 0 || work == DrawWork::kNone) return;
+                    void* scratch, LogitCandidate* out, int32_t* counts, unsigned long long* first,
+                    cudaStream_t stream, int slices) {
+  if (n_rows <= 0 || n <= 0 || !work.any) return;
   if (slices <= 0) slices = SlicesPerRow(n, n_rows);
   const dim3 grid(static_cast<unsigned>(std::min(slices, kMaxSlices)),
                   static_cast<unsigned>(n_rows));
   auto* rows = static_cast<RowScratch*>(scratch);
-  Launch(DrawMaxKernel, grid, kThreads, 0, stream, x, n, draws, rows);
-  if (work == DrawWork::kTopP)
+  Launch(DrawMaxKernel, grid, kThreads, 0, stream, x, n, draws, rows, first);
+  if (work.top_p)
     for (int sweep = 0; sweep < kSweeps; ++sweep)
       Launch(DrawSweepKernel, grid, kThreads, 0, stream, x, n, draws, rows, sweep);
   Launch(DrawPickKernel, grid, kThreads, 0, stream, x, n, draws, rows, out, counts);

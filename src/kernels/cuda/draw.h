@@ -17,6 +17,7 @@
 
 #include <cuda_runtime.h>
 
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -25,14 +26,21 @@
 
 namespace moetier::cuda {
 
-// What a step's draws ask of the GPU: nothing, the draw, or the draw with top-p's sweeps.
-enum class DrawWork : uint8_t { kNone, kDraw, kTopP };
+// What a step's draws ask of the GPU.
+struct DrawWork {
+  bool any = false;        // a row is drawn
+  bool top_p = false;      // a drawn row has top-p: its sweeps run
+  bool every_row = false;  // every row is drawn: nothing reads the rows' top-k candidates
+  friend auto operator<=>(const DrawWork&, const DrawWork&) = default;
+};
 inline DrawWork DrawWorkOf(std::span<const RowDraw> draws) {
-  DrawWork work = DrawWork::kNone;
+  DrawWork work;
+  work.every_row = !draws.empty();
   for (const RowDraw& d : draws) {
-    if (!(d.u >= 0.0)) continue;
-    if (d.top_p < 1.0f) return DrawWork::kTopP;
-    work = DrawWork::kDraw;
+    const bool drawn = d.u >= 0.0;
+    work.any = work.any || drawn;
+    work.top_p = work.top_p || (drawn && d.top_p < 1.0f);
+    work.every_row = work.every_row && drawn;
   }
   return work;
 }
@@ -42,11 +50,12 @@ size_t DrawScratchBytes(int64_t n_rows);
 
 // For each row r < n_rows of x [n_rows, n] (n <= kMaxDrawVocab) whose draws[r].u >= 0: the
 // drawn token into out[r * kMaxLogitCandidates] (its logit and id) and 1 into counts[r]; other
-// rows are left as they are. work: DrawWorkOf the draws (kTopP where any drawn row has top-p).
-// draws and scratch (DrawScratchBytes(n_rows)): device memory. slices: blocks a row (0: chosen
-// for the GPU's SMs); a row's token does not depend on it.
+// rows are left as they are. As LaunchTopKRows over the drawn rows, *first = min(*first, index
+// in x of the first NaN or infinity) unless first is null (a step whose every row is drawn needs
+// no top-k). work: DrawWorkOf the draws. draws and scratch (DrawScratchBytes(n_rows)): device
+// memory. slices: blocks a row (0: chosen for the GPU's SMs); a row's token does not depend on it.
 void LaunchDrawRows(const float* x, int64_t n_rows, int64_t n, const RowDraw* draws, DrawWork work,
-                    void* scratch, LogitCandidate* out, int32_t* counts, cudaStream_t stream,
-                    int slices = 0);
+                    void* scratch, LogitCandidate* out, int32_t* counts, unsigned long long* first,
+                    cudaStream_t stream, int slices = 0);
 
 }  // namespace moetier::cuda

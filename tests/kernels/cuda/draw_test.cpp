@@ -37,6 +37,7 @@ constexpr int32_t kUntouched = -7;
 struct Drawn {
   std::vector<int32_t> ids;  // -1 where the row was left alone
   std::vector<float> logits;
+  unsigned long long first_non_finite = ~0ull;  // the draw's scan of its rows
 };
 
 // slices: blocks a row (0: the GPU's choice).
@@ -51,13 +52,15 @@ Drawn DrawOnDevice(const std::vector<float>& x, int64_t n, const std::vector<Row
       std::vector<LogitCandidate>(static_cast<size_t>(rows * kMaxLogitCandidates), {0.0f, -1}));
   DeviceBuffer<int32_t> d_counts =
       Upload(std::vector<int32_t>(static_cast<size_t>(rows), kUntouched));
+  DeviceBuffer<unsigned long long> d_first = Upload(std::vector<unsigned long long>{~0ull});
   LaunchDrawRows(d_x.data(), rows, n, d_draws.data(), DrawWorkOf(draws), d_scratch->data(),
-                 d_out.data(), d_counts.data(), nullptr, slices);
+                 d_out.data(), d_counts.data(), d_first.data(), nullptr, slices);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<LogitCandidate> out =
       Download(d_out, static_cast<size_t>(rows * kMaxLogitCandidates));
   const std::vector<int32_t> counts = Download(d_counts, static_cast<size_t>(rows));
   Drawn d;
+  d.first_non_finite = Download(d_first, 1)[0];
   for (int64_t r = 0; r < rows; ++r) {
     const LogitCandidate c = out[static_cast<size_t>(r * kMaxLogitCandidates)];
     const int32_t count = counts[static_cast<size_t>(r)];
@@ -281,7 +284,7 @@ TEST(CudaDrawRowsTest, TheSlicingChangesNoToken) {
         d.min_p = r >= 6 ? 0.05f : 0.0f;
       }
       const std::vector<int32_t> one = DrawOnDevice(x, n, draws, 1).ids;
-      for (const int slices : {0, 3, 64, 128}) {
+      for (const int slices : {0, 3, 64, 128, 256}) {
         const std::vector<int32_t> got = DrawOnDevice(x, n, draws, slices).ids;
         for (size_t r = 0; r < one.size(); ++r) {
           ASSERT_GE(one[r], 0);
@@ -313,6 +316,33 @@ TEST(CudaDrawRowsTest, ATinyTemperatureDrawsAmongTheLargestAndNonFiniteWeighsNot
   EXPECT_EQ(got.ids[0], 40);
   EXPECT_EQ(got.ids[1], 9);
   EXPECT_EQ(got.ids[2], 17);
+}
+
+// A step whose every row is drawn runs no top-k: the draw's scan reports the first non-finite
+// logit of its rows (their index in x), whatever the slicing, and nothing from rows not drawn.
+TEST(CudaDrawRowsTest, TheDrawReportsItsRowsFirstNonFiniteLogit) {
+  MT_REQUIRE_GPU();
+  std::mt19937 rng(testing::TestSeed());
+  constexpr int64_t n = 151936;
+  std::vector<float> x = MakeRows(Rows::kNormal, 3, n, rng);
+  std::vector<RowDraw> draws(3);
+  for (RowDraw& d : draws) d.u = 0.5;
+  for (const int slices : {0, 1, 3, 128})
+    EXPECT_EQ(DrawOnDevice(x, n, draws, slices).first_non_finite, ~0ull) << "slices " << slices;
+  std::uniform_int_distribution<int64_t> at(0, n - 1);
+  const int64_t early = at(rng) % 100, late = at(rng);
+  x[static_cast<size_t>(early)] = std::numeric_limits<float>::quiet_NaN();  // row 0: not drawn
+  x[static_cast<size_t>(n + late)] = std::numeric_limits<float>::infinity();
+  x[static_cast<size_t>(n + std::min(late + 1 + at(rng) % 1000, n - 1))] = -INFINITY;
+  x[static_cast<size_t>(2 * n + early)] = std::numeric_limits<float>::quiet_NaN();
+  draws[0].u = -1.0;
+  for (const int slices : {0, 1, 3, 128})
+    EXPECT_EQ(DrawOnDevice(x, n, draws, slices).first_non_finite,
+              static_cast<unsigned long long>(n + late))
+        << "slices " << slices << " at " << late;
+  draws[1].u = -1.0;
+  EXPECT_EQ(DrawOnDevice(x, n, draws).first_non_finite,
+            static_cast<unsigned long long>(2 * n + early));
 }
 
 }  // namespace
