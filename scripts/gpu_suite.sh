@@ -292,7 +292,14 @@ if [ "${SYNTH:-0}" = 1 ]; then
           MOETIER_DEVICE_DRAWS=0 bench rows-top-p "$dt" "${ONE[@]}" "${TOP_P[@]}"
           MOETIER_DEVICE_DRAWS=0 bench rows-temperature "$dt" "${ONE[@]}" "${TEMP[@]}"
           MOETIER_DEVICE_DRAWS=0 bench rows-par16-top-p "$dt" "${SIXTEEN[@]}" "${TOP_P[@]}"
-          MOETIER_DEVICE_DRAWS=0 bench rows-par16-temperature "$dt" "${SIXTEEN[@]}" "${TEMP[@]}" ;;
+          MOETIER_DEVICE_DRAWS=0 bench rows-par16-temperature "$dt" "${SIXTEEN[@]}" "${TEMP[@]}"
+          if [ -x "$W/base/moetier" ]; then  # the carried base build's device draws, beside
+            BENCH_BIN=$W/base/moetier bench base-device-top-p "$dt" "${ONE[@]}" "${TOP_P[@]}"
+            BENCH_BIN=$W/base/moetier bench base-device-par16-top-p "$dt" "${SIXTEEN[@]}" \
+              "${TOP_P[@]}"
+            MOETIER_DEVICE_DRAWS=1 bench device-top-p-again "$dt" "${ONE[@]}" "${TOP_P[@]}"
+            BENCH_BIN=$W/base/moetier bench base-device-temperature "$dt" "${ONE[@]}" "${TEMP[@]}"
+          fi ;;
         gpu-ab)  # one sequence's decode with PDL, the weight prefetch and the fused launches on
                  # and off, and attention splits of 16 and 32 positions (GPU_AB: which, as
                  # "pdl prefetch chunk fuse" quadruples separated by commas); two rounds
