@@ -2,7 +2,11 @@
 
 #include "backend/cpu/cpu_backend.h"
 #ifdef MOETIER_WITH_CUDA
+#include <cuda_runtime_api.h>
+
 #include "backend/cuda/cuda_backend.h"
+#include "kernels/cuda/cublas_library.h"
+#include "kernels/cuda/cuda_check.h"
 #endif
 
 namespace moetier {
@@ -45,6 +49,16 @@ Status CheckGpuDims(const ModelDims& dims) {
 #else
   (void)dims;
   return Status::Error("this moetier was built without CUDA");
+#endif
+}
+
+bool StartGpu() {
+#ifdef MOETIER_WITH_CUDA
+  if (!cuda::DeviceAvailable() || cudaFree(nullptr) != cudaSuccess) return false;
+  (void)cuda::LoadCublas();  // a failure is reported where prefill needs it
+  return true;
+#else
+  return false;
 #endif
 }
 

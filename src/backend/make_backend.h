@@ -19,4 +19,10 @@ Expected<std::unique_ptr<ComputeBackend>> MakeBackend(const ComputeOptions& opti
 // build has no CUDA).
 Status CheckGpuDims(const ModelDims& dims);
 
+// Starts what the GPU backend needs before its first use: the CUDA driver, GPU 0's primary
+// context (which the first pin or allocation would otherwise wait for) and cuBLAS (loaded, not
+// linked: kernels/cuda/cublas_library.h), together a fraction of a second or more. A load runs
+// it beside its first reads. Whether a GPU answered (false in a build without CUDA).
+bool StartGpu();
+
 }  // namespace moetier

@@ -32,10 +32,6 @@ uint64_t GpuFreeBytes() {
   return free;
 }
 
-bool StartGpu() {
-  return GpuAvailable() && cudaFree(nullptr) == cudaSuccess;
-}
-
 Status RegisterHostMemory(void* ptr, size_t n_bytes, void** device_ptr) {
   if (!GpuAvailable()) return Status::Error("no CUDA device");
   cudaError_t e = cudaHostRegister(ptr, n_bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
@@ -70,9 +66,6 @@ std::string GpuName() {
 }
 uint64_t GpuFreeBytes() {
   return 0;
-}
-bool StartGpu() {
-  return false;
 }
 Status RegisterHostMemory(void*, size_t, void**) {
   return Status::Error("this build has no CUDA support (configure with -DMOETIER_CUDA=ON)");

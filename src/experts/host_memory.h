@@ -17,10 +17,6 @@ bool GpuAvailable();
 std::string GpuName();
 // Free memory of GPU 0 now (0 without one).
 uint64_t GpuFreeBytes();
-// Starts the CUDA driver and GPU 0's primary context, which the first pin or allocation would
-// otherwise wait for (a fraction of a second or more): a load runs it beside its first reads.
-// Whether a GPU answered.
-bool StartGpu();
 
 // cudaHostRegister(ptr, n_bytes) with the mapped flag; on success *device_ptr is the device
 // address of ptr. Fails (with CUDA's message) without a GPU.

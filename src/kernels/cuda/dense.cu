@@ -35,6 +35,7 @@
 #include <utility>
 
 #include "core/dtype.h"
+#include "kernels/cuda/cublas_library.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dense.h"
 #include "kernels/cuda/dense_decode.cuh"
@@ -281,15 +282,16 @@ struct DenseMatMul::State {
   uint16_t* xh = nullptr;   // [max_tokens, max_cols] bf16/f16 x for cuBLAS (prefill only)
   uint16_t* wdq = nullptr;  // [wdq_elems] dequantized weight rows (prefill only)
   int64_t wdq_elems = 0;
-  void* workspace = nullptr;        // kCublasWorkspaceBytes for cuBLAS (prefill only)
-  cublasHandle_t cublas = nullptr;  // prefill only
-  int sm_count = 1;                 // the device's, for the fused kernel's grid
+  void* workspace = nullptr;            // kCublasWorkspaceBytes for cuBLAS (prefill only)
+  const CublasLibrary* blas = nullptr;  // prefill only: loaded with its handle
+  cublasHandle_t cublas = nullptr;
+  int sm_count = 1;  // the device's, for the fused kernel's grid
 
   State() = default;
   State(const State&) = delete;
   State& operator=(const State&) = delete;
   ~State() {
-    if (cublas != nullptr) cublasDestroy(cublas);
+    if (cublas != nullptr) blas->destroy(cublas);
     for (void* p : {static_cast<void*>(xq), static_cast<void*>(dx), static_cast<void*>(xh),
                     static_cast<void*>(wdq), workspace})
       if (p != nullptr) cudaFree(p);
@@ -340,7 +342,8 @@ Status DenseMatMul::State::Allocate() {
   MT_RETURN_IF_ERROR(AllocateDevice(static_cast<size_t>(wdq_elems) * 2, "dequantized weight rows",
                                     reinterpret_cast<void**>(&wdq)));
   MT_RETURN_IF_ERROR(AllocateDevice(kCublasWorkspaceBytes, "the cuBLAS workspace", &workspace));
-  if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) {
+  MT_ASSIGN_OR_RETURN(blas, LoadCublas());
+  if (blas->create(&cublas) != CUBLAS_STATUS_SUCCESS) {
     cublas = nullptr;
     return Status::Error("creating the cuBLAS handle for prefill matrix products failed");
   }
@@ -500,17 +503,17 @@ void DenseMatMul::State::Gemm(cudaDataType type, const void* w, int64_t n_rows, 
                               cublasComputeType_t compute) {
   const float one = 1.0f;
   const float zero = 0.0f;
-  cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n_rows),
-               static_cast<int>(n_tokens), static_cast<int>(cols), &one, w, type,
-               static_cast<int>(cols), x, type, static_cast<int>(cols), &zero, y, CUDA_R_32F,
-               static_cast<int>(ldy), compute, CUBLAS_GEMM_DEFAULT);
+  blas->gemm_ex(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n_rows),
+                static_cast<int>(n_tokens), static_cast<int>(cols), &one, w, type,
+                static_cast<int>(cols), x, type, static_cast<int>(cols), &zero, y, CUDA_R_32F,
+                static_cast<int>(ldy), compute, CUBLAS_GEMM_DEFAULT);
 }
 
 void DenseMatMul::State::Prefill(const DeviceMatrix& w, const float* x, int64_t n_tokens, float* y,
                                  cudaStream_t stream) {
   // cublasSetStream also resets the workspace to cuBLAS's own pool: set ours after it.
-  cublasSetStream(cublas, stream);
-  cublasSetWorkspace(cublas, workspace, kCublasWorkspaceBytes);
+  blas->set_stream(cublas, stream);
+  blas->set_workspace(cublas, workspace, kCublasWorkspaceBytes);
   const int64_t n_x = n_tokens * w.cols;
   switch (w.dtype) {
     case DType::kF32:  // TF32 tensor cores on the fp32 operands as they are

@@ -18,6 +18,7 @@
 #include "core/tensor.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cuda/cublas_library.h"
 #include "kernels/cuda/device_buffer.h"
 #include "support/gpu.h"
 #include "support/seed.h"
@@ -162,6 +163,22 @@ void CheckProducts(DType dtype, const std::vector<Shape>& shapes,
       }
     }
   }
+}
+
+// cuBLAS is loaded at first use, not linked: the toolkit's library is found (no GPU needed) with
+// every entry point prefill calls, and a second caller gets the same one.
+TEST(CublasLibraryTest, LoadsWithEveryEntryPoint) {
+  const Expected<const CublasLibrary*> lib = LoadCublas();
+  ASSERT_TRUE(lib.ok()) << lib.status().message();
+  const CublasLibrary& l = **lib;
+  EXPECT_NE(l.create, nullptr);
+  EXPECT_NE(l.destroy, nullptr);
+  EXPECT_NE(l.set_stream, nullptr);
+  EXPECT_NE(l.set_workspace, nullptr);
+  EXPECT_NE(l.gemm_ex, nullptr);
+  const Expected<const CublasLibrary*> again = LoadCublas();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *lib);
 }
 
 TEST_P(DenseMatMulTest, MatchesCpuMatMul) {
