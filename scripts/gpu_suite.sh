@@ -17,7 +17,7 @@
 #   4 and 16 sequences, and hybrid: the same, with half the banks pinned, and --profile, both
 #   after llama.cpp's build as they use the CPU); CROSS=1 adds offload prefill at 32-256
 #   tokens (CROSS_SIZES="512 1024": those) streamed and not (the crossover); LOAD=1 times a load with every bank pinned against a raw read
-#   (LOAD_ROUNDS times, its log lines stamped);
+#   (LOAD_ROUNDS times, under each of LOAD_ENVS, its log lines stamped);
 #   PROFILE="bf16 q4_0" times every kernel of a gpu decode run per dtype, without PDL
 #   (bench/gpu/kernel_profile.cpp; the top rows in the summary, then each kernel's share of the
 #   wall time; PROFILE_PDL=1 keeps PDL on, PROFILE_N=1 one sequence only, PROFILE_ATTN=0 skips the attention-splits rerun);
@@ -386,23 +386,32 @@ PY
     { echo "prefill 512 kernels ($dt):"; head -30 "$LOGS/kprof-prefill-$dt.txt"; } >> "$S"
   done
   if [ "${LOAD:-0}" = 1 ]; then  # load with every bank pinned, against reading the files raw,
-    # LOAD_ROUNDS times; each stderr line of the load stamped with its second since the start
+    # LOAD_ROUNDS times, under each of LOAD_ENVS (VAR=value words, comma-separated; "-": none);
+    # each stderr line of a load stamped with its second since the start
+    IFS=, read -r -a LENVS <<< "${LOAD_ENVS:--}"
     for round in $(seq "${LOAD_ROUNDS:-2}"); do
       for dt in $DTYPES; do
         sync; echo 3 > /proc/sys/vm/drop_caches
         t0=$EPOCHREALTIME; cat "$W/bank-$dt"/* > /dev/null; t1=$EPOCHREALTIME
-        sync; echo 3 > /proc/sys/vm/drop_caches
-        t2=$EPOCHREALTIME
-        { run_timed 120 "$B/moetier" logits --model "$W/bank-$dt" --tokens 1 --out "$W/load.bin" \
-            "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" 2>&1; } |
-          while IFS= read -r line; do
-            echo "$(python3 -c "print(f'{$EPOCHREALTIME - $t2:.3f}')") $line"
-          done > "$LOGS/load-$dt-$round.log"
-        t3=$EPOCHREALTIME
         say "load $dt round $round: $(du -sb "$W/bank-$dt" | cut -f1) bytes; raw read \
-$(python3 -c "print(f'{$t1 - $t0:.3f}')") s; pinned load (logits of one token, the process) \
-$(python3 -c "print(f'{$t3 - $t2:.3f}')") s"
-        grep -vE "loading experts" "$LOGS/load-$dt-$round.log" | head -12 >> "$S"
+$(python3 -c "print(f'{$t1 - $t0:.3f}')") s"
+        for e in "${LENVS[@]}"; do
+          [ "$e" = - ] && e=
+          [ "$(time_left)" -lt 30 ] && { say "skipped (deadline): load $dt $e"; continue; }
+          name=$(echo "${e:-default}" | tr -c 'A-Za-z0-9=\n' _)
+          sync; echo 3 > /proc/sys/vm/drop_caches
+          t2=$EPOCHREALTIME
+          # shellcheck disable=SC2086  # $e: VAR=value words
+          { env $e timeout 120 "$B/moetier" logits --model "$W/bank-$dt" --tokens 1 \
+              --out "$W/load.bin" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" 2>&1; } |
+            while IFS= read -r line; do
+              echo "$(python3 -c "print(f'{$EPOCHREALTIME - $t2:.3f}')") $line"
+            done > "$LOGS/load-$dt-$name-$round.log"
+          t3=$EPOCHREALTIME
+          say "load $dt round $round ${e:-default}: pinned load (logits of one token, the \
+process) $(python3 -c "print(f'{$t3 - $t2:.3f}')") s"
+          grep -E "^[0-9.]+ (load:|wrote)" "$LOGS/load-$dt-$name-$round.log" >> "$S"
+        done
       done
     done
   fi

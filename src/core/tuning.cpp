@@ -7,7 +7,7 @@
 
 namespace moetier {
 
-const std::array<TuningKnobSpec, 25> kTuningKnobSpecs = {{
+const std::array<TuningKnobSpec, 26> kTuningKnobSpecs = {{
     {"MOETIER_AMX_MIN_TOKENS", &TuningKnobs::amx_min_tokens, 1, 1 << 20,
      "smallest batch of tokens whose q8_0/bf16 matmuls use AMX tiles"},
     {"MOETIER_BF16C_EXPAND_MIN_TOKENS", &TuningKnobs::bf16c_expand_min_tokens, 1, 1 << 20,
@@ -31,6 +31,8 @@ const std::array<TuningKnobSpec, 25> kTuningKnobSpecs = {{
      "microseconds an idle worker spins before it sleeps"},
     {"MOETIER_PIN_THREADS", &TuningKnobs::pin_threads, 0, 1,
      "1: pin each worker to a core; 0: leave them to the OS scheduler"},
+    {"MOETIER_IO_THREADS", &TuningKnobs::io_threads, 1, 64,
+     "threads reading expert banks at load, each with 8 MiB requests in flight (default 4)"},
     {"MOETIER_STREAM_MIN_TOKENS", &TuningKnobs::stream_min_tokens, 1, int64_t{1} << 40,
      "smallest step (tokens) for which offload streams whole banks to the GPU"},
     {"MOETIER_FETCH_PERCENT", &TuningKnobs::fetch_percent, 0, 100,
