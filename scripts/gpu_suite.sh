@@ -300,6 +300,8 @@ if [ "${SYNTH:-0}" = 1 ]; then
               "${TOP_P[@]}"
             MOETIER_DEVICE_DRAWS=1 bench device-top-p-again "$dt" "${ONE[@]}" "${TOP_P[@]}"
             BENCH_BIN=$W/base/moetier bench base-device-temperature "$dt" "${ONE[@]}" "${TEMP[@]}"
+            BENCH_BIN=$W/base/moetier bench base-qwen3-sampling "$dt" "${ONE[@]}" "${SAMPLED[@]}"
+            bench gpu-qwen3-sampling-again "$dt" "${ONE[@]}" "${SAMPLED[@]}"
           fi ;;
         gpu-ab)  # one sequence's decode with PDL, the weight prefetch and the fused launches on
                  # and off, and attention splits of 16 and 32 positions (GPU_AB: which, as

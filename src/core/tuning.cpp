@@ -75,9 +75,10 @@ const std::array<TuningKnobSpec, 26> kTuningKnobSpecs = {{
      "in VRAM; 0 as stored"},
 }};
 
-const std::array<std::string_view, 7> kOtherEnvironmentVariables = {
-    "MOETIER_CPU_ISA", "MOETIER_PIN_BUDGET_GB", "MOETIER_LOCK_BUDGET_GB", "MOETIER_INJECT_FAILURES",
-    "MOETIER_DEBUG",   "MOETIER_TEST_SEED",     "MOETIER_CACHE_DIR"};
+const std::array<std::string_view, 9> kOtherEnvironmentVariables = {
+    "MOETIER_CPU_ISA",         "MOETIER_PIN_BUDGET_GB", "MOETIER_LOCK_BUDGET_GB",
+    "MOETIER_INJECT_FAILURES", "MOETIER_DEBUG",         "MOETIER_TEST_SEED",
+    "MOETIER_CACHE_DIR",       "MOETIER_CLI",           "MOETIER_TEST_FORCED_OUTPUT"};
 
 namespace {
 

@@ -62,8 +62,8 @@ extern const std::array<TuningKnobSpec, 26> kTuningKnobSpecs;
 
 // MOETIER_* variables parsed elsewhere (with their own validation, reported by
 // CheckEnvironment): the kernel level, budgets, failure injection and seeds for tests, debug
-// logging.
-extern const std::array<std::string_view, 7> kOtherEnvironmentVariables;
+// logging, the hybrid split's cache folder, and the server tests' binary and forced output.
+extern const std::array<std::string_view, 9> kOtherEnvironmentVariables;
 
 using EnvLookup = FunctionRef<const char*(const char*)>;
 

@@ -66,15 +66,20 @@ __global__ void TopKHistogramKernel(const float* x, int64_t n, RowScratch* scrat
 }
 
 // The bin of the row's k-th largest finite value (the lowest bin when it has fewer): every
-// thread sums kBins / blockDim.x bins from the top, a scan over threads finds the crossing.
+// thread loads kBins / blockDim.x bins from the top at once (one round of loads, not a chain), a
+// scan over threads finds the crossing.
 __device__ int KthBin(const uint32_t* hist, int32_t k) {
   __shared__ uint32_t sums[kThreads];
   __shared__ int found;
   constexpr int kPer = kBins / kThreads;
   const int t = threadIdx.x;
   const int top = kBins - 1 - t * kPer;  // this thread's bins: top, top - 1, ..., top - kPer + 1
+  uint32_t bins[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) bins[j] = hist[top - j];
   uint32_t mine = 0;
-  for (int j = 0; j < kPer; ++j) mine += hist[top - j];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) mine += bins[j];
   sums[t] = mine;
   if (t == 0) found = 0;
   __syncthreads();
@@ -89,13 +94,17 @@ __device__ int KthBin(const uint32_t* hist, int32_t k) {
   const auto need = static_cast<uint32_t>(k);
   if (before < need && sums[t] >= need) {
     uint32_t acc = before;
+    int bin = top;
+    bool crossed = false;
+#pragma unroll
     for (int j = 0; j < kPer; ++j) {
-      acc += hist[top - j];
-      if (acc >= need) {
-        found = top - j;
-        break;
+      acc += bins[j];
+      if (!crossed && acc >= need) {
+        crossed = true;
+        bin = top - j;
       }
     }
+    found = bin;
   }
   __syncthreads();
   return found;  // 0 when no thread crossed: fewer than k finite values, every bin counts
