@@ -31,9 +31,9 @@ constexpr int kWarps = kThreads / kWarp;
 constexpr int kDigitBits = 8;
 constexpr int kDigits = 1 << kDigitBits;
 constexpr int kSweeps = 32 / kDigitBits;
-constexpr int kChunk = 4 * kWarp;    // a warp's tokens at a time: 4 consecutive ones a lane
-constexpr int kMaxSlices = 256;      // blocks a row at most (a multiple of kWarp)
-constexpr int64_t kMinSlice = 512;   // tokens a slice at least, where the row allows
+constexpr int kChunk = 4 * kWarp;   // a warp's tokens at a time: 4 consecutive ones a lane
+constexpr int kMaxSlices = 256;     // blocks a row at most (a multiple of kWarp)
+constexpr int64_t kMinSlice = 512;  // tokens a slice at least, where the row allows
 constexpr float kWeightScale = 0x1p44f;
 // Below e^kNoWeight a weight is under 2^-45 (e^-31.19), whose W is 0.
 constexpr float kNoWeight = -32.0f;
