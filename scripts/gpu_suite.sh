@@ -31,7 +31,7 @@
 #   RECALL=1 measures the prefetch predictor's recall on the synthetic bf16 model
 #   (bench/engine/prefetch_recall); STAGING=1 runs bench/gpu/staging_bench; DRAWS=1 bench/gpu/draw_bench
 #   (device time of the top-k and of the device draw, at DRAW_SLICES slices a row) and the draw's
-#   Nsight Compute rows; BACKENDS=staged:
+#   Nsight Compute rows (DRAW_NCU_KERNELS: a regex of kernel names, DRAW_NCU_COUNT launches); BACKENDS=staged:
 #   prefill of 4,096 tokens with every expert locked (--moe-backend cpu) on the CPU executor,
 #   staged to the GPU, and as measured (bf16 with --weight-packing none: bf16c is CPU-only);
 #   BACKENDS=hybrid-ab: hybrid decode with and without recorded graph segments at a fixed split;
@@ -182,11 +182,13 @@ if [ "${DRAWS:-0}" = 1 ]; then
   say "draw_bench: exit $?: $(cat "$LOGS/draws.json")"
   NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
   if [ -n "$NCU_BIN" ]; then
-    run_timed 120 "$NCU_BIN" --kernel-name regex:Draw --launch-count 40 --section SpeedOfLight \
+    run_timed 120 "$NCU_BIN" --kernel-name "regex:${DRAW_NCU_KERNELS:-Draw}" \
+      --launch-count "${DRAW_NCU_COUNT:-40}" --section SpeedOfLight \
       --section WarpStateStats --section Occupancy "$B/draw_bench" --rows 1,16 --sigma 0.5 \
       --reps 1 > "$LOGS/draws-ncu.log" 2>&1
     say "draw ncu: exit $?"
-    grep -E "Draw[A-Za-z]*Kernel|Duration|Achieved Occ" "$LOGS/draws-ncu.log" | head -120 >> "$S"
+    grep -E "(Draw|TopK)[A-Za-z]*Kernel|Duration|Achieved Occ|Active Threads|Issued Instruction" \
+      "$LOGS/draws-ncu.log" | head -160 >> "$S"
   fi
 fi
 # Logits of five tokens under each placement, against the CPU engine's.
