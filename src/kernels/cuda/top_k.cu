@@ -24,9 +24,13 @@ constexpr int kBins = 4096;
 constexpr int kBinShift = 20;  // 32-bit key >> 20: 12 bits
 constexpr int kThreads = 256;
 constexpr int kSortThreads = 1024;
-// Values a block of the histogram and gather kernels reads (grid: a row's length over this).
-constexpr int64_t kBlockElems = 8192;
-constexpr int64_t kMaxBlocksPerRow = 64;
+// Values a thread of the histogram and gather kernels reads in a round, loaded together before
+// any is counted (a round of loads, not a chain of them), and so a block's (the grid: a row's
+// length over it). On an H100 (Nsight Compute, 151,936 logits) blocks of 8,192 reading one value
+// a round, 32 loads in a chain a thread, took 19.5 us for the histogram and 21 for the gather.
+constexpr int kPerThread = 8;
+constexpr int64_t kBlockElems = kThreads * kPerThread;
+constexpr int64_t kMaxBlocksPerRow = 128;
 // The scratch of one row: its histogram, then how many values its gather found, then them.
 struct RowScratch {
   uint32_t hist[kBins];
@@ -41,6 +45,21 @@ __device__ __forceinline__ unsigned long long SortKey(float v, int64_t i) {
          static_cast<unsigned long long>(~static_cast<uint32_t>(i));
 }
 
+// f(x[i], i) for this thread's values of a row of n (grid-strided), kPerThread loaded at a time.
+template <typename F>
+__device__ __forceinline__ void ForEachValue(const float* xr, int64_t n, F f) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i0 = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i0 < n;
+       i0 += stride * kPerThread) {
+    float v[kPerThread];
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) v[k] = i0 + k * stride < n ? xr[i0 + k * stride] : 0.0f;
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k)
+      if (i0 + k * stride < n) f(v[k], i0 + k * stride);
+  }
+}
+
 __global__ void TopKHistogramKernel(const float* x, int64_t n, RowScratch* scratch,
                                     unsigned long long* first) {
   PdlWait();
@@ -50,14 +69,12 @@ __global__ void TopKHistogramKernel(const float* x, int64_t n, RowScratch* scrat
   const int64_t row = blockIdx.y;
   const float* xr = x + row * n;
   unsigned long long bad = ~0ull;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float v = xr[i];
+  ForEachValue(xr, n, [&](float v, int64_t i) {
     if (Finite(v))
       atomicAdd(&hist[OrderKey(v) >> kBinShift], 1u);
     else
       bad = min(bad, static_cast<unsigned long long>(row * n + i));
-  }
+  });
   if (bad != ~0ull && first != nullptr) atomicMin(first, bad);
   __syncthreads();
   uint32_t* global = scratch[row].hist;
@@ -116,13 +133,11 @@ __global__ void TopKGatherKernel(const float* x, int64_t n, int32_t k, RowScratc
   RowScratch& s = scratch[row];
   const uint32_t floor_bin = static_cast<uint32_t>(KthBin(s.hist, k));
   const float* xr = x + row * n;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float v = xr[i];
-    if (!Finite(v) || (OrderKey(v) >> kBinShift) < floor_bin) continue;
+  ForEachValue(xr, n, [&](float v, int64_t i) {
+    if (!Finite(v) || (OrderKey(v) >> kBinShift) < floor_bin) return;
     const uint32_t slot = atomicAdd(&s.collected, 1u);
     if (slot < static_cast<uint32_t>(kTopKCollect)) s.values[slot] = SortKey(v, i);
-  }
+  });
 }
 
 __global__ void __launch_bounds__(kSortThreads)

@@ -69,7 +69,9 @@ TEST(CudaTopKRowsTest, CandidatesAreTheCpusAndNonFiniteIsFound) {
   std::mt19937 rng(testing::TestSeed());
   constexpr unsigned long long kNone = ~0ull >> 1;
   for (const Rows kind : {Rows::kNormal, Rows::kFewValues, Rows::kBunched}) {
-    for (const int64_t n : {int64_t{5}, int64_t{512}, int64_t{32000}, int64_t{151936}}) {
+    // 300,001: longer than the kernels' largest grid, so a thread takes more than one round.
+    for (const int64_t n :
+         {int64_t{5}, int64_t{512}, int64_t{32000}, int64_t{151936}, int64_t{300001}}) {
       for (const int64_t rows : {int64_t{1}, int64_t{16}}) {
         for (const int32_t k : {1, 20, kMaxCandidateTopK}) {
           std::vector<float> x = MakeRows(kind, rows, n, rng);
