@@ -22,6 +22,7 @@
 
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/launch.h"
 
 namespace moetier::cuda {
 namespace {
@@ -582,18 +583,10 @@ __global__ void __launch_bounds__(kThreads)
             counts + row);
 }
 
-// Slices a row: blocks for every SM four times over, none under kMinSlice tokens (unless the
-// row is shorter), at most kMaxSlices. On an H100 (132 SMs; draw_bench, 151,936 logits, graph
-// replays, us for 1 / 16 rows at 32, 64, 128, 256 slices a row) top-p took 97 / 120, 70 / 146,
-// 60 / 203, 48 / 282 and temperature 17 / 23, 15 / 24, 15 / 29, 12 / 39: the most slices for
-// one row, ~32 for 16.
+// Slices a row: none under kMinSlice tokens (unless the row is shorter), launch.h's
+// BlocksPerRow.
 int SlicesPerRow(int64_t n, int64_t n_rows) {
-  int device = 0, sms = 1;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  const int64_t by_length = (n + kMinSlice - 1) / kMinSlice;
-  const int64_t by_sms = (4 * std::max(sms, 1) + n_rows - 1) / n_rows;
-  return static_cast<int>(std::clamp<int64_t>(std::min(by_length, by_sms), 1, kMaxSlices));
+  return static_cast<int>(BlocksPerRow((n + kMinSlice - 1) / kMinSlice, n_rows, kMaxSlices));
 }
 
 }  // namespace

@@ -1,6 +1,10 @@
 // The process-wide switches of launch.h.
 #include "kernels/cuda/launch.h"
 
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
 #include "core/tuning.h"
 
 namespace moetier::cuda {
@@ -47,6 +51,17 @@ int64_t AttentionMinChunk() {
 int64_t GemvMaxAssignments() {
   static const int64_t n = Tuning().cuda_gemv_assign.value_or(8);
   return n;
+}
+
+int64_t BlocksPerRow(int64_t by_length, int64_t n_rows, int64_t most) {
+  int device = 0, sms = 1;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    sms = 1;
+  }
+  const int64_t by_sms = (4 * std::max(sms, 1) + n_rows - 1) / std::max<int64_t>(n_rows, 1);
+  return std::clamp<int64_t>(std::min(by_length, by_sms), 1, most);
 }
 
 }  // namespace moetier::cuda
