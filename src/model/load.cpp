@@ -247,10 +247,10 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
   LogWarnings(report.plan.warnings);
   const auto t_plan = std::chrono::steady_clock::now();
 
-  const int io_threads = options.residency.n_io_threads > 0 ? options.residency.n_io_threads
-                         : Tuning().io_threads
-                             ? static_cast<int>(*Tuning().io_threads)
-                             : std::min(kDefaultIoThreads, ThreadPool::AvailableThreads());
+  const int io_threads = options.residency.n_io_threads > 0
+                             ? options.residency.n_io_threads
+                             : static_cast<int>(Tuning().io_threads.value_or(
+                                   std::min(kDefaultIoThreads, ThreadPool::AvailableThreads())));
   ThreadPool io_pool(io_threads);
   // Packing and copying: every core this process may use, and only while the model loads.
   const bool packs = HoldsDense(report.plan, options.residency) ||
