@@ -31,7 +31,10 @@
 #   RECALL=1 measures the prefetch predictor's recall on the synthetic bf16 model
 #   (bench/engine/prefetch_recall); STAGING=1 runs bench/gpu/staging_bench; DRAWS=1 bench/gpu/draw_bench
 #   (device time of the top-k and of the device draw, at DRAW_SLICES slices a row) and the draw's
-#   Nsight Compute rows (DRAW_NCU_KERNELS: a regex of kernel names, DRAW_NCU_COUNT launches); BACKENDS=staged:
+#   Nsight Compute rows (DRAW_NCU_KERNELS: a regex of kernel names, DRAW_NCU_COUNT launches);
+#   BOUNDARY=1 runs bench/gpu/boundary_bench (a dependency between phases as a kernel boundary
+#   in a graph, with and without PDL, and as a grid barrier in a persistent kernel; BOUNDARY_ARGS);
+#   BACKENDS=staged:
 #   prefill of 4,096 tokens with every expert locked (--moe-backend cpu) on the CPU executor,
 #   staged to the GPU, and as measured (bf16 with --weight-packing none: bf16c is CPU-only);
 #   BACKENDS=hybrid-ab: hybrid decode with and without recorded graph segments at a fixed split;
@@ -190,6 +193,12 @@ if [ "${DRAWS:-0}" = 1 ]; then
     grep -E "(Draw|TopK)[A-Za-z]*Kernel|Duration|Achieved Occ|Active Threads|Issued Instruction" \
       "$LOGS/draws-ncu.log" | head -160 >> "$S"
   fi
+fi
+# What a dependency between decode phases costs: kernel boundaries against grid barriers.
+if [ "${BOUNDARY:-0}" = 1 ]; then
+  # shellcheck disable=SC2086  # BOUNDARY_ARGS is a list of flags
+  run_timed 120 "$B/boundary_bench" ${BOUNDARY_ARGS:-} > "$LOGS/boundary.json" 2> "$LOGS/boundary.log"
+  say "boundary_bench: exit $?: $(cat "$LOGS/boundary.json") $(head -3 "$LOGS/boundary.log")"
 fi
 # Logits of five tokens under each placement, against the CPU engine's.
 logits() {  # model-dir out-name moetier-args...
@@ -498,17 +507,23 @@ process) $(python3 -c "print(f'{$t3 - $t2:.3f}')") s"
         gpu-env)  # one sequence's all-VRAM decode under each of GPU_ENVS (comma-separated sets
                   # of VAR=value, or "base": the carried base build), ROUNDS rounds interleaved,
                   # after llama.cpp's build (a quiet host)
+          # (GPU_ENV_ARGS: the bench's flags instead, sets separated by ";", each run in turn,
+          # e.g. "--prompt-tokens 512 --gen-tokens 256;--parallel 16 --prompt-tokens 128")
           IFS=, read -r -a ENVS <<< "${GPU_ENVS:-MOETIER_CUDA_NORM_FUSE=1,MOETIER_CUDA_NORM_FUSE=0}"
+          IFS=';' read -r -a ARG_SETS <<< "${GPU_ENV_ARGS:---prompt-tokens 512 --gen-tokens 256}"
           for round in $(seq "${ROUNDS:-2}"); do
-            for e in "${ENVS[@]}"; do
-              if [ "$e" = base ]; then  # the carried base build (make_gpucarry.sh BASE_BIN)
-                [ -x "$W/base/moetier" ] && BENCH_BIN=$W/base/moetier bench "env-base-$round" \
-                  "$dt" --moe-backend gpu --prompt-tokens 512 --gen-tokens 256
-                continue
-              fi
-              # shellcheck disable=SC2086  # $e: VAR=value words
-              (export $e; bench "env-${e// /_}-$round" "$dt" --moe-backend gpu \
-                --prompt-tokens 512 --gen-tokens 256)
+            for a in "${!ARG_SETS[@]}"; do
+              read -r -a ENV_ARGS <<< "${ARG_SETS[$a]}"
+              for e in "${ENVS[@]}"; do
+                if [ "$e" = base ]; then  # the carried base build (make_gpucarry.sh BASE_BIN)
+                  [ -x "$W/base/moetier" ] && BENCH_BIN=$W/base/moetier bench \
+                    "env-base-args$a-$round" "$dt" --moe-backend gpu "${ENV_ARGS[@]}"
+                  continue
+                fi
+                # shellcheck disable=SC2086  # $e: VAR=value words
+                (export $e; bench "env-${e// /_}-args$a-$round" "$dt" --moe-backend gpu \
+                  "${ENV_ARGS[@]}")
+              done
             done
           done ;;
         cpu-batched)  # the CPU alone at CPU_PAR sequences (4 and 16): this build, the same with
