@@ -27,12 +27,13 @@ constexpr uint64_t kSlotAlignment = 256;
 //  - kStreamAssignmentsPerExpert (token, expert) assignments per expert (tokens * top-k /
 //    experts): about 86 % of a layer's experts are then active with uniform routing (1 - e^-2),
 //    so a bank copies little that the cache path would not; and
-//  - kStreamTokensPerBankGb tokens per GB of one layer's bank: enough compute per layer to hide
-//    the next bank's copy behind. Measured on the H200 (PCIe Gen5, 8-layer Qwen3-30B-A3B shape,
-//    smallest cache; prefill tokens/s streamed / through the cache): q4_0 (0.34 GB a layer)
-//    10.1k / 10.6k at 512 tokens, 19.9k / 17.0k at 1,024; bf16 (1.21 GB) 5.8k / 7.0k at 1,024,
-//    11.5k / 11.6k at 2,048, 22.3k / 17.3k at 4,096. Below the crossover the cache path wins by
-//    its hits and by not copying the experts a step leaves unused.
+//  - kStreamTokensPerBankGb tokens per GB of one layer's copied bank: enough compute per layer
+//    to hide the next bank's copy behind. Measured on an H100 (PCIe Gen5, 8-layer Qwen3-30B-A3B
+//    shape, smallest cache; prefill tokens/s streamed / through the cache): q4_0 (0.34 GB a
+//    layer) 10.2k / 12.3k at 512 tokens, 20.4k / 20.1k at 1,024, 40.2k / 29.5k at 2,048; bf16
+//    pinned as bf16c (0.93 GB) 6.8k / 8.3k at 1,024, 13.5k / 13.6k at 2,048, 26.3k / 19.7k at
+//    4,096. Below the crossover the cache path wins by its hits and by not copying the experts a
+//    step leaves unused.
 // MOETIER_STREAM_MIN_TOKENS replaces the rule.
 constexpr int64_t kStreamAssignmentsPerExpert = 2;
 constexpr double kStreamTokensPerBankGb = 2000.0;
