@@ -33,6 +33,43 @@ Status CheckEnvironmentVariables() {
   return kernels::CheckCpuIsaEnvironment();
 }
 
+// What moetier says on stderr beside errors (which it always says), by --log-level, -q or -v.
+struct Verbosity {
+  std::string level = "info";
+  bool quiet = false;
+  bool verbose = false;
+
+  LogLevel Chosen() const {
+    if (quiet) return LogLevel::kWarn;
+    if (verbose) return LogLevel::kDebug;
+    if (level == "quiet") return LogLevel::kQuiet;
+    if (level == "warn") return LogLevel::kWarn;
+    if (level == "debug") return LogLevel::kDebug;
+    return LogLevel::kInfo;
+  }
+};
+
+// The options every command takes, before or after its name (`moetier -q run ...` or
+// `moetier run -q ...`).
+void AddVerbosityOptions(CLI::App& app, Verbosity& v) {
+  CLI::Option* level =
+      app.add_option("--log-level", v.level,
+                     "what moetier says on stderr besides errors: quiet (nothing more), warn "
+                     "(warnings), info (also what the load placed where and how fast it went) or "
+                     "debug (also each bank's read and packing time)")
+          ->check(CLI::IsMember({"quiet", "warn", "info", "debug"}));
+  CLI::Option* q =
+      app.add_flag("-q,--quiet", v.quiet, "warnings and errors only (--log-level warn)");
+  CLI::Option* d = app.add_flag("-v,--verbose", v.verbose, "--log-level debug");
+  q->excludes(d)->excludes(level);
+  d->excludes(level);
+}
+
+// Each command's --help names the options it shares with every other.
+constexpr const char* kSharedOptionsFooter =
+    "Every command also takes --log-level quiet|warn|info|debug, -q/--quiet and -v/--verbose: "
+    "what it says on stderr besides errors (`moetier --help`).";
+
 int Main(int argc, char** argv) {
   CLI::App app{
       "moetier: runs Mixture-of-Experts language models whose experts do not fit in GPU memory.\n"
@@ -41,6 +78,9 @@ int Main(int argc, char** argv) {
   app.set_version_flag("--version", "moetier 0.1.0");
   app.failure_message(FormatParseError);
   ShowDefaultsInHelp(app);
+  Verbosity verbosity;
+  AddVerbosityOptions(app, verbosity);
+  app.fallthrough();  // the commands' unknown options are tried here: -q after the command's name
 
   std::vector<Command> commands = {
       AddRunCommand(app),      AddGenerateCommand(app), AddLogitsCommand(app),
@@ -49,7 +89,10 @@ int Main(int argc, char** argv) {
       AddServeCommand(app),
   };
   std::vector<std::string> names;
-  for (const auto& c : commands) names.push_back(c.app->get_name());
+  for (const auto& c : commands) {
+    names.push_back(c.app->get_name());
+    c.app->footer(kSharedOptionsFooter);
+  }
   if (argc < 2) {
     std::string list;
     for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
@@ -65,6 +108,7 @@ int Main(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : kUsageExitCode;
   }
+  SetLogLevel(verbosity.Chosen());
   if (Status s = CheckEnvironmentVariables(); !s.ok()) return ReportError(s.message());
   for (auto& c : commands)
     if (c.app->parsed()) return c.run();

@@ -108,6 +108,38 @@ TEST(Cli, NoGpuRunsEverythingOnTheCpu) {
   EXPECT_NE(gpu.err.find("--no-gpu"), std::string::npos) << gpu.err;
 }
 
+// --log-level, -q and -v, before or after the command's name, choose what stderr says besides
+// errors and the command's own result; an unknown MOETIER_ variable's warning shows which
+// levels keep warnings.
+TEST(Cli, LogLevelChoosesWhatStderrSays) {
+  testing::TempDir tmp;
+  const std::string logits =
+      "logits " + Model() + " --tokens 3,17 --out '" + (tmp.path() / "l.bin").string() + "'";
+  const std::string unknown = "MOETIER_NOT_A_KNOB=1";
+  const auto run = [&](const std::string& args) { return RunCli(args, "/dev/null", unknown); };
+  const testing::CommandResult info = run(logits), quiet_after = run(logits + " -q"),
+                               quiet_before = run("-q " + logits), debug = run(logits + " -v"),
+                               silent = run(logits + " --log-level quiet"),
+                               both = run(logits + " -q -v"),
+                               bad = run(logits + " --log-level loud");
+  for (const auto* r : {&info, &quiet_after, &quiet_before, &debug, &silent})
+    ASSERT_EQ(r->exit_code, 0) << r->err;
+  const auto has = [](const testing::CommandResult& r, const char* s) {
+    return r.err.find(s) != std::string::npos;
+  };
+  EXPECT_TRUE(has(info, "load: ") && has(info, "MOETIER_NOT_A_KNOB") && !has(info, "debug: "))
+      << info.err;
+  EXPECT_TRUE(!has(quiet_after, "load: ") && has(quiet_after, "MOETIER_NOT_A_KNOB"))
+      << quiet_after.err;
+  EXPECT_EQ(quiet_before.err, quiet_after.err);
+  EXPECT_TRUE(has(debug, "debug: bank 0 read in") && has(debug, "load: ")) << debug.err;
+  EXPECT_TRUE(!has(silent, "load: ") && !has(silent, "MOETIER_NOT_A_KNOB")) << silent.err;
+  EXPECT_EQ(both.exit_code, 2);
+  EXPECT_TRUE(has(both, "--quiet excludes --verbose")) << both.err;
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_TRUE(has(bad, "--log-level: loud not in")) << bad.err;
+}
+
 TEST(Cli, GenerateGreedyMatchesReference) {
   auto ref = SafetensorsFile::Open(testing::HfFixture("mixtral") / "reference.safetensors");
   ASSERT_TRUE(ref.ok());
