@@ -33,6 +33,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_support.h"
 #include "kernels/cuda/launch.cuh"
 
 namespace {
@@ -140,39 +141,23 @@ __global__ void __launch_bounds__(kThreads) PersistentCgKernel(float* rows, int 
 
 // ---- the host side ---------------------------------------------------------------------------
 
-std::vector<int> ParseList(const char* s) {
-  std::vector<int> out;
-  for (const char* p = s; *p != '\0';) {
-    char* end = nullptr;
-    out.push_back(static_cast<int>(std::strtol(p, &end, 10)));
-    if (end == p) break;
-    p = *end == ',' ? end + 1 : end;
-  }
-  return out;
-}
-
 bool Parse(int argc, char** argv, Options& o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") return false;
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "boundary_bench: %s needs a value\n", a.c_str());
-      return false;
-    }
-    const char* v = argv[++i];
-    if (a == "--width") {
-      o.width = std::atoi(v);
-    } else if (a == "--phases") {
-      o.phases = std::atoi(v);
-    } else if (a == "--blocks") {
-      o.blocks = ParseList(v);
-    } else if (a == "--reps") {
-      o.reps = std::atoi(v);
-    } else {
-      std::fprintf(stderr, "boundary_bench: unknown flag %s\n", a.c_str());
-      return false;
-    }
-  }
+  const bool known = moetier::bench::ParseFlagPairs(
+      "boundary_bench", argc, argv, [&](const std::string& a, const char* v) {
+        if (a == "--width") {
+          o.width = std::atoi(v);
+        } else if (a == "--phases") {
+          o.phases = std::atoi(v);
+        } else if (a == "--blocks") {
+          o.blocks = moetier::bench::ParseList<int>(v);
+        } else if (a == "--reps") {
+          o.reps = std::atoi(v);
+        } else {
+          return false;
+        }
+        return true;
+      });
+  if (!known) return false;
   const bool blocks_ok =
       !o.blocks.empty() && *std::min_element(o.blocks.begin(), o.blocks.end()) >= 0;
   if (o.width <= 0 || o.width > (1 << 24) || o.phases <= 0 || o.reps <= 0 || !blocks_ok) {
@@ -184,9 +169,7 @@ bool Parse(int argc, char** argv, Options& o) {
 }
 
 bool Ok(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return true;
-  std::fprintf(stderr, "boundary_bench: %s: %s\n", what, cudaGetErrorString(e));
-  return false;
+  return moetier::bench::CudaOk("boundary_bench", e, what);
 }
 
 // The host's reference of the chain, phase by phase in double.

@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_support.h"
 #include "core/logit_candidate.h"
 #include "core/status.h"
 #include "kernels/cuda/device_buffer.h"
@@ -56,42 +57,26 @@ constexpr const char* kUsage =
     "  sampler and slices a row (0: the draw's choice). Needs a CUDA device; prints one JSON\n"
     "  line. See the top of draw_bench.cpp.\n";
 
-template <typename T>
-std::vector<T> ParseList(const char* s) {
-  std::vector<T> out;
-  for (const char* p = s; *p != '\0';) {
-    char* end = nullptr;
-    out.push_back(static_cast<T>(std::strtod(p, &end)));
-    if (end == p) break;
-    p = *end == ',' ? end + 1 : end;
-  }
-  return out;
-}
-
 bool Parse(int argc, char** argv, Options& o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") return false;
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "draw_bench: %s needs a value\n", a.c_str());
-      return false;
-    }
-    const char* v = argv[++i];
-    if (a == "--vocab") {
-      o.vocab = std::atoll(v);
-    } else if (a == "--rows") {
-      o.rows = ParseList<int64_t>(v);
-    } else if (a == "--sigma") {
-      o.sigma = ParseList<double>(v);
-    } else if (a == "--slices") {
-      o.slices = ParseList<int>(v);
-    } else if (a == "--reps") {
-      o.reps = std::atoi(v);
-    } else {
-      std::fprintf(stderr, "draw_bench: unknown flag %s\n", a.c_str());
-      return false;
-    }
-  }
+  using bench::ParseList;
+  const bool known =
+      bench::ParseFlagPairs("draw_bench", argc, argv, [&](const std::string& a, const char* v) {
+        if (a == "--vocab") {
+          o.vocab = std::atoll(v);
+        } else if (a == "--rows") {
+          o.rows = ParseList<int64_t>(v);
+        } else if (a == "--sigma") {
+          o.sigma = ParseList<double>(v);
+        } else if (a == "--slices") {
+          o.slices = ParseList<int>(v);
+        } else if (a == "--reps") {
+          o.reps = std::atoi(v);
+        } else {
+          return false;
+        }
+        return true;
+      });
+  if (!known) return false;
   const bool rows_ok = !o.rows.empty() && *std::min_element(o.rows.begin(), o.rows.end()) > 0;
   const bool slices_ok =
       !o.slices.empty() && *std::min_element(o.slices.begin(), o.slices.end()) >= 0;
@@ -105,9 +90,7 @@ bool Parse(int argc, char** argv, Options& o) {
 }
 
 bool Ok(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return true;
-  std::fprintf(stderr, "draw_bench: %s: %s\n", what, cudaGetErrorString(e));
-  return false;
+  return bench::CudaOk("draw_bench", e, what);
 }
 
 // The median device time of `reps` replays of a CUDA graph of launch's kernels (as a decode step
