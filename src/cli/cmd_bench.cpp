@@ -156,11 +156,9 @@ Expected<RunFigures> BenchRun(const Opts& o, CausalLM& lm, int run, PhaseTimes* 
     for (auto& t : p)
       t = static_cast<int32_t>(rng() % static_cast<uint32_t>(lm.config().vocab_size));
   }
-  std::fprintf(stderr,
-               "bench: run %d/%d: %lld sequence(s), prefill %lld tokens each, decode %lld tokens "
-               "each\n",
-               run + 1, o.repeats, static_cast<long long>(n),
-               static_cast<long long>(o.prompt_tokens), static_cast<long long>(o.gen_tokens));
+  LogInfo("bench: run " + std::to_string(run + 1) + "/" + std::to_string(o.repeats) + ": " +
+          std::to_string(n) + " sequence(s), prefill " + std::to_string(o.prompt_tokens) +
+          " tokens each, decode " + std::to_string(o.gen_tokens) + " tokens each");
   using Clock = std::chrono::steady_clock;
   Status error;
   lm.SetPhaseTimes(prefill_times);
@@ -238,7 +236,7 @@ int Run(const Opts& o) {
     kv_pool_bytes = f->kv_pool_bytes;
   }
   const uint64_t peak_rss = ReadPeakRssBytes();  // before the bandwidth buffer
-  std::fprintf(stderr, "bench: measuring read bandwidth with %d threads\n", threads);
+  LogInfo("bench: measuring read bandwidth with " + std::to_string(threads) + " threads");
   ThreadPool pool(threads);
   const auto measured =
       MeasureReadBandwidthGbps(pool, static_cast<size_t>(o.bandwidth_mib * double(1 << 20)));
