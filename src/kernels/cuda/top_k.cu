@@ -29,7 +29,7 @@ constexpr int kSortThreads = 1024;
 // loads in flight at once, not one after another), and so a block's: the grid takes a row's
 // length over it, at most launch.h's BlocksPerRow. On an H100 (Nsight Compute, 151,936 logits)
 // 74 blocks of 2,048 take 5.8 us for the histogram and 6.7 for the gather; 18 blocks of 8,192
-// loading one value at a time (32 dependent loads a thread) took 19.5 and 21.
+// loading one value at a time (32 dependent loads a thread) take 19.5 and 21.
 constexpr int kPerThread = 8;
 constexpr int64_t kBlockElems = kThreads * kPerThread;
 constexpr int64_t kMaxBlocksPerRow = 128;
