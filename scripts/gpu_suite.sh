@@ -17,6 +17,7 @@
 #   4 and 16 sequences, and hybrid: the same, with half the banks pinned, and --profile, both
 #   after llama.cpp's build as they use the CPU); CROSS=1 adds offload prefill at 32-256
 #   tokens (CROSS_SIZES="512 1024": those) streamed and not (the crossover); LOAD=1 times a load with every bank pinned against a raw read
+#   (LOAD_STREAMS="4x8,16x8": first the banks alone read so, THREADSxCHUNK_MIB, by bench/engine/load_bench)
 #   (LOAD_ROUNDS times, under each of LOAD_ENVS, its log lines stamped);
 #   PROFILE="bf16 q4_0" times every kernel of a gpu decode run per dtype, without PDL
 #   (bench/gpu/kernel_profile.cpp; the top rows in the summary, then each kernel's share of the
@@ -399,8 +400,15 @@ PY
     { echo "prefill 512 kernels ($dt):"; head -30 "$LOGS/kprof-prefill-$dt.txt"; } >> "$S"
   done
   if [ "${LOAD:-0}" = 1 ]; then  # load with every bank pinned, against reading the files raw,
-    # LOAD_ROUNDS times, under each of LOAD_ENVS (VAR=value words, comma-separated; "-": none);
-    # each stderr line of a load stamped with its second since the start
+    # LOAD_ROUNDS times, under each of LOAD_ENVS (VAR=value words, comma-separated; "-": none;
+    # "base": the carried base build); each stderr line of a load stamped with its second since
+    # the start. First, with LOAD_STREAMS (THREADSxCHUNK_MIB,...), the banks alone read as the
+    # load reads them under each, beside `cat`'s way (bench/engine/load_bench --streams).
+    for dt in ${LOAD_STREAMS:+$DTYPES}; do
+      run_timed 200 "$B/load_bench" --model "$W/bank-$dt" --streams "$LOAD_STREAMS" \
+        --repeats "${LOAD_ROUNDS:-2}" > "$LOGS/streams-$dt.json" 2> "$LOGS/streams-$dt.log"
+      say "load_bench streams $dt: exit $?: $(cat "$LOGS/streams-$dt.json")"
+    done
     IFS=, read -r -a LENVS <<< "${LOAD_ENVS:--}"
     for round in $(seq "${LOAD_ROUNDS:-2}"); do
       for dt in $DTYPES; do
@@ -412,18 +420,22 @@ $(python3 -c "print(f'{$t1 - $t0:.3f}')") s"
           [ "$e" = - ] && e=
           [ "$(time_left)" -lt 30 ] && { say "skipped (deadline): load $dt $e"; continue; }
           name=$(echo "${e:-default}" | tr -c 'A-Za-z0-9=\n' _)
+          bin=$B/moetier verbose=(-v)  # debug lines: when each bank was in
+          if [ "$e" = base ]; then  # (which has no -v)
+            [ -x "$W/base/moetier" ] || continue
+            bin=$W/base/moetier e= verbose=()
+          fi
           sync; echo 3 > /proc/sys/vm/drop_caches
           t2=$EPOCHREALTIME
           # shellcheck disable=SC2086  # $e: VAR=value words
-          { env $e timeout 120 "$B/moetier" logits --model "$W/bank-$dt" --tokens 1 \
+          { env $e timeout 120 "$bin" logits --model "$W/bank-$dt" --tokens 1 "${verbose[@]}" \
               --out "$W/load.bin" "${OFFLOAD[@]}" --moe-cache-gb "${CACHE_MIN[$dt]}" 2>&1; } |
-            while IFS= read -r line; do
-              echo "$(python3 -c "print(f'{$EPOCHREALTIME - $t2:.3f}')") $line"
-            done > "$LOGS/load-$dt-$name-$round.log"
+            while IFS= read -r line; do echo "$EPOCHREALTIME $line"; done |
+            awk -v t="$t2" '{ $1 = sprintf("%.3f", $1 - t); print }' > "$LOGS/load-$dt-$name-$round.log"
           t3=$EPOCHREALTIME
-          say "load $dt round $round ${e:-default}: pinned load (logits of one token, the \
+          say "load $dt round $round $name: pinned load (logits of one token, the \
 process) $(python3 -c "print(f'{$t3 - $t2:.3f}')") s"
-          grep -E "^[0-9.]+ (load:|wrote)" "$LOGS/load-$dt-$name-$round.log" >> "$S"
+          grep -E "^[0-9.]+ (load:|wrote|debug: bank 7 read)" "$LOGS/load-$dt-$name-$round.log" >> "$S"
         done
       done
     done

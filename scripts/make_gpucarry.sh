@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fills .gpucarry/ (ignored by git: "/.gpucarry/" in .git/info/exclude) with what
 # scripts/gpu_suite.sh runs on the GPU machine, which has no package registry: bin.tar.xz holds the
-# moetier binary, the test executables, bench/engine/prefetch_recall, bench/gpu/staging_bench, draw_bench
+# moetier binary, the test executables, bench/engine/prefetch_recall and load_bench, bench/gpu/staging_bench, draw_bench
 # and boundary_bench
 # of a CUDA build (configure
 # it with -DMOETIER_CUDA=ON and, to build fast, -DCMAKE_CUDA_ARCHITECTURES=90 for the H200),
@@ -34,7 +34,7 @@ for t in "$BUILD"/tests/*/*_tests "$BUILD"/tests/kernels/cuda/*_tests; do
 done
 # Benchmark executables run there beside the CLI, when built.
 BENCHES=()
-for b in bench/engine/prefetch_recall bench/gpu/staging_bench bench/gpu/draw_bench \
+for b in bench/engine/prefetch_recall bench/engine/load_bench bench/gpu/staging_bench bench/gpu/draw_bench \
   bench/gpu/boundary_bench bench/kernels/kernel_bench; do
   [ -x "$BUILD/$b" ] || continue
   cp "$BUILD/$b" "$B/" && strip "$B/$(basename "$b")" && BENCHES+=("$(basename "$b")")

@@ -7,7 +7,7 @@
 
 namespace moetier {
 
-const std::array<TuningKnobSpec, 26> kTuningKnobSpecs = {{
+const std::array<TuningKnobSpec, 27> kTuningKnobSpecs = {{
     {"MOETIER_AMX_MIN_TOKENS", &TuningKnobs::amx_min_tokens, 1, 1 << 20,
      "smallest batch of tokens whose q8_0/bf16 matmuls use AMX tiles"},
     {"MOETIER_BF16C_EXPAND_MIN_TOKENS", &TuningKnobs::bf16c_expand_min_tokens, 1, 1 << 20,
@@ -32,7 +32,9 @@ const std::array<TuningKnobSpec, 26> kTuningKnobSpecs = {{
     {"MOETIER_PIN_THREADS", &TuningKnobs::pin_threads, 0, 1,
      "1: pin each worker to a core; 0: leave them to the OS scheduler"},
     {"MOETIER_IO_THREADS", &TuningKnobs::io_threads, 1, 64,
-     "threads reading expert banks at load, each with 8 MiB requests in flight (default 4)"},
+     "threads reading expert banks at load, each with one request in flight (default 4)"},
+    {"MOETIER_IO_CHUNK_MIB", &TuningKnobs::io_chunk_mib, 1, 1024,
+     "MiB each bank-reading thread asks for in one read call at load (default 8)"},
     {"MOETIER_STREAM_MIN_TOKENS", &TuningKnobs::stream_min_tokens, 1, int64_t{1} << 40,
      "smallest step (tokens) for which offload streams whole banks to the GPU"},
     {"MOETIER_FETCH_PERCENT", &TuningKnobs::fetch_percent, 0, 100,

@@ -35,6 +35,7 @@ struct TuningKnobs {
   std::optional<int64_t> spin_us;                  // MOETIER_SPIN_US
   std::optional<int64_t> pin_threads;              // MOETIER_PIN_THREADS (0 or 1)
   std::optional<int64_t> io_threads;               // MOETIER_IO_THREADS
+  std::optional<int64_t> io_chunk_mib;             // MOETIER_IO_CHUNK_MIB
   std::optional<int64_t> stream_min_tokens;        // MOETIER_STREAM_MIN_TOKENS
   std::optional<int64_t> fetch_percent;            // MOETIER_FETCH_PERCENT
   std::optional<int64_t> cpu_share_async;          // MOETIER_CPU_SHARE_ASYNC (0 or 1)
@@ -58,7 +59,7 @@ struct TuningKnobSpec {
   int64_t min, max;
   std::string_view help;
 };
-extern const std::array<TuningKnobSpec, 26> kTuningKnobSpecs;
+extern const std::array<TuningKnobSpec, 27> kTuningKnobSpecs;
 
 // MOETIER_* variables parsed elsewhere (with their own validation, reported by
 // CheckEnvironment): the kernel level, budgets, failure injection and seeds for tests, debug

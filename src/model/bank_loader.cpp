@@ -17,6 +17,10 @@ namespace moetier {
 
 namespace {
 
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 // Copies experts (views into a checkpoint) into `bank`, in layout `lay`.
 void CopyExperts(const std::vector<ExpertWeights>& src, const ExpertLayout& lay, HostBank& bank,
                  ThreadPool& pool) {
@@ -43,10 +47,10 @@ Status VerifyBank(const ModelSource& s, size_t i, const HostBank& bank, int64_t 
 
 // The second stage of loading, on its own thread, bank after bank in order: the checksum, the
 // packing of banks the plan holds in another format than stored, and settling (pin / lock). It
-// runs while the main thread reads the next bank, so packing and mlock overlap the reads.
+// runs while the reading threads read the next banks, so packing and pinning overlap the reads.
 //
 // A packed bank's stored bytes are read into one of kStagingBuffers reusable buffers, one bank
-// (as stored) each: the main thread fills one while this thread packs out of the other. The
+// (as stored) each: the reads fill one while this thread packs out of the other. The
 // buffers are the transient cost of packing: the peak is 0.77 n + 2 banks for n bf16 layers,
 // below holding them as stored from n = 9 on (an 8-layer model peaks 2 % above it).
 class Finisher {
@@ -161,10 +165,7 @@ class Finisher {
     MT_ASSIGN_OR_RETURN(HostBank bank, HostBank::Allocate(packed.bank_bytes(s_.config.n_experts)));
     const auto t0 = std::chrono::steady_clock::now();
     const Status st = PackExpertBank(from, packed, bank.data(), layer, pool_);
-    LogDebug("bank " + std::to_string(i) + " packed in " +
-             std::to_string(
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) +
-             " s");
+    LogDebug("bank " + std::to_string(i) + " packed in " + std::to_string(SecondsSince(t0)) + " s");
     if (st.ok()) return bank;
     warnings.push_back(st.message() + "; " + otherwise);
     return HostBank();
@@ -241,19 +242,60 @@ class Finisher {
   std::thread thread_;  // last: starts after every member above exists
 };
 
-// Bank i as stored into `bank` (allocated to its size): read from a converted model's file, or
-// copied out of a checkpoint's maps. `mode` becomes kBuffered when a read could not use O_DIRECT.
-Status ReadStoredBank(const ModelSource& s, size_t i, HostBank& bank, ThreadPool& io_pool,
-                      ReadMode& mode) {
-  if (s.converted) {
-    ReadMode m;
-    MT_RETURN_IF_ERROR(
-        s.converted->ReadBank(s.converted->index().banks[i], bank.data(), io_pool, &m));
-    if (m == ReadMode::kBuffered) mode = m;
-    return OkStatus();
+// A converted model's banks, read as one stream (ReadFileRanges: the device's queue stays full
+// from one bank to the next): bank i into banks[i], or into a staging buffer when the plan packs
+// it, and handed to the finisher as soon as it and the banks before it are in.
+Status ReadConvertedBanks(const ModelSource& s, const ResidencyPlan& plan,
+                          const BankLoadOptions& opts, ThreadPool& io_pool, Finisher& finisher,
+                          std::vector<HostBank>& banks, Progress& progress, ReadMode& mode) {
+  const size_t n = s.banks.size();
+  std::vector<FileRange> ranges;
+  for (size_t i = 0; i < n; ++i) {
+    const BankIndexBank& b = s.converted->index().banks[i];
+    ranges.push_back({s.converted->FilePath(b.file), b.offset, b.bytes});
   }
-  MT_ASSIGN_OR_RETURN(std::vector<ExpertWeights> src, CheckpointExperts(s, s.banks[i].layer));
-  CopyExperts(src, s.layout, bank, io_pool);
+  std::vector<HostBank*> staging(n, nullptr);
+  std::vector<std::chrono::steady_clock::time_point> started(n);
+  uint64_t read_bytes = 0;
+  RangeReader reader;
+  reader.chunk_bytes = opts.read_chunk_bytes;
+  reader.dst = [&](size_t i) -> Expected<uint8_t*> {
+    started[i] = std::chrono::steady_clock::now();
+    if (plan.layers[i].dtype == s.layout.dtype) {
+      MT_ASSIGN_OR_RETURN(banks[i], HostBank::Allocate(s.banks[i].bytes));
+      return banks[i].data();
+    }
+    MT_ASSIGN_OR_RETURN(staging[i], finisher.AcquireStaging(s.banks[i].bytes));
+    return staging[i]->data();
+  };
+  reader.done = [&](size_t i) {
+    finisher.Submit(i, staging[i], {});
+    LogDebug("bank " + std::to_string(i) + " read in " + std::to_string(SecondsSince(started[i])) +
+             " s");
+    read_bytes += s.banks[i].bytes;
+    progress.Update(read_bytes, "layer " + std::to_string(s.banks[i].layer));
+    return OkStatus();
+  };
+  return ReadFileRanges(ranges, reader, io_pool, &mode);
+}
+
+// A Hugging Face checkpoint's banks, layer after layer: copied out of its maps into banks[i], or
+// handed to the finisher to pack straight from them.
+Status CopyCheckpointBanks(const ModelSource& s, const ResidencyPlan& plan, ThreadPool& io_pool,
+                           Finisher& finisher, std::vector<HostBank>& banks, Progress& progress) {
+  uint64_t copied = 0;
+  for (size_t i = 0; i < s.banks.size(); ++i) {
+    MT_ASSIGN_OR_RETURN(std::vector<ExpertWeights> src, CheckpointExperts(s, s.banks[i].layer));
+    if (plan.layers[i].dtype == s.layout.dtype) {
+      MT_ASSIGN_OR_RETURN(banks[i], HostBank::Allocate(s.banks[i].bytes));
+      CopyExperts(src, s.layout, banks[i], io_pool);
+      finisher.Submit(i, nullptr, {});
+    } else {
+      finisher.Submit(i, nullptr, std::move(src));
+    }
+    copied += s.banks[i].bytes;
+    progress.Update(copied, "layer " + std::to_string(s.banks[i].layer));
+  }
   return OkStatus();
 }
 
@@ -268,7 +310,7 @@ Expected<LoadedBanks> LoadBanks(const ModelSource& s, const ResidencyPlan& plan,
   std::vector<HostBank> banks(n);
   std::vector<ExpertLayout> layouts(n, s.layout);
   std::vector<CpuCopy> copies(n);
-  uint64_t total = 0, done = 0;
+  uint64_t total = 0;
   for (const auto& b : s.banks) total += b.bytes;
   std::string title = "loading experts";
   for (const auto& l : plan.layers)
@@ -282,29 +324,9 @@ Expected<LoadedBanks> LoadBanks(const ModelSource& s, const ResidencyPlan& plan,
   ReadMode mode = ReadMode::kDirect;
   {
     Finisher finisher(s, plan, opts, pack_pool, banks, layouts, copies, out.settled);
-    for (size_t i = 0; i < n; ++i) {
-      const auto t_read = std::chrono::steady_clock::now();
-      const bool packs = plan.layers[i].dtype != s.layout.dtype;
-      if (!packs) {
-        MT_ASSIGN_OR_RETURN(banks[i], HostBank::Allocate(s.banks[i].bytes));
-        MT_RETURN_IF_ERROR(ReadStoredBank(s, i, banks[i], io_pool, mode));
-        finisher.Submit(i, nullptr, {});
-      } else if (s.converted) {
-        MT_ASSIGN_OR_RETURN(HostBank * staging, finisher.AcquireStaging(s.banks[i].bytes));
-        MT_RETURN_IF_ERROR(ReadStoredBank(s, i, *staging, io_pool, mode));
-        finisher.Submit(i, staging, {});
-      } else {
-        MT_ASSIGN_OR_RETURN(std::vector<ExpertWeights> src, CheckpointExperts(s, s.banks[i].layer));
-        finisher.Submit(i, nullptr, std::move(src));
-      }
-      LogDebug(
-          "bank " + std::to_string(i) + " read in " +
-          std::to_string(
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t_read).count()) +
-          " s");
-      done += s.banks[i].bytes;
-      progress.Update(done, "layer " + std::to_string(s.banks[i].layer));
-    }
+    MT_RETURN_IF_ERROR(
+        s.converted ? ReadConvertedBanks(s, plan, opts, io_pool, finisher, banks, progress, mode)
+                    : CopyCheckpointBanks(s, plan, io_pool, finisher, banks, progress));
     MT_RETURN_IF_ERROR(finisher.Finish());
     out.warnings = std::move(finisher.warnings);
   }

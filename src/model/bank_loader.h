@@ -1,8 +1,9 @@
 // Fills one host bank per MoE layer — as stored, or packed where the plan says (a CPU tier's
 // bf16 experts as bf16c) — and settles each to its planned tier (degrading where a pin or lock
 // fails); a pinned layer the plan gives a CPU copy (hybrid) gets a second, packed bank, locked.
-// Settling — checksum, packing, cudaHostRegister or mlock — runs on a second thread while the
-// next layer is read, so it overlaps the reads.
+// A converted model's banks are read as one O_DIRECT stream over all layers; settling — checksum,
+// packing, cudaHostRegister or mlock — runs on a second thread while the next layers are read,
+// so it overlaps the reads.
 #pragma once
 
 #include <memory>
@@ -14,6 +15,7 @@
 #include "experts/banked_experts.h"
 #include "experts/residency_plan.h"
 #include "experts/settle.h"
+#include "io/direct_read.h"
 #include "model/model_source.h"
 
 namespace moetier {
@@ -29,6 +31,7 @@ struct BankLoadOptions {
   bool verify = true;  // compare each converted bank's xxh64 with the index
   bool gpu_available = false;
   FailureInjection inject;  // MOETIER_INJECT_FAILURES (tests of the degrade paths)
+  size_t read_chunk_bytes = kDirectReadChunkBytes;  // per read call (MOETIER_IO_CHUNK_MIB)
 };
 
 // `io_pool` reads (or copies) each bank with several threads; `pack_pool` packs the banks the

@@ -243,6 +243,8 @@ Expected<std::unique_ptr<CausalLM>> LoadCausalLM(const std::filesystem::path& di
   bank_options.verify = options.residency.verify;
   bank_options.gpu_available = GpuUsable(options.residency);
   MT_ASSIGN_OR_RETURN(bank_options.inject, FailureInjectionFromEnv());
+  if (Tuning().io_chunk_mib)
+    bank_options.read_chunk_bytes = static_cast<size_t>(*Tuning().io_chunk_mib) << 20;
   if (options.before_weights) MT_RETURN_IF_ERROR(options.before_weights(s.config));
   LogWarnings(report.plan.warnings);
   const auto t_plan = std::chrono::steady_clock::now();
