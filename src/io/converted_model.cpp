@@ -81,10 +81,4 @@ Status ConvertedModel::VerifyDenseChecksums() const {
   return OkStatus();
 }
 
-Status ConvertedModel::ReadBank(const BankIndexBank& b, uint8_t* dst, ThreadPool& io_pool,
-                                ReadMode* mode) const {
-  // Banks are 4096-aligned in offset and length (expert_stride_bytes is), as O_DIRECT needs.
-  return ReadFileRange(FilePath(b.file), b.offset, b.bytes, dst, io_pool, mode);
-}
-
 }  // namespace moetier

@@ -1,6 +1,7 @@
 // A converted model directory (moetier convert): config.json, moetier-index.json and data files.
 // Dense tensors are memory-mapped views (a TensorStore); banks are read separately, with
-// O_DIRECT, straight into their host buffers (ReadBank).
+// O_DIRECT, straight into their host buffers (FilePath and the index's offsets, for
+// ReadFileRanges).
 #pragma once
 
 #include <filesystem>
@@ -9,9 +10,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "core/thread_pool.h"
 #include "io/bank_index.h"
-#include "io/direct_read.h"
 #include "io/mapped_file.h"
 #include "io/tensor_store.h"
 
@@ -42,8 +41,6 @@ class ConvertedModel final : public TensorStore {
   // tensor and its file.
   Status VerifyDenseChecksums() const;
 
-  // Reads bank `b` into dst (allocated to a multiple of 4096 at least b.bytes long).
-  Status ReadBank(const BankIndexBank& b, uint8_t* dst, ThreadPool& io_pool, ReadMode* mode) const;
   std::filesystem::path FilePath(uint32_t file) const { return dir_ / index_.files[file].name; }
   // Bank `b`'s bytes through the data file's memory map (b.bytes long; Open checked the file
   // sizes), for streaming reads such as re-conversion. Not checksummed.
