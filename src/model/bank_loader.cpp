@@ -254,6 +254,12 @@ Status ReadConvertedBanks(const ModelSource& s, const ResidencyPlan& plan,
     const BankIndexBank& b = s.converted->index().banks[i];
     ranges.push_back({s.converted->FilePath(b.file), b.offset, b.bytes});
   }
+  // Banks held as stored are mapped before the stream starts: an mmap while the finisher pins
+  // an earlier bank waits for the pinning, and the page faults of every read queue behind it.
+  for (size_t i = 0; i < n; ++i) {
+    if (plan.layers[i].dtype != s.layout.dtype) continue;
+    MT_ASSIGN_OR_RETURN(banks[i], HostBank::Allocate(s.banks[i].bytes));
+  }
   std::vector<HostBank*> staging(n, nullptr);
   std::vector<std::chrono::steady_clock::time_point> started(n);
   uint64_t read_bytes = 0;
@@ -261,10 +267,7 @@ Status ReadConvertedBanks(const ModelSource& s, const ResidencyPlan& plan,
   reader.chunk_bytes = opts.read_chunk_bytes;
   reader.dst = [&](size_t i) -> Expected<uint8_t*> {
     started[i] = std::chrono::steady_clock::now();
-    if (plan.layers[i].dtype == s.layout.dtype) {
-      MT_ASSIGN_OR_RETURN(banks[i], HostBank::Allocate(s.banks[i].bytes));
-      return banks[i].data();
-    }
+    if (banks[i].data() != nullptr) return banks[i].data();
     MT_ASSIGN_OR_RETURN(staging[i], finisher.AcquireStaging(s.banks[i].bytes));
     return staging[i]->data();
   };
@@ -285,6 +288,7 @@ Status CopyCheckpointBanks(const ModelSource& s, const ResidencyPlan& plan, Thre
                            Finisher& finisher, std::vector<HostBank>& banks, Progress& progress) {
   uint64_t copied = 0;
   for (size_t i = 0; i < s.banks.size(); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
     MT_ASSIGN_OR_RETURN(std::vector<ExpertWeights> src, CheckpointExperts(s, s.banks[i].layer));
     if (plan.layers[i].dtype == s.layout.dtype) {
       MT_ASSIGN_OR_RETURN(banks[i], HostBank::Allocate(s.banks[i].bytes));
@@ -293,6 +297,7 @@ Status CopyCheckpointBanks(const ModelSource& s, const ResidencyPlan& plan, Thre
     } else {
       finisher.Submit(i, nullptr, std::move(src));
     }
+    LogDebug("bank " + std::to_string(i) + " read in " + std::to_string(SecondsSince(t0)) + " s");
     copied += s.banks[i].bytes;
     progress.Update(copied, "layer " + std::to_string(s.banks[i].layer));
   }
