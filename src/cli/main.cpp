@@ -1,6 +1,5 @@
 // moetier: serve Mixture-of-Experts models whose experts do not fit in GPU memory.
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <new>
@@ -11,7 +10,6 @@
 #include "cli/flags.h"
 #include "core/log.h"
 #include "core/tuning.h"
-#include "experts/host_bank.h"
 #include "kernels/cpu/cpu_isa.h"
 
 namespace moetier::cli {
@@ -72,14 +70,6 @@ constexpr const char* kSharedOptionsFooter =
     "Every command also takes --log-level quiet|warn|info|debug, -q/--quiet and -v/--verbose: "
     "what it says on stderr besides errors (`moetier --help`).";
 
-// A command's exit status, ending the process here when pinned banks were left to its exit
-// (std::_Exit: no unregistering bank by bank, no CUDA runtime teardown) once stdio is flushed.
-int EndProcess(int status) {
-  if (!PinnedBanksLeftToProcessExit()) return status;
-  std::fflush(nullptr);
-  std::_Exit(status);
-}
-
 int Main(int argc, char** argv) {
   CLI::App app{
       "moetier: runs Mixture-of-Experts language models whose experts do not fit in GPU memory.\n"
@@ -120,10 +110,8 @@ int Main(int argc, char** argv) {
   }
   SetLogLevel(verbosity.Chosen());
   if (Status s = CheckEnvironmentVariables(); !s.ok()) return ReportError(s.message());
-  // A command frees its model only as it ends: its pinned banks can go with the process.
-  LeavePinnedBanksToProcessExit(true);
   for (auto& c : commands)
-    if (c.app->parsed()) return EndProcess(c.run());
+    if (c.app->parsed()) return c.run();
   return ReportError("no command given; run `moetier --help`");
 }
 

@@ -32,7 +32,7 @@ const std::array<TuningKnobSpec, 27> kTuningKnobSpecs = {{
     {"MOETIER_PIN_THREADS", &TuningKnobs::pin_threads, 0, 1,
      "1: pin each worker to a core; 0: leave them to the OS scheduler"},
     {"MOETIER_IO_THREADS", &TuningKnobs::io_threads, 1, 64,
-     "threads reading expert banks at load, each with one request in flight (default 4)"},
+     "threads reading expert banks at load, each with one request in flight (default 8)"},
     {"MOETIER_IO_CHUNK_MIB", &TuningKnobs::io_chunk_mib, 1, 1024,
      "MiB each bank-reading thread asks for in one read call at load (default 8)"},
     {"MOETIER_STREAM_MIN_TOKENS", &TuningKnobs::stream_min_tokens, 1, int64_t{1} << 40,

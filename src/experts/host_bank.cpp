@@ -2,7 +2,6 @@
 
 #include <sys/mman.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -11,19 +10,6 @@
 #include "experts/host_memory.h"
 
 namespace moetier {
-
-namespace {
-std::atomic<bool> leave_pinned{false};
-std::atomic<bool> left_pinned{false};
-}  // namespace
-
-void LeavePinnedBanksToProcessExit(bool on) {
-  leave_pinned.store(on);
-}
-
-bool PinnedBanksLeftToProcessExit() {
-  return left_pinned.load();
-}
 
 Expected<HostBank> HostBank::Allocate(size_t n_bytes) {
   HostBank b;
@@ -68,13 +54,9 @@ HostBank& HostBank::operator=(HostBank&& o) noexcept {
 
 void HostBank::Release() {
   if (data_ == nullptr) return;
-  if (tier_ == Tier::kPinned && leave_pinned.load()) {
-    left_pinned.store(true);  // the process's exit releases it (LeavePinnedBanksToProcessExit)
-  } else {
-    if (tier_ == Tier::kPinned) UnregisterHostMemory(data_);
-    if (tier_ == Tier::kLocked) UnlockMemory(data_, n_bytes_);
-    ::munmap(data_, alloc_bytes_);
-  }
+  if (tier_ == Tier::kPinned) UnregisterHostMemory(data_);
+  if (tier_ == Tier::kLocked) UnlockMemory(data_, n_bytes_);
+  ::munmap(data_, alloc_bytes_);
   data_ = nullptr;
   tier_ = Tier::kPageable;
   device_ptr_ = nullptr;

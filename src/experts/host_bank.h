@@ -4,8 +4,7 @@
 //              zero every page a second time), device pointer recorded;
 //   locked   — mlock of exactly the bank's byte length (not the page-rounded allocation);
 //   pageable — left as is.
-// The destructor undoes whichever happened (unregister / unlock) and frees the memory, except
-// a pinned bank's while LeavePinnedBanksToProcessExit is on.
+// The destructor undoes whichever happened (unregister / unlock) and frees the memory.
 #pragma once
 
 #include <cstddef>
@@ -23,15 +22,6 @@ inline constexpr size_t kBankAlignment = 4096;
 inline constexpr size_t AlignUp(size_t n, size_t a) {
   return (n + a - 1) / a * a;
 }
-
-// For a process about to end (the CLI, once its command is done): while on, a pinned bank's
-// destructor leaves its registration and memory to the process's exit, which releases them far
-// faster than cudaHostUnregister bank by bank (0.3-0.4 s for 2.7 GB on an H100); the process
-// must then end with std::_Exit, skipping the CUDA runtime's own teardown. Off by default: a
-// library user that frees a model gets its memory back.
-void LeavePinnedBanksToProcessExit(bool on);
-// Whether a bank was left so (the process should _Exit rather than return from main).
-bool PinnedBanksLeftToProcessExit();
 
 class HostBank {
  public:

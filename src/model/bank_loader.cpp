@@ -254,12 +254,6 @@ Status ReadConvertedBanks(const ModelSource& s, const ResidencyPlan& plan,
     const BankIndexBank& b = s.converted->index().banks[i];
     ranges.push_back({s.converted->FilePath(b.file), b.offset, b.bytes});
   }
-  // Banks held as stored are mapped before the stream starts: an mmap while the finisher pins
-  // an earlier bank waits for the pinning, and the page faults of every read queue behind it.
-  for (size_t i = 0; i < n; ++i) {
-    if (plan.layers[i].dtype != s.layout.dtype) continue;
-    MT_ASSIGN_OR_RETURN(banks[i], HostBank::Allocate(s.banks[i].bytes));
-  }
   std::vector<HostBank*> staging(n, nullptr);
   std::vector<std::chrono::steady_clock::time_point> started(n);
   uint64_t read_bytes = 0;
@@ -267,7 +261,10 @@ Status ReadConvertedBanks(const ModelSource& s, const ResidencyPlan& plan,
   reader.chunk_bytes = opts.read_chunk_bytes;
   reader.dst = [&](size_t i) -> Expected<uint8_t*> {
     started[i] = std::chrono::steady_clock::now();
-    if (banks[i].data() != nullptr) return banks[i].data();
+    if (plan.layers[i].dtype == s.layout.dtype) {
+      MT_ASSIGN_OR_RETURN(banks[i], HostBank::Allocate(s.banks[i].bytes));
+      return banks[i].data();
+    }
     MT_ASSIGN_OR_RETURN(staging[i], finisher.AcquireStaging(s.banks[i].bytes));
     return staging[i]->data();
   };

@@ -20,8 +20,9 @@ namespace moetier {
 
 namespace {
 
-// Threads reading banks: enough to keep an NVMe queue deep, not more than the cores.
-constexpr int kDefaultIoThreads = 4;
+// Threads reading banks: enough to keep an NVMe queue deep, not more than the cores. On an H100
+// host's NVMe, 8 read the 8-layer q4_0 model's banks at 1.97-1.99 GB/s against 4's 1.87-1.92.
+constexpr int kDefaultIoThreads = 8;
 
 // A usable GPU, unless --no-gpu.
 bool GpuUsable(const ResidencyOptions& o) {

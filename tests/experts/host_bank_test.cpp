@@ -1,6 +1,6 @@
 // Host banks and settling: alignment, locking counted in VmLck, each degrade path (by injected
 // failure and, without a GPU, for real), and on a GPU machine a pinned bank read back through
-// its device pointer, and one left to the process's exit.
+// its device pointer.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -102,36 +102,6 @@ TEST(GpuPinnedBank, ExpertReadThroughDevicePointerMatches) {
                        expert_bytes);
   ASSERT_TRUE(s.ok()) << s.message();
   EXPECT_EQ(std::memcmp(back.data(), b->data() + e * expert_bytes, expert_bytes), 0);
-}
-
-// LeavePinnedBanksToProcessExit: off, a pinned bank is released as usual; on, a pageable bank
-// still is, while a pinned one stays registered (its device pointer still reads its bytes) and
-// PinnedBanksLeftToProcessExit says so.
-TEST(GpuPinnedBank, LeftToProcessExitOnlyWhenAskedAndPinned) {
-  if (!GpuAvailable()) GTEST_SKIP() << "no GPU here (or a build without CUDA): skipped";
-  auto pinned = [] {
-    auto b = HostBank::Allocate(1 << 20);
-    EXPECT_TRUE(b.ok());
-    std::memset(b->data(), 0x5a, b->size());
-    EXPECT_TRUE(b->Pin().ok());
-    return std::move(*b);
-  };
-  { HostBank released = pinned(); }
-  EXPECT_FALSE(PinnedBanksLeftToProcessExit());
-  LeavePinnedBanksToProcessExit(true);
-  { auto pageable = HostBank::Allocate(1 << 20); }
-  EXPECT_FALSE(PinnedBanksLeftToProcessExit());
-  const void* device_ptr = nullptr;
-  {
-    HostBank left = pinned();
-    device_ptr = left.device_ptr();
-  }
-  LeavePinnedBanksToProcessExit(false);
-  EXPECT_TRUE(PinnedBanksLeftToProcessExit());
-  std::vector<uint8_t> back(4096);
-  const Status s = CopyDeviceToHost(static_cast<const uint8_t*>(device_ptr), back.data(), 4096);
-  ASSERT_TRUE(s.ok()) << s.message();
-  EXPECT_EQ(back, std::vector<uint8_t>(4096, 0x5a));
 }
 
 }  // namespace
