@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace moetier {
@@ -84,7 +85,7 @@ class FileSet {
     int direct_fd = -1;
     int buffered_fd = -1;
     std::atomic<bool> buffered{false};
-    File(std::filesystem::path p) : path(std::move(p)) {}
+    explicit File(std::filesystem::path p) : path(std::move(p)) {}
     File(File&& o) noexcept
         : path(std::move(o.path)),
           direct_fd(std::exchange(o.direct_fd, -1)),
