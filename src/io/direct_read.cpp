@@ -240,12 +240,4 @@ Status ReadFileRanges(std::span<const FileRange> ranges, const RangeReader& read
   return OkStatus();
 }
 
-Status ReadFileRange(const std::filesystem::path& path, uint64_t offset, size_t n_bytes,
-                     uint8_t* dst, ThreadPool& io_pool, ReadMode* mode_used) {
-  const FileRange range{path, offset, n_bytes};
-  RangeReader reader;
-  reader.dst = [dst](size_t) -> Expected<uint8_t*> { return dst; };
-  return ReadFileRanges(std::span(&range, 1), reader, io_pool, mode_used);
-}
-
 }  // namespace moetier

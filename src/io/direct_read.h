@@ -43,8 +43,4 @@ struct RangeReader {
 Status ReadFileRanges(std::span<const FileRange> ranges, const RangeReader& reader,
                       ThreadPool& io_pool, ReadMode* mode_used);
 
-// One range into dst (4096-aligned, as offset and n_bytes). Errors name the file.
-Status ReadFileRange(const std::filesystem::path& path, uint64_t offset, size_t n_bytes,
-                     uint8_t* dst, ThreadPool& io_pool, ReadMode* mode_used);
-
 }  // namespace moetier

@@ -197,7 +197,8 @@ struct CutState {
 
 // Warp 0: the digits the first `sweeps` sweeps' histograms choose, each the one holding the
 // need-th unit of W counted from the top. A lane loads its bins of a sweep at once, in flight
-// together rather than one after another; every kernel but the first sweep's begins here.
+// together rather than one after another; every kernel but the one choosing the first digit
+// begins here.
 __device__ void FollowDigits(const RowScratch& rs, int sweeps, float top_p, CutState& c) {
   constexpr int kPer = kDigits / kWarp;
   const int lane = threadIdx.x;
