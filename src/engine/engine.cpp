@@ -102,6 +102,8 @@ RequestId Engine::Submit(RequestOptions request, EventSink sink) {
   if (request.prompt.empty()) s->submit_error = Status::Error("the prompt is empty");
   if (request.text && tokenizer_ == nullptr)
     s->submit_error = Status::Error("a text request needs the model's tokenizer");
+  if (request.top_logprobs > kMaxTopLogprobs)
+    s->submit_error = Status::Error("top_logprobs: at most " + std::to_string(kMaxTopLogprobs));
   s->req = std::move(request);
   s->sink = std::move(sink);
   std::lock_guard<std::mutex> l(inbox_mu_);
@@ -501,7 +503,8 @@ void Engine::ChooseDeviceDraws() {
   bool any = false;
   for (Sequence* s : logit_seq_) {
     RowDraw d;
-    if (!Forced(*s) && s->sampler->DrawsOnDevice(vocab)) d = s->sampler->DeviceDraw();
+    if (!Forced(*s) && !WantsLogprobs(*s) && s->sampler->DrawsOnDevice(vocab))
+      d = s->sampler->DeviceDraw();
     any = any || d.u >= 0.0;
     draws_.push_back(d);
   }
@@ -512,6 +515,7 @@ Engine::StepDraw Engine::ChooseStepDraw() const {
   const int64_t vocab = model_.config().vocab_size;
   bool argmax = true, top_k = model_.CandidatesOnDevice();
   for (const Sequence* s : logit_seq_) {
+    if (WantsLogprobs(*s)) argmax = false;  // the arg-max ids alone give no log-probabilities
     if (Forced(*s)) continue;
     argmax = argmax && s->sampler->DrawsArgMax();
     top_k = top_k && s->sampler->CandidatesRead(vocab) > 0;
@@ -534,16 +538,41 @@ void Engine::AfterForward(StepDraw draw) {
     SampleRows(logits_);
   for (size_t r = 0; r < logit_seq_.size(); ++r) {
     Sequence& s = *logit_seq_[r];
+    if (!s.finished && Forced(s))
+      sampled_[r] = s.req.forced_tokens[static_cast<size_t>(s.n_generated)];
+  }
+  RowLogprobs(draw);
+  for (size_t r = 0; r < logit_seq_.size(); ++r) {
+    Sequence& s = *logit_seq_[r];
     if (s.finished) continue;
-    if (Forced(s)) {
-      OnToken(s, s.req.forced_tokens[static_cast<size_t>(s.n_generated)]);
-      continue;
-    }
     if (!sample_status_[r].ok()) {
       Finish(s, StopReason::kCancelled, sample_status_[r]);
       continue;
     }
-    OnToken(s, sampled_[r]);
+    OnToken(s, sampled_[r], WantsLogprobs(s) ? &row_logprobs_[r] : nullptr);
+  }
+}
+
+bool Engine::WantsLogprobs(const Sequence& s) {
+  return s.req.top_logprobs >= 0;
+}
+
+void Engine::RowLogprobs(StepDraw draw) {
+  const size_t V = static_cast<size_t>(model_.config().vocab_size);
+  row_logprobs_.resize(logit_seq_.size());
+  for (size_t r = 0; r < logit_seq_.size(); ++r) {
+    const Sequence& s = *logit_seq_[r];
+    if (s.finished || !WantsLogprobs(s) || !sample_status_[r].ok()) continue;
+    std::span<const float> row(logits_.data() + r * V, V);
+    if (draw == StepDraw::kTopK) {
+      const Status read = model_.LogitsRow(static_cast<int64_t>(r), row_logits_);
+      if (!read.ok()) {
+        sample_status_[r] = read;
+        continue;
+      }
+      row = row_logits_;
+    }
+    row_logprobs_[r] = LogprobsOf(row, sampled_[r], s.req.top_logprobs);
   }
 }
 
@@ -613,7 +642,7 @@ void Engine::RegisterFullBlocks(Sequence& s) {
   }
 }
 
-void Engine::OnToken(Sequence& s, int32_t token) {
+void Engine::OnToken(Sequence& s, int32_t token, const TokenLogprobs* logprobs) {
   const Clock::time_point now = Clock::now();
   if (s.n_generated == 0) s.first_token = now;
   s.last_token = now;
@@ -629,6 +658,7 @@ void Engine::OnToken(Sequence& s, int32_t token) {
   e.id = s.id;
   e.token = token;
   e.text = s.piece;
+  e.logprobs = logprobs;
   if (s.sink) s.sink(e);
   if (s.cancelled) return Finish(s, StopReason::kCancelled);
   if (is_stop_id) return Finish(s, StopReason::kEos);

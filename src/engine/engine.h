@@ -38,6 +38,7 @@
 #include "core/thread_pool.h"
 #include "engine/host_kv_tier.h"
 #include "engine/kv_blocks.h"
+#include "engine/logprobs.h"
 #include "engine/sampler.h"
 #include "engine/stop_reason.h"
 #include "model/causal_lm.h"
@@ -58,6 +59,10 @@ struct RequestOptions {
   // The request joins once the engine has run this many steps (`batch`'s "after": joins in
   // mid-flight, reproducibly); 0 joins at once.
   int64_t arrival_step = 0;
+  // -1: none; 0..kMaxTopLogprobs: each generated token's log-probability and this many of the
+  // most likely tokens' (engine/logprobs.h). Such a request's rows are read whole, never drawn
+  // on the device.
+  int top_logprobs = -1;
   // Emitted in place of the first sampled tokens (the forward still runs): a test hook, so a
   // server test can make a random model "say" a tool call (MOETIER_TEST_FORCED_OUTPUT).
   std::vector<int32_t> forced_tokens;
@@ -81,6 +86,7 @@ struct RequestEvent {
   RequestId id = 0;
   int32_t token = -1;     // kToken
   std::string_view text;  // text requests: the text final with this event (may be empty)
+  const TokenLogprobs* logprobs = nullptr;  // kToken, when the request asked for them
   // kFinished: why, or the error that ended this request (the others go on).
   StopReason reason = StopReason::kMaxTokens;
   Status status;
@@ -175,7 +181,8 @@ class Engine {
   // or device-drawn token (ForwardTopK) when some row is drawn on the device, or when every
   // draw reads at most kMaxCandidateTopK candidates and the model selects them on its device
   // (rows that read more then read their row); else the rows. A row drawn on the device is so
-  // in every step, whatever else the batch holds.
+  // in every step, whatever else the batch holds. A row whose request asks for log-probabilities
+  // is read whole (never the arg-max alone, never drawn on the device).
   enum class StepDraw { kArgMax, kTopK, kLogits };
   StepDraw ChooseStepDraw() const;
   // After the step: sampled_ from the model's arg-max ids, or drawn from top_k_ or logits_.
@@ -188,8 +195,12 @@ class Engine {
   // different sequences at once on sample_pool_ (each sequence has its own sampler, so a draw does
   // not depend on the thread that made it).
   void SampleRows(const std::vector<float>& logits);
+  // The log-probabilities of each row's token whose request asked for them, into row_logprobs_
+  // (from logits_, or under kTopK from the row read from the model).
+  void RowLogprobs(StepDraw draw);
+  static bool WantsLogprobs(const Sequence& s);
   void RegisterFullBlocks(Sequence& s);
-  void OnToken(Sequence& s, int32_t token);
+  void OnToken(Sequence& s, int32_t token, const TokenLogprobs* logprobs);
   void Finish(Sequence& s, StopReason reason, Status status = OkStatus());
   void ReleaseBlocks(Sequence& s);
   void RemoveFinished();
@@ -223,6 +234,7 @@ class Engine {
   TopKRows top_k_;                 // the step's candidates (StepDraw::kTopK)
   std::vector<RowDraw> draws_;     // per logit row (Batch::draws); empty: none on the device
   std::vector<float> row_logits_;  // a row that did not fit its candidates
+  std::vector<TokenLogprobs> row_logprobs_;  // per logit row, when its request asked
   // The sampling threads (none for one sequence at a time) and each logit row's draw. A draw over
   // a real vocabulary takes ~1 ms: 16 sequences one after another would outlast a GPU's step.
   std::unique_ptr<ThreadPool> sample_pool_;

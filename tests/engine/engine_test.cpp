@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <random>
 #include <thread>
@@ -204,6 +205,92 @@ TEST_P(EngineBatching, SampledRequestsInAnyOrderOnTheGpu) {
       EXPECT_TRUE(first.status.ok() && second.status.ok()) << "request " << i;
       EXPECT_EQ(first.tokens.size(), static_cast<size_t>(requests[i].max_new_tokens));
       EXPECT_EQ(first.tokens, second.tokens) << "request " << i;
+    }
+  }
+}
+
+// Requests asking for log-probabilities (greedy and sampled, batched together, some asking for
+// none): each generated token's log-probability and alternatives are the log-softmax of the
+// logits the model gives that sequence alone (recomputed here in double precision), the
+// alternatives most likely first, a greedy token the first of them; and asking changes no token.
+TEST_P(EngineBatching, LogprobsAreTheLogSoftmaxOfTheSequencesLogits) {
+  const uint32_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const int64_t V = model_->config().vocab_size;
+  auto requests = Requests(5, seed, V);
+  std::mt19937 rng(seed);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (i % 2 == 1) {
+      requests[i].sampler.temperature = 0.8f;
+      requests[i].sampler.seed = rng();
+    }
+    requests[i].top_logprobs = i == 4 ? -1 : static_cast<int>(rng() % (kMaxTopLogprobs + 1));
+  }
+  requests[0].top_logprobs = kMaxTopLogprobs;
+  std::vector<std::vector<TokenLogprobs>> got(requests.size());
+  std::vector<Outcome> out(requests.size());
+  EngineOptions o;
+  o.kv_positions = 1024;
+  o.max_running = static_cast<int>(requests.size());
+  o.max_batch_tokens = 16;
+  auto engine = Engine::Create(*model_, nullptr, o);
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  for (size_t i = 0; i < requests.size(); ++i)
+    (*engine)->Submit(requests[i], [&, i](const RequestEvent& e) {
+      if (e.kind == RequestEvent::Kind::kFinished) {
+        out[i].finished = true;
+        out[i].status = e.status;
+        return;
+      }
+      out[i].tokens.push_back(e.token);
+      EXPECT_EQ(e.logprobs != nullptr, requests[i].top_logprobs >= 0) << "request " << i;
+      if (e.logprobs != nullptr) got[i].push_back(*e.logprobs);
+    });
+  (*engine)->RunUntilIdle();
+
+  std::vector<RequestOptions> without = requests;
+  for (auto& r : without) r.top_logprobs = -1;
+  const auto alone = Alone(without);
+  // The engine's rows and these are computed at other batch sizes: equal but for the last bits
+  // where AMX tiles sum a batch (batch_identity_test.cpp).
+  constexpr double kTolerance = 1e-4;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    ASSERT_TRUE(out[i].finished && out[i].status.ok()) << out[i].status.message();
+    EXPECT_EQ(out[i].tokens, alone[i].tokens) << "asking for log-probabilities changed a token";
+    if (requests[i].top_logprobs < 0) continue;
+    ASSERT_EQ(got[i].size(), out[i].tokens.size());
+    std::vector<int32_t> seq = requests[i].prompt;
+    seq.insert(seq.end(), out[i].tokens.begin(), out[i].tokens.end());
+    KvCache cache = *model_->NewCache(static_cast<int64_t>(seq.size()));
+    std::vector<float> logits;
+    ASSERT_TRUE(model_->Forward(seq, cache, LogitsFor::kAllTokens, logits).ok());
+    for (size_t t = 0; t < out[i].tokens.size(); ++t) {
+      const float* row = logits.data() + (requests[i].prompt.size() - 1 + t) * V;
+      double max = row[0], sum = 0;
+      for (int64_t v = 0; v < V; ++v) max = std::max(max, static_cast<double>(row[v]));
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(row[v] - max);
+      const double log_z = max + std::log(sum);
+      const TokenLogprobs& lp = got[i][t];
+      EXPECT_EQ(lp.chosen.token, out[i].tokens[t]);
+      EXPECT_NEAR(lp.chosen.logprob, row[out[i].tokens[t]] - log_z, kTolerance) << "token " << t;
+      ASSERT_EQ(lp.top.size(), static_cast<size_t>(requests[i].top_logprobs)) << "token " << t;
+      for (size_t k = 0; k < lp.top.size(); ++k) {
+        EXPECT_NEAR(lp.top[k].logprob, row[lp.top[k].token] - log_z, kTolerance);
+        if (k > 0) {
+          EXPECT_GE(lp.top[k - 1].logprob, lp.top[k].logprob);
+        }
+      }
+      // Nothing outside the alternatives is more likely than the last of them.
+      if (!lp.top.empty()) {
+        int n_above = 0;
+        for (int64_t v = 0; v < V; ++v)
+          n_above += row[v] - log_z > lp.top.back().logprob + kTolerance;
+        EXPECT_LT(n_above, static_cast<int>(lp.top.size())) << "token " << t;
+        if (requests[i].sampler.temperature == 0.0f) {
+          EXPECT_EQ(lp.top[0].token, out[i].tokens[t]);
+        }
+      }
     }
   }
 }

@@ -1,0 +1,66 @@
+// LogprobsOf against a direct computation on fresh random rows.
+#include "engine/logprobs.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include "support/seed.h"
+
+namespace moetier {
+namespace {
+
+TEST(Logprobs, AreTheLogSoftmaxAndTheMostLikelyTokensInOrder) {
+  const uint32_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  for (int trial = 0; trial < 20; ++trial) {
+    const size_t V = 1 + rng() % 5000;
+    std::normal_distribution<float> logit(0.0f, 1.0f + static_cast<float>(trial));
+    std::vector<float> row(V);
+    for (float& v : row) v = logit(rng);
+    if (V > 10) row[rng() % V] = row[rng() % V];  // a tie
+    if (trial % 4 == 3) row[rng() % V] = -std::numeric_limits<float>::infinity();
+    const int n_top = static_cast<int>(rng() % (kMaxTopLogprobs + 1));
+    const auto token = static_cast<int32_t>(rng() % V);
+    const TokenLogprobs lp = LogprobsOf(row, token, n_top);
+
+    double sum = 0;
+    for (float v : row) sum += std::exp(static_cast<double>(v));
+    const double log_z = std::log(sum);
+    EXPECT_EQ(lp.chosen.token, token);
+    EXPECT_NEAR(lp.chosen.logprob, row[static_cast<size_t>(token)] - log_z, 1e-5);
+    std::vector<int32_t> order(V);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return row[static_cast<size_t>(a)] > row[static_cast<size_t>(b)];
+    });
+    ASSERT_EQ(lp.top.size(), std::min(V, static_cast<size_t>(n_top)));
+    for (size_t k = 0; k < lp.top.size(); ++k) {
+      EXPECT_EQ(lp.top[k].token, order[k]) << "rank " << k;
+      EXPECT_NEAR(lp.top[k].logprob, row[static_cast<size_t>(order[k])] - log_z, 1e-5);
+    }
+  }
+}
+
+TEST(Logprobs, OfAOneHotRowAndOfNoAlternatives) {
+  std::vector<float> row(100, -std::numeric_limits<float>::infinity());
+  row[42] = 3.0f;
+  TokenLogprobs lp = LogprobsOf(row, 42, 3);
+  EXPECT_EQ(lp.chosen.logprob, 0.0f);
+  ASSERT_EQ(lp.top.size(), 3u);
+  EXPECT_EQ(lp.top[0].token, 42);
+  EXPECT_EQ(lp.top[1].token, 0) << "ties at -inf: the lowest ids";
+  EXPECT_EQ(lp.top[2].token, 1);
+  EXPECT_EQ(lp.top[1].logprob, -std::numeric_limits<float>::infinity());
+  lp = LogprobsOf(row, 7, 0);
+  EXPECT_TRUE(lp.top.empty());
+  EXPECT_EQ(lp.chosen.logprob, -std::numeric_limits<float>::infinity());
+}
+
+}  // namespace
+}  // namespace moetier
