@@ -75,6 +75,7 @@ std::string Trace(const Answer& a) {
             "E" +
             e.tool_call.arguments + "\x01";
         break;
+      case Kind::kLogprobs:  // the parser gives only text and calls
       case Kind::kFinished:
         std::abort();
     }

@@ -684,6 +684,8 @@ std::string ResponseWriter::Events(const ChatEvent& event) {
     case ChatEvent::Kind::kToolCallEnd:
       out += EndToolUse(event.tool_index, event.tool_call);
       break;
+    case ChatEvent::Kind::kLogprobs:
+      break;  // the Messages API has no log-probabilities (no request asks for them)
     case ChatEvent::Kind::kFinished:
       out += Finish(event);
       break;

@@ -100,6 +100,7 @@ struct RequestState {
   Clock::time_point first_token;
   bool got_token = false;
   std::vector<ChatEvent> early;  // events of the answer's opening written into the prompt
+  const text::Tokenizer* tokenizer = nullptr;  // the tokens' texts of kLogprobs events
 
   explicit RequestState(const std::vector<std::string>& stop_strings) : stops(stop_strings) {}
 
@@ -139,12 +140,27 @@ struct RequestState {
       ++counters->metrics.generated_tokens_total;
     }
     if (ended_early) return;
+    if (e.logprobs != nullptr) sink(LogprobsEvent(*e.logprobs));
     const std::string piece = stops.Push(e.text);
     Text(piece, e.id);
     if (stops.stopped() && !ended_early) {
       ended_early = true;
       engine->Cancel(e.id);
     }
+  }
+
+  TokenText Text(const TokenLogprob& t) const {
+    const int32_t id = t.token;
+    return {tokenizer->Decode(std::span<const int32_t>(&id, 1), /*skip_special_tokens=*/false),
+            t.logprob};
+  }
+
+  ChatEvent LogprobsEvent(const TokenLogprobs& lp) const {
+    ChatEvent e;
+    e.kind = ChatEvent::Kind::kLogprobs;
+    e.logprobs.chosen = Text(lp.chosen);
+    for (const TokenLogprob& t : lp.top) e.logprobs.top.push_back(Text(t));
+    return e;
   }
 
   FinishReason Reason(const RequestEvent& e) const {
@@ -385,6 +401,7 @@ Expected<RequestOptions> ChatService::Impl::EngineRequest(const ChatRequest& r,
   req.text = true;
   req.skip_special_tokens = true;
   req.forced_tokens = forced_tokens;
+  req.top_logprobs = r.top_logprobs;
   return req;
 }
 
@@ -435,6 +452,7 @@ Expected<RequestId> ChatService::Start(const ChatRequest& request, ChatSink sink
   auto state = std::make_shared<RequestState>(request.sampling.stop);
   state->engine = &impl_->engine;
   state->counters = impl_->counters;
+  state->tokenizer = &impl_->tokenizer;
   // Every event carries the prompt's size (an API may report it before the answer ends, as
   // Anthropic's message_start does); kFinished carries the whole usage.
   state->sink = [sink = std::move(sink), n_prompt](const ChatEvent& e) {

@@ -66,7 +66,23 @@ struct ChatRequest {
   std::string prompt;
 
   SamplingParams sampling;
+  // -1: no log-probabilities; else each generated token's and this many alternatives' (chat's
+  // top_logprobs, the completions' logprobs), at most kMaxTopLogprobs (engine/logprobs.h).
+  int top_logprobs = -1;
   std::string model;  // as the client named it (echoed back)
+};
+
+// A token's text and its log-probability. `token` holds the token's bytes as the tokenizer
+// decodes it alone: part of a UTF-8 character when the token ends inside one.
+struct TokenText {
+  std::string token;
+  float logprob = 0.0f;
+};
+
+// One generated token's log-probability and its most likely alternatives, most likely first.
+struct TokenLogprobEntry {
+  TokenText chosen;
+  std::vector<TokenText> top;
 };
 
 enum class FinishReason { kStop, kLength, kToolCalls, kCancelled, kError };
@@ -86,12 +102,14 @@ struct ChatEvent {
     kToolCallBegin,  // tool_index, tool_call.id, tool_call.name
     kToolCallArgs,   // tool_index, text: a piece of its arguments' JSON text
     kToolCallEnd,    // tool_index, tool_call: complete (arguments whole)
+    kLogprobs,       // logprobs: one generated token's, before the text it completes
     kFinished,       // finish_reason, usage, error (for kError)
   };
   Kind kind = Kind::kContent;
   std::string text;
   int tool_index = 0;
   ToolCall tool_call;
+  TokenLogprobEntry logprobs;  // kLogprobs
   FinishReason finish_reason = FinishReason::kStop;
   std::string stop_sequence;  // kFinished, kStop: the stop string that ended it (else empty)
   ChatUsage usage;            // kFinished: all of it; before: prompt_tokens only

@@ -649,7 +649,8 @@ void HttpServer::Impl::OpenAiAnswer(const Request& req, openai::Endpoint endpoin
   if (!parsed.ok()) return ReplyError(res, Api::kOpenAi, Refusal(error, parsed.status()));
   const bool chat = endpoint == openai::Endpoint::kChatCompletions;
   openai::ResponseWriter writer(endpoint, ids.Next(chat ? "chatcmpl-" : "cmpl-"),
-                                ModelName(parsed->request, s), UnixNow(), parsed->include_usage);
+                                ModelName(parsed->request, s), UnixNow(), parsed->include_usage,
+                                parsed->request.top_logprobs >= 0);
   Answer(req, Api::kOpenAi, std::move(writer), parsed->request, parsed->stream, res, s);
 }
 

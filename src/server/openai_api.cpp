@@ -5,6 +5,8 @@
 #include <optional>
 #include <utility>
 
+#include "engine/logprobs.h"
+
 namespace moetier::server::openai {
 
 namespace {
@@ -365,6 +367,8 @@ bool ReadSampling(Fields& f, ParsedRequest& p, Endpoint endpoint, RequestError* 
       p.include_usage = usage->get<bool>();
     }
   }
+  if (const Json* bias = f.Get("logit_bias"); bias != nullptr && !bias->empty())
+    return f.Fail("logit_bias", "is not supported (no per-token bias on the logits)");
   if (const Json* rf = f.Get("response_format")) {
     auto type = rf->is_object() ? rf->find("type") : rf->end();
     if (!rf->is_object() || type == rf->end() || !type->is_string() || *type != "text")
@@ -383,6 +387,27 @@ bool ReadChat(Fields& f, ParsedRequest& p, RequestError* error) {
     if (!kw->is_object()) return f.Fail("chat_template_kwargs", "must be an object");
     r.template_kwargs = *kw;
   }
+  bool logprobs = false;
+  std::optional<int64_t> top;
+  if (!f.Bool("logprobs", logprobs) || !f.Integer("top_logprobs", 0, kMaxTopLogprobs, top))
+    return false;
+  if (top && !logprobs) return f.Fail("top_logprobs", "needs \"logprobs\": true");
+  if (logprobs) r.top_logprobs = static_cast<int>(top.value_or(0));
+  return true;
+}
+
+// The completions endpoint's own fields: logprobs (the alternatives per token), and those it
+// refuses rather than ignore, since they would change the answer.
+bool ReadCompletionFields(Fields& f, ChatRequest& r) {
+  std::optional<int64_t> logprobs, best_of;
+  bool echo = false;
+  if (!f.Integer("logprobs", 0, kMaxTopLogprobs, logprobs) || !f.Bool("echo", echo) ||
+      !f.Integer("best_of", 1, 1, best_of))
+    return false;
+  if (logprobs) r.top_logprobs = static_cast<int>(*logprobs);
+  if (echo) return f.Fail("echo", "is not supported: the answer never repeats the prompt");
+  if (const Json* suffix = f.Get("suffix"); suffix != nullptr && *suffix != "")
+    return f.Fail("suffix", "is not supported (no text after the insertion point)");
   return true;
 }
 
@@ -410,8 +435,9 @@ Expected<ParsedRequest> Parse(Endpoint endpoint, std::string_view body, RequestE
     if (!model->is_string()) return Refuse(error, "model", "must be a string");
     p.request.model = model->get<std::string>();
   }
-  const bool ok =
-      endpoint == Endpoint::kChatCompletions ? ReadChat(f, p, error) : ReadPrompt(f, p.request);
+  const bool ok = endpoint == Endpoint::kChatCompletions
+                      ? ReadChat(f, p, error)
+                      : ReadPrompt(f, p.request) && ReadCompletionFields(f, p.request);
   if (!ok || !ReadSampling(f, p, endpoint, error)) return Status::Error(error->message);
   return p;
 }
@@ -450,6 +476,61 @@ OJson UsageJson(const ChatUsage& u) {
           {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
+// A log-probability as JSON: OpenAI's -9999 for a token that cannot follow (-inf).
+double LogprobJson(float logprob) {
+  constexpr double kImpossible = -9999.0;
+  return std::isfinite(logprob) ? static_cast<double>(logprob) : kImpossible;
+}
+
+// chat: {"token", "logprob", "bytes"}, the token's bytes as numbers (its text may end inside a
+// UTF-8 character; the JSON string then holds U+FFFD there).
+OJson ChatTokenJson(const TokenText& t) {
+  OJson bytes = OJson::array();
+  for (unsigned char c : t.token) bytes.push_back(c);
+  return {{"token", t.token}, {"logprob", LogprobJson(t.logprob)}, {"bytes", std::move(bytes)}};
+}
+
+// chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}, ...], "refusal": null}.
+OJson ChatLogprobsJson(const std::vector<TokenLogprobEntry>& entries) {
+  OJson content = OJson::array();
+  for (const TokenLogprobEntry& e : entries) {
+    OJson item = ChatTokenJson(e.chosen);
+    OJson top = OJson::array();
+    for (const TokenText& t : e.top) top.push_back(ChatTokenJson(t));
+    item["top_logprobs"] = std::move(top);
+    content.push_back(std::move(item));
+  }
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+// The characters of `token` in the answer's text: its UTF-8 lead bytes (a character split
+// between tokens counts where it begins).
+int64_t CharactersOf(const std::string& token) {
+  int64_t n = 0;
+  for (unsigned char c : token) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// completions: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"},
+// offsets in characters of the answer, from `offset` on (advanced past these tokens).
+OJson CompletionLogprobsJson(const std::vector<TokenLogprobEntry>& entries, int64_t& offset) {
+  OJson tokens = OJson::array(), logprobs = OJson::array(), top = OJson::array(),
+        offsets = OJson::array();
+  for (const TokenLogprobEntry& e : entries) {
+    tokens.push_back(e.chosen.token);
+    logprobs.push_back(LogprobJson(e.chosen.logprob));
+    OJson alternatives = OJson::object();
+    for (const TokenText& t : e.top) alternatives[t.token] = LogprobJson(t.logprob);
+    top.push_back(std::move(alternatives));
+    offsets.push_back(offset);
+    offset += CharactersOf(e.chosen.token);
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(logprobs)},
+          {"top_logprobs", std::move(top)},
+          {"text_offset", std::move(offsets)}};
+}
+
 const char* ErrorType(int http_status) {
   if (http_status == 401) return "authentication_error";
   if (http_status == 404) return "not_found_error";
@@ -481,12 +562,22 @@ std::string ErrorBody(const RequestError& error) {
 }
 
 ResponseWriter::ResponseWriter(Endpoint endpoint, std::string id, std::string model,
-                               int64_t created, bool include_usage)
+                               int64_t created, bool include_usage, bool logprobs)
     : endpoint_(endpoint),
       id_(std::move(id)),
       model_(std::move(model)),
       created_(created),
-      include_usage_(include_usage) {}
+      include_usage_(include_usage),
+      logprobs_(logprobs) {}
+
+OJson ResponseWriter::TakeLogprobs() {
+  if (!logprobs_) return nullptr;
+  OJson j = endpoint_ == Endpoint::kChatCompletions
+                ? ChatLogprobsJson(logprobs_pending_)
+                : CompletionLogprobsJson(logprobs_pending_, text_offset_);
+  logprobs_pending_.clear();
+  return j;
+}
 
 namespace {
 
@@ -522,6 +613,11 @@ std::string ResponseWriter::Chunk(const ChatEvent& event) {
   auto chunk = [&](OJson choice) {
     return Sse(ChunkJson(endpoint_, id_, model_, created_, std::move(choice), include_usage_));
   };
+  // A chunk with text or a call carries the log-probabilities of the tokens since the last one.
+  auto with_logprobs = [&](OJson choice) {
+    if (!logprobs_pending_.empty()) choice["logprobs"] = TakeLogprobs();
+    return chunk(std::move(choice));
+  };
   std::string out;
   if (chat && !sent_role_ && event.kind != ChatEvent::Kind::kFinished) {
     sent_role_ = true;
@@ -532,20 +628,23 @@ std::string ResponseWriter::Chunk(const ChatEvent& event) {
     case ChatEvent::Kind::kReasoning: {
       if (event.text.empty()) break;
       if (!chat) {
-        out += chunk(TextChoice(event.text, nullptr));
+        out += with_logprobs(TextChoice(event.text, nullptr));
         break;
       }
       const char* key = event.kind == ChatEvent::Kind::kContent ? "content" : "reasoning_content";
-      out += chunk(DeltaChoice({{key, event.text}}));
+      out += with_logprobs(DeltaChoice({{key, event.text}}));
       break;
     }
+    case ChatEvent::Kind::kLogprobs:
+      logprobs_pending_.push_back(event.logprobs);
+      break;
     case ChatEvent::Kind::kToolCallBegin: {
       tool_calls_.push_back(ToolCall{event.tool_call.id, event.tool_call.name, ""});
       OJson call = {{"index", event.tool_index},
                     {"id", event.tool_call.id},
                     {"type", "function"},
                     {"function", {{"name", event.tool_call.name}, {"arguments", ""}}}};
-      out += chunk(DeltaChoice({{"tool_calls", OJson::array({std::move(call)})}}));
+      out += with_logprobs(DeltaChoice({{"tool_calls", OJson::array({std::move(call)})}}));
       break;
     }
     case ChatEvent::Kind::kToolCallArgs:
@@ -564,7 +663,7 @@ std::string ResponseWriter::Chunk(const ChatEvent& event) {
       }
       if (piece.empty()) break;
       OJson call = {{"index", event.tool_index}, {"function", {{"arguments", piece}}}};
-      out += chunk(DeltaChoice({{"tool_calls", OJson::array({std::move(call)})}}));
+      out += with_logprobs(DeltaChoice({{"tool_calls", OJson::array({std::move(call)})}}));
       break;
     }
     case ChatEvent::Kind::kFinished: {
@@ -576,7 +675,7 @@ std::string ResponseWriter::Chunk(const ChatEvent& event) {
       const char* finish = FinishName(event.finish_reason);
       OJson choice = chat ? DeltaChoice(OJson::object()) : TextChoice("", finish);
       if (chat) choice["finish_reason"] = finish;
-      out += chunk(std::move(choice));
+      out += with_logprobs(std::move(choice));  // tokens that gave no text (an end token)
       if (include_usage_) {
         OJson last = ChunkJson(endpoint_, id_, model_, created_, nullptr, false);
         last["choices"] = OJson::array();
@@ -605,6 +704,9 @@ void ResponseWriter::Add(const ChatEvent& event) {
     case ChatEvent::Kind::kToolCallEnd:
       tool_calls_.push_back(event.tool_call);
       break;
+    case ChatEvent::Kind::kLogprobs:
+      logprobs_pending_.push_back(event.logprobs);
+      break;
     case ChatEvent::Kind::kFinished:
       finish_ = event.finish_reason;
       usage_ = event.usage;
@@ -613,8 +715,9 @@ void ResponseWriter::Add(const ChatEvent& event) {
   }
 }
 
-std::string ResponseWriter::Body() const {
+std::string ResponseWriter::Body() {
   if (finish_ == FinishReason::kError) return ErrorBody(RequestError{500, content_, ""});
+  OJson logprobs = TakeLogprobs();
   const char* finish = FinishName(finish_);
   OJson j = {
       {"id", id_},
@@ -623,6 +726,7 @@ std::string ResponseWriter::Body() const {
       {"model", model_}};
   if (endpoint_ == Endpoint::kCompletions) {
     j["choices"] = OJson::array({TextChoice(content_, finish)});
+    j["choices"][0]["logprobs"] = std::move(logprobs);
   } else {
     OJson message = {
         {"role", "assistant"},
@@ -638,7 +742,7 @@ std::string ResponseWriter::Body() const {
     }
     j["choices"] = OJson::array({{{"index", 0},
                                   {"message", std::move(message)},
-                                  {"logprobs", nullptr},
+                                  {"logprobs", std::move(logprobs)},
                                   {"finish_reason", finish}}});
   }
   j["usage"] = UsageJson(usage_);

@@ -209,14 +209,16 @@ TEST_P(EngineBatching, SampledRequestsInAnyOrderOnTheGpu) {
   }
 }
 
-// Requests asking for log-probabilities (greedy and sampled, batched together, some asking for
-// none): each generated token's log-probability and alternatives are the log-softmax of the
-// logits the model gives that sequence alone (recomputed here in double precision), the
-// alternatives most likely first, a greedy token the first of them; and asking changes no token.
-TEST_P(EngineBatching, LogprobsAreTheLogSoftmaxOfTheSequencesLogits) {
+// Requests asking for log-probabilities (greedy and sampled, batched together, one asking for
+// none) on `model`: each generated token's log-probability and alternatives are the log-softmax
+// of the logits `reference` gives that sequence alone (recomputed here in double precision),
+// within `tolerance`; the alternatives come most likely first, a greedy token the first of them.
+// With `same_tokens`, asking changes no token (against the same requests alone, asking none).
+void ExpectLogprobsOfTheLogits(CausalLM& model, CausalLM& reference, double tolerance,
+                               bool same_tokens) {
   const uint32_t seed = testing::TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  const int64_t V = model_->config().vocab_size;
+  const int64_t V = model.config().vocab_size;
   auto requests = Requests(5, seed, V);
   std::mt19937 rng(seed);
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -233,7 +235,7 @@ TEST_P(EngineBatching, LogprobsAreTheLogSoftmaxOfTheSequencesLogits) {
   o.kv_positions = 1024;
   o.max_running = static_cast<int>(requests.size());
   o.max_batch_tokens = 16;
-  auto engine = Engine::Create(*model_, nullptr, o);
+  auto engine = Engine::Create(model, nullptr, o);
   ASSERT_TRUE(engine.ok()) << engine.message();
   for (size_t i = 0; i < requests.size(); ++i)
     (*engine)->Submit(requests[i], [&, i](const RequestEvent& e) {
@@ -248,23 +250,25 @@ TEST_P(EngineBatching, LogprobsAreTheLogSoftmaxOfTheSequencesLogits) {
     });
   (*engine)->RunUntilIdle();
 
-  std::vector<RequestOptions> without = requests;
-  for (auto& r : without) r.top_logprobs = -1;
-  const auto alone = Alone(without);
-  // The engine's rows and these are computed at other batch sizes: equal but for the last bits
-  // where AMX tiles sum a batch (batch_identity_test.cpp).
-  constexpr double kTolerance = 1e-4;
+  std::vector<Outcome> alone;
+  if (same_tokens) {
+    std::vector<RequestOptions> without = requests;
+    for (auto& r : without) r.top_logprobs = -1;
+    alone = EachAlone(model, without);
+  }
   for (size_t i = 0; i < requests.size(); ++i) {
     SCOPED_TRACE("request " + std::to_string(i));
     ASSERT_TRUE(out[i].finished && out[i].status.ok()) << out[i].status.message();
-    EXPECT_EQ(out[i].tokens, alone[i].tokens) << "asking for log-probabilities changed a token";
+    if (same_tokens) {
+      EXPECT_EQ(out[i].tokens, alone[i].tokens) << "asking for log-probabilities changed a token";
+    }
     if (requests[i].top_logprobs < 0) continue;
     ASSERT_EQ(got[i].size(), out[i].tokens.size());
     std::vector<int32_t> seq = requests[i].prompt;
     seq.insert(seq.end(), out[i].tokens.begin(), out[i].tokens.end());
-    KvCache cache = *model_->NewCache(static_cast<int64_t>(seq.size()));
+    KvCache cache = *reference.NewCache(static_cast<int64_t>(seq.size()));
     std::vector<float> logits;
-    ASSERT_TRUE(model_->Forward(seq, cache, LogitsFor::kAllTokens, logits).ok());
+    ASSERT_TRUE(reference.Forward(seq, cache, LogitsFor::kAllTokens, logits).ok());
     for (size_t t = 0; t < out[i].tokens.size(); ++t) {
       const float* row = logits.data() + (requests[i].prompt.size() - 1 + t) * V;
       double max = row[0], sum = 0;
@@ -273,10 +277,10 @@ TEST_P(EngineBatching, LogprobsAreTheLogSoftmaxOfTheSequencesLogits) {
       const double log_z = max + std::log(sum);
       const TokenLogprobs& lp = got[i][t];
       EXPECT_EQ(lp.chosen.token, out[i].tokens[t]);
-      EXPECT_NEAR(lp.chosen.logprob, row[out[i].tokens[t]] - log_z, kTolerance) << "token " << t;
+      EXPECT_NEAR(lp.chosen.logprob, row[out[i].tokens[t]] - log_z, tolerance) << "token " << t;
       ASSERT_EQ(lp.top.size(), static_cast<size_t>(requests[i].top_logprobs)) << "token " << t;
       for (size_t k = 0; k < lp.top.size(); ++k) {
-        EXPECT_NEAR(lp.top[k].logprob, row[lp.top[k].token] - log_z, kTolerance);
+        EXPECT_NEAR(lp.top[k].logprob, row[lp.top[k].token] - log_z, tolerance);
         if (k > 0) {
           EXPECT_GE(lp.top[k - 1].logprob, lp.top[k].logprob);
         }
@@ -285,7 +289,7 @@ TEST_P(EngineBatching, LogprobsAreTheLogSoftmaxOfTheSequencesLogits) {
       if (!lp.top.empty()) {
         int n_above = 0;
         for (int64_t v = 0; v < V; ++v)
-          n_above += row[v] - log_z > lp.top.back().logprob + kTolerance;
+          n_above += row[v] - log_z > lp.top.back().logprob + tolerance;
         EXPECT_LT(n_above, static_cast<int>(lp.top.size())) << "token " << t;
         if (requests[i].sampler.temperature == 0.0f) {
           EXPECT_EQ(lp.top[0].token, out[i].tokens[t]);
@@ -293,6 +297,26 @@ TEST_P(EngineBatching, LogprobsAreTheLogSoftmaxOfTheSequencesLogits) {
       }
     }
   }
+}
+
+// The engine's rows and the reference's are computed at other batch sizes: equal but for the
+// last bits where AMX tiles sum a batch (batch_identity_test.cpp).
+TEST_P(EngineBatching, LogprobsAreTheLogSoftmaxOfTheSequencesLogits) {
+  ExpectLogprobsOfTheLogits(*model_, *model_, 1e-4, /*same_tokens=*/true);
+}
+
+// On the GPU, where rows are handed back as arg-max ids or candidates unless read whole: the
+// log-probabilities against the CPU engine's logits, within the GPU's rounding of them
+// (gpu_placement_test.cpp: 4.1e-7 of the logits' scale). Its greedy tokens follow its own
+// logits, so they are not compared with the CPU's.
+TEST_P(EngineBatching, LogprobsOnTheGpu) {
+  MT_REQUIRE_GPU();
+  LoadOptions lo;
+  lo.residency.backend = Backend::kGpu;
+  auto m = LoadCausalLM(testing::HfFixture(GetParam()), lo);
+  ASSERT_TRUE(m.ok()) << m.message();
+  ASSERT_TRUE((*m)->CandidatesOnDevice());
+  ExpectLogprobsOfTheLogits(**m, *model_, 1e-3, /*same_tokens=*/false);
 }
 
 // A pool too small for everyone at once: sequences are preempted and recomputed, and still

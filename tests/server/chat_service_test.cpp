@@ -192,6 +192,44 @@ TEST_F(ChatServiceTest, AnswerEventsComeInOrderWithUsage) {
   EXPECT_GT(a.finished.ttft_ms, 0.0);
 }
 
+// Log-probabilities asked for: one kLogprobs event per generated token, before the text it
+// gives, with the token's text and the alternatives asked for (the greedy token the first);
+// their texts make up the answer. Without asking, none.
+TEST_F(ChatServiceTest, LogprobsComeBeforeTheirTextOnePerToken) {
+  Make();
+  ChatRequest r = UserSays(kRespondingPrompt, 6);
+  r.top_logprobs = 3;
+  Collector c;
+  RequestError error;
+  ASSERT_TRUE(service_->Start(r, c.Sink(), &error).ok()) << error.message;
+  const std::vector<ChatEvent> events = c.Wait();
+  const Answer a = Summarize(events);
+  std::string tokens_text, text_so_far;
+  int n = 0;
+  for (const ChatEvent& e : events) {
+    if (e.kind == ChatEvent::Kind::kContent) {
+      text_so_far += e.text;
+      EXPECT_LE(text_so_far.size(), tokens_text.size()) << "text before its token's logprobs";
+    }
+    if (e.kind != ChatEvent::Kind::kLogprobs) continue;
+    ++n;
+    tokens_text += e.logprobs.chosen.token;
+    EXPECT_LE(e.logprobs.chosen.logprob, 0.0f);
+    ASSERT_EQ(e.logprobs.top.size(), 3u);
+    EXPECT_EQ(e.logprobs.top[0].token, e.logprobs.chosen.token) << "greedy";
+    EXPECT_EQ(e.logprobs.top[0].logprob, e.logprobs.chosen.logprob);
+    EXPECT_GE(e.logprobs.top[1].logprob, e.logprobs.top[2].logprob);
+  }
+  EXPECT_EQ(n, a.finished.usage.completion_tokens);
+  EXPECT_EQ(tokens_text, a.content);
+  EXPECT_EQ(a.content, "No responding responding responding responding responding");
+
+  r.top_logprobs = -1;
+  Collector without;
+  ASSERT_TRUE(service_->Start(r, without.Sink(), &error).ok()) << error.message;
+  for (const ChatEvent& e : without.Wait()) EXPECT_NE(e.kind, ChatEvent::Kind::kLogprobs);
+}
+
 TEST_F(ChatServiceTest, RepeatedPromptIsServedFromThePrefixCache) {
   Make();
   const ChatRequest r = UserSays(

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -174,6 +175,12 @@ TEST(OpenAiParse, EveryBadFieldIsNamed) {
       {R"("stream_options": {"include_usage": 1})", "stream_options.include_usage"},
       {R"("n": 2)", "n"},
       {R"("response_format": {"type": "json_object"})", "response_format"},
+      {R"("logprobs": 1)", "logprobs"},
+      {R"("logprobs": true, "top_logprobs": 21)", "top_logprobs"},
+      {R"("logprobs": true, "top_logprobs": -1)", "top_logprobs"},
+      {R"("top_logprobs": 2)", "top_logprobs"},
+      {R"("logprobs": false, "top_logprobs": 0)", "top_logprobs"},
+      {R"("logit_bias": {"42": 100})", "logit_bias"},
       {R"("parallel_tool_calls": 1)", "parallel_tool_calls"},
       {R"("model": 5)", "model"},
       {R"("tools": {"a": 1})", "tools"},
@@ -236,6 +243,30 @@ TEST(OpenAiParse, Completions) {
   EXPECT_EQ(ParseError(R"({"prompt": [1, 2]})", Endpoint::kCompletions).param, "prompt");
   EXPECT_EQ(ParseError(R"({})", Endpoint::kCompletions).param, "prompt");
   EXPECT_EQ(ParseError(R"({"prompt": "x", "n": 3})", Endpoint::kCompletions).param, "n");
+}
+
+TEST(OpenAiParse, Logprobs) {
+  EXPECT_EQ(ParseOk(Chat("")).request.top_logprobs, -1);
+  EXPECT_EQ(ParseOk(Chat(R"("logprobs": false)")).request.top_logprobs, -1);
+  EXPECT_EQ(ParseOk(Chat(R"("logprobs": true)")).request.top_logprobs, 0);
+  EXPECT_EQ(ParseOk(Chat(R"("logprobs": true, "top_logprobs": 20)")).request.top_logprobs, 20);
+  EXPECT_EQ(ParseOk(Chat(R"("logprobs": null, "top_logprobs": null, "logit_bias": {})"))
+                .request.top_logprobs,
+            -1);
+  constexpr Endpoint kC = Endpoint::kCompletions;
+  EXPECT_EQ(ParseOk(R"({"prompt": "x"})", kC).request.top_logprobs, -1);
+  EXPECT_EQ(ParseOk(R"({"prompt": "x", "logprobs": 0})", kC).request.top_logprobs, 0);
+  EXPECT_EQ(ParseOk(R"({"prompt": "x", "logprobs": 5, "echo": false, "best_of": 1,
+                        "suffix": ""})",
+                    kC)
+                .request.top_logprobs,
+            5);
+  EXPECT_EQ(ParseError(R"({"prompt": "x", "logprobs": true})", kC).param, "logprobs");
+  EXPECT_EQ(ParseError(R"({"prompt": "x", "logprobs": 21})", kC).param, "logprobs");
+  EXPECT_EQ(ParseError(R"({"prompt": "x", "echo": true})", kC).param, "echo");
+  EXPECT_EQ(ParseError(R"({"prompt": "x", "best_of": 2})", kC).param, "best_of");
+  EXPECT_EQ(ParseError(R"({"prompt": "x", "suffix": "end"})", kC).param, "suffix");
+  EXPECT_EQ(ParseError(R"({"prompt": "x", "logit_bias": {"1": -100}})", kC).param, "logit_bias");
 }
 
 TEST(OpenAiErrors, ShapeAndTypes) {
@@ -473,6 +504,91 @@ TEST(OpenAiWriter, TextCompletion) {
   EXPECT_EQ(j["choices"][0]["text"], "Once upon");
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+}
+
+}  // namespace
+}  // namespace moetier::server::openai
+
+namespace moetier::server::openai {
+namespace {
+
+ChatEvent Logprobs(std::string token, float logprob, std::vector<TokenText> top) {
+  ChatEvent e;
+  e.kind = ChatEvent::Kind::kLogprobs;
+  e.logprobs.chosen = TokenText{std::move(token), logprob};
+  e.logprobs.top = std::move(top);
+  return e;
+}
+
+// Two tokens give "Hi", a third (the end token) none; "\xC3" is half of "é" (its second byte a
+// token of its own): every token's entry lands in the chunk that carries its text, or in the
+// finish chunk.
+std::vector<ChatEvent> AnswerWithLogprobs() {
+  const float kInf = std::numeric_limits<float>::infinity();
+  return {Logprobs("H", -0.5f, {{"H", -0.5f}, {"A", -1.5f}}),
+          Logprobs("i", -0.25f, {{"i", -0.25f}, {"\xC3", -2.0f}}),
+          Text(ChatEvent::Kind::kContent, "Hi"),
+          Logprobs("<end>", -kInf, {{"!", -0.1f}, {"?", -3.0f}}), Finished(FinishReason::kStop)};
+}
+
+TEST(OpenAiWriter, ChatLogprobs) {
+  ResponseWriter whole(Endpoint::kChatCompletions, "chatcmpl-6", "tiny", 1, false, true);
+  for (const ChatEvent& e : AnswerWithLogprobs()) whole.Add(e);
+  const Json j = Json::parse(whole.Body());
+  const Json& lp = j["choices"][0]["logprobs"];
+  ASSERT_TRUE(lp.is_object()) << j.dump();
+  EXPECT_TRUE(lp["refusal"].is_null());
+  ASSERT_EQ(lp["content"].size(), 3u);
+  EXPECT_EQ(lp["content"][0]["token"], "H");
+  EXPECT_DOUBLE_EQ(lp["content"][0]["logprob"].get<double>(), -0.5);
+  EXPECT_EQ(lp["content"][0]["bytes"], Json::array({72}));
+  ASSERT_EQ(lp["content"][1]["top_logprobs"].size(), 2u);
+  EXPECT_EQ(lp["content"][1]["top_logprobs"][1]["bytes"], Json::array({0xC3}));
+  EXPECT_EQ(lp["content"][1]["top_logprobs"][1]["token"], "\xEF\xBF\xBD") << "U+FFFD";
+  EXPECT_DOUBLE_EQ(lp["content"][2]["logprob"].get<double>(), -9999.0);
+
+  ResponseWriter stream(Endpoint::kChatCompletions, "chatcmpl-7", "tiny", 1, false, true);
+  std::string sse;
+  for (const ChatEvent& e : AnswerWithLogprobs()) sse += stream.Chunk(e);
+  bool done = false;
+  const std::vector<Json> chunks = SseObjects(sse, &done);
+  ASSERT_EQ(chunks.size(), 3u);  // the role, "Hi", the finish
+  EXPECT_TRUE(chunks[0]["choices"][0]["logprobs"].is_null());
+  const Json& hi = chunks[1]["choices"][0];
+  EXPECT_EQ(hi["delta"]["content"], "Hi");
+  ASSERT_EQ(hi["logprobs"]["content"].size(), 2u);
+  EXPECT_EQ(hi["logprobs"]["content"][1]["token"], "i");
+  const Json& fin = chunks[2]["choices"][0];
+  EXPECT_EQ(fin["finish_reason"], "stop");
+  ASSERT_EQ(fin["logprobs"]["content"].size(), 1u);
+  EXPECT_EQ(fin["logprobs"]["content"][0]["token"], "<end>");
+
+  ResponseWriter none(Endpoint::kChatCompletions, "chatcmpl-8", "tiny", 1, false, false);
+  for (const ChatEvent& e : AnswerWithLogprobs()) none.Add(e);
+  EXPECT_TRUE(Json::parse(none.Body())["choices"][0]["logprobs"].is_null());
+}
+
+TEST(OpenAiWriter, CompletionLogprobs) {
+  ResponseWriter whole(Endpoint::kCompletions, "cmpl-3", "tiny", 1, false, true);
+  for (const ChatEvent& e : AnswerWithLogprobs()) whole.Add(e);
+  const Json j = Json::parse(whole.Body());
+  const Json& lp = j["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], Json::array({"H", "i", "<end>"}));
+  EXPECT_EQ(lp["token_logprobs"], Json::array({-0.5, -0.25, -9999.0}));
+  EXPECT_EQ(lp["text_offset"], Json::array({0, 1, 2}));
+  ASSERT_EQ(lp["top_logprobs"].size(), 3u);
+  EXPECT_DOUBLE_EQ(lp["top_logprobs"][0]["A"].get<double>(), -1.5);
+  EXPECT_DOUBLE_EQ(lp["top_logprobs"][2]["?"].get<double>(), -3.0);
+
+  ResponseWriter stream(Endpoint::kCompletions, "cmpl-4", "tiny", 1, false, true);
+  std::string sse;
+  for (const ChatEvent& e : AnswerWithLogprobs()) sse += stream.Chunk(e);
+  bool done = false;
+  const std::vector<Json> chunks = SseObjects(sse, &done);
+  ASSERT_EQ(chunks.size(), 2u);  // "Hi", the finish
+  EXPECT_EQ(chunks[0]["choices"][0]["logprobs"]["tokens"], Json::array({"H", "i"}));
+  EXPECT_EQ(chunks[1]["choices"][0]["logprobs"]["tokens"], Json::array({"<end>"}));
+  EXPECT_EQ(chunks[1]["choices"][0]["logprobs"]["text_offset"], Json::array({2}));
 }
 
 }  // namespace

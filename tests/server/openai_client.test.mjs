@@ -84,6 +84,52 @@ test('completions, streamed or not', async () => {
   assert.equal(text, whole.choices[0].text);
 });
 
+test('logprobs: chat whole and streamed, and completions', async () => {
+  const request = {
+    model: kModelName, messages, max_tokens: 8, temperature: 0, logprobs: true, top_logprobs: 3,
+  };
+  const whole = await client.chat.completions.create(request);
+  const entries = whole.choices[0].logprobs.content;
+  assert.equal(entries.length, whole.usage.completion_tokens);
+  const bytes = [];
+  for (const e of entries) {
+    assert.ok(e.logprob <= 0, `${e.logprob}`);
+    assert.equal(e.top_logprobs.length, 3);
+    assert.equal(e.top_logprobs[0].token, e.token, 'greedy: the most likely token');
+    assert.equal(e.top_logprobs[0].logprob, e.logprob);
+    const mass = e.top_logprobs.reduce((sum, t) => sum + Math.exp(t.logprob), 0);
+    assert.ok(mass <= 1 + 1e-6, `the alternatives' probabilities sum to ${mass}`);
+    bytes.push(...e.bytes);
+  }
+  const m = whole.choices[0].message;
+  const answer = (m.reasoning_content ?? '') + (m.content ?? '');
+  if (whole.choices[0].finish_reason === 'length') {
+    assert.equal(new TextDecoder().decode(new Uint8Array(bytes)).includes(answer), true);
+  }
+
+  const streamed = [];
+  for await (const chunk of await client.chat.completions.create({ ...request, stream: true })) {
+    streamed.push(...(chunk.choices[0]?.logprobs?.content ?? []));
+  }
+  assert.deepEqual(streamed, entries);
+
+  const plain = await client.chat.completions.create({ ...request, logprobs: false, top_logprobs: undefined });
+  assert.equal(plain.choices[0].logprobs, null);
+
+  const c = await client.completions.create({
+    model: kModelName, prompt: 'Once upon a time', max_tokens: 5, temperature: 0, logprobs: 2,
+  });
+  const lp = c.choices[0].logprobs;
+  assert.equal(lp.tokens.length, c.usage.completion_tokens);
+  assert.equal(lp.token_logprobs.length, lp.tokens.length);
+  assert.equal(lp.top_logprobs.length, lp.tokens.length);
+  assert.equal(lp.text_offset[0], 0);
+  if (c.choices[0].finish_reason === 'length') assert.equal(lp.tokens.join(''), c.choices[0].text);
+  await assert.rejects(
+    client.completions.create({ model: kModelName, prompt: 'x', echo: true }),
+    (e) => e instanceof OpenAI.BadRequestError && /echo/.test(e.message));
+});
+
 test('models list', async () => {
   const ids = [];
   for await (const model of client.models.list()) ids.push(model.id);
