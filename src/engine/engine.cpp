@@ -29,12 +29,13 @@ struct Engine::Sequence {
   std::vector<int32_t> tokens;  // the prompt, then every generated token
   int64_t n_prompt = 0;
   int64_t n_generated = 0;
-  int64_t n_computed = 0;        // leading positions whose K/V the blocks hold
-  int64_t step_tokens = 0;       // positions this step computes
-  std::vector<int32_t> blocks;   // block table
-  std::vector<uint64_t> hashes;  // chain hash of each leading registered/matched block
-  int64_t cached_tokens = -1;    // prompt tokens from the prefix cache at first admission
-  bool requeue = false;          // preempted this step: back to the front of waiting
+  int64_t n_computed = 0;           // leading positions whose K/V the blocks hold
+  int64_t step_tokens = 0;          // positions this step computes
+  std::vector<int32_t> blocks;      // block table
+  std::vector<uint64_t> hashes;     // chain hash of each leading registered/matched block
+  int64_t cached_tokens = -1;       // prompt tokens from the prefix cache at first admission
+  int64_t next_prompt_logprob = 1;  // prompt_logprobs: the first prompt token not yet given
+  bool requeue = false;             // preempted this step: back to the front of waiting
   bool in_batch = false;
   bool finished = false;
   bool cancelled = false;
@@ -104,6 +105,8 @@ RequestId Engine::Submit(RequestOptions request, EventSink sink) {
     s->submit_error = Status::Error("a text request needs the model's tokenizer");
   if (request.top_logprobs > kMaxTopLogprobs)
     s->submit_error = Status::Error("top_logprobs: at most " + std::to_string(kMaxTopLogprobs));
+  if (request.prompt_logprobs && request.top_logprobs < 0)
+    s->submit_error = Status::Error("prompt_logprobs needs top_logprobs >= 0");
   s->req = std::move(request);
   s->sink = std::move(sink);
   std::lock_guard<std::mutex> l(inbox_mu_);
@@ -279,6 +282,7 @@ bool Engine::Schedule() {
   seq_of_.clear();
   logit_rows_.clear();
   logit_seq_.clear();
+  row_prompt_token_.clear();
   tables_.clear();
   in_batch_.clear();
   for (auto& s : running_) s->in_batch = false;
@@ -370,7 +374,9 @@ void Engine::Admit(std::unique_ptr<Sequence> seq) {
   s.admitted = Clock::now();
   // The prefix cache: whole blocks, and at least the last token left to run for its logits.
   if (options_.prefix_cache) {
-    const int64_t max_blocks = (n - 1 + B - 1) / B;
+    int64_t max_blocks = (n - 1 + B - 1) / B;
+    // Prompt log-probabilities: the rows before the next token to give are computed here.
+    if (s.req.prompt_logprobs) max_blocks = std::min(max_blocks, (s.next_prompt_logprob - 1) / B);
     int64_t matched = blocks_.Match(s.tokens, max_blocks, s.blocks, s.hashes);
     if (host_tier_ != nullptr) matched += RestoreFromHost(s, matched, max_blocks);
     s.n_computed = std::min(matched * B, n - 1);
@@ -433,10 +439,16 @@ bool Engine::TakeTokens(Sequence& s, int64_t n, bool& preempted_self) {
     tokens_.push_back(s.tokens[static_cast<size_t>(p)]);
     positions_.push_back(static_cast<int32_t>(p));
     seq_of_.push_back(index);
+    if (s.req.prompt_logprobs && p + 1 < s.n_prompt && p + 1 >= s.next_prompt_logprob) {
+      logit_rows_.push_back(static_cast<int32_t>(tokens_.size() - 1));
+      logit_seq_.push_back(&s);
+      row_prompt_token_.push_back(p + 1);
+    }
   }
   if (s.n_computed + n == static_cast<int64_t>(s.tokens.size())) {
     logit_rows_.push_back(static_cast<int32_t>(tokens_.size() - 1));
     logit_seq_.push_back(&s);
+    row_prompt_token_.push_back(-1);
   }
   return true;
 }
@@ -514,8 +526,13 @@ void Engine::ChooseDeviceDraws() {
 Engine::StepDraw Engine::ChooseStepDraw() const {
   const int64_t vocab = model_.config().vocab_size;
   bool argmax = true, top_k = model_.CandidatesOnDevice();
-  for (const Sequence* s : logit_seq_) {
+  for (size_t r = 0; r < logit_seq_.size(); ++r) {
+    const Sequence* s = logit_seq_[r];
     if (WantsLogprobs(*s)) argmax = false;  // the arg-max ids alone give no log-probabilities
+    if (IsPromptRow(r)) {  // read whole: rows are handed back, unless some are drawn there
+      top_k = false;
+      continue;
+    }
     if (Forced(*s)) continue;
     argmax = argmax && s->sampler->DrawsArgMax();
     top_k = top_k && s->sampler->CandidatesRead(vocab) > 0;
@@ -538,13 +555,14 @@ void Engine::AfterForward(StepDraw draw) {
     SampleRows(logits_);
   for (size_t r = 0; r < logit_seq_.size(); ++r) {
     Sequence& s = *logit_seq_[r];
-    if (!s.finished && Forced(s))
+    if (!s.finished && !IsPromptRow(r) && Forced(s))
       sampled_[r] = s.req.forced_tokens[static_cast<size_t>(s.n_generated)];
   }
   RowLogprobs(draw);
+  EmitPromptLogprobs();
   for (size_t r = 0; r < logit_seq_.size(); ++r) {
     Sequence& s = *logit_seq_[r];
-    if (s.finished) continue;
+    if (s.finished || IsPromptRow(r)) continue;
     if (!sample_status_[r].ok()) {
       Finish(s, StopReason::kCancelled, sample_status_[r]);
       continue;
@@ -572,7 +590,31 @@ void Engine::RowLogprobs(StepDraw draw) {
       }
       row = row_logits_;
     }
-    row_logprobs_[r] = LogprobsOf(row, sampled_[r], s.req.top_logprobs);
+    const int64_t j = row_prompt_token_[r];
+    const int32_t token = j >= 0 ? s.tokens[static_cast<size_t>(j)] : sampled_[r];
+    row_logprobs_[r] = LogprobsOf(row, token, s.req.top_logprobs);
+  }
+}
+
+void Engine::EmitPromptLogprobs() {
+  for (size_t r = 0; r < logit_seq_.size();) {
+    Sequence& s = *logit_seq_[r];
+    size_t end = r;
+    while (end < logit_seq_.size() && logit_seq_[end] == &s && IsPromptRow(end)) ++end;
+    if (end == r) {
+      ++r;
+      continue;
+    }
+    if (!s.finished && sample_status_[r].ok()) {
+      RequestEvent e;
+      e.kind = RequestEvent::Kind::kPromptLogprobs;
+      e.id = s.id;
+      e.prompt_logprobs = std::span<const TokenLogprobs>(row_logprobs_.data() + r, end - r);
+      e.first_prompt_token = row_prompt_token_[r];
+      s.next_prompt_logprob = row_prompt_token_[end - 1] + 1;
+      if (s.sink) s.sink(e);
+    }
+    r = end;
   }
 }
 
@@ -584,7 +626,7 @@ void Engine::SampleCandidateRows() {
   const int64_t vocab = model_.config().vocab_size;
   for (size_t r = 0; r < n; ++r) {
     Sequence& s = *logit_seq_[r];
-    if (s.finished || Forced(s)) continue;
+    if (s.finished || IsPromptRow(r) || Forced(s)) continue;
     if (!draws_.empty() && draws_[r].u >= 0.0) {
       sampled_[r] = top_k_.cands[r * kMaxLogitCandidates].id;
       s.sampler->CommitDeviceDraw();
@@ -612,7 +654,7 @@ void Engine::SampleRows(const std::vector<float>& logits) {
   sample_status_.assign(n, OkStatus());
   auto draw = [&](size_t r, int thread) {
     Sequence& s = *logit_seq_[r];
-    if (s.finished || Forced(s)) return;
+    if (s.finished || IsPromptRow(r) || Forced(s)) return;
     auto next = s.sampler->Sample(std::span<const float>(logits.data() + r * V, V), s.tokens,
                                   static_cast<size_t>(s.n_prompt),
                                   sample_scratch_[static_cast<size_t>(thread)]);

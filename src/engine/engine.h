@@ -15,8 +15,9 @@
 // K/V bit for bit, so its output does not change). A request that alone cannot fit the pool is
 // refused with an error; the others go on.
 //
-// Events reach each request's sink on the driving thread, in order: a kToken per generated
-// token (with the text it completes, for text requests), then one kFinished. A sink must return
+// Events reach each request's sink on the driving thread, in order: kPromptLogprobs when asked,
+// a kToken per generated token (with the text it completes, for text requests), then one
+// kFinished. A sink must return
 // quickly (it runs inside the step) and may call Cancel.
 #pragma once
 
@@ -63,6 +64,10 @@ struct RequestOptions {
   // most likely tokens' (engine/logprobs.h). Such a request's rows are read whole, never drawn
   // on the device.
   int top_logprobs = -1;
+  // With top_logprobs >= 0: also the log-probability of every prompt token from the second on,
+  // given the tokens before it (kPromptLogprobs events, before the first kToken). Such a prompt
+  // is computed whole: it takes no blocks from the prefix cache.
+  bool prompt_logprobs = false;
   // Emitted in place of the first sampled tokens (the forward still runs): a test hook, so a
   // server test can make a random model "say" a tool call (MOETIER_TEST_FORCED_OUTPUT).
   std::vector<int32_t> forced_tokens;
@@ -81,12 +86,16 @@ struct RequestTimings {
 };
 
 struct RequestEvent {
-  enum class Kind { kToken, kFinished };
+  enum class Kind { kToken, kPromptLogprobs, kFinished };
   Kind kind = Kind::kToken;
   RequestId id = 0;
   int32_t token = -1;     // kToken
   std::string_view text;  // text requests: the text final with this event (may be empty)
   const TokenLogprobs* logprobs = nullptr;  // kToken, when the request asked for them
+  // kPromptLogprobs: the prompt tokens' from index first_prompt_token on, in order; every token
+  // from the second is given once over the events.
+  std::span<const TokenLogprobs> prompt_logprobs;
+  int64_t first_prompt_token = 0;
   // kFinished: why, or the error that ended this request (the others go on).
   StopReason reason = StopReason::kMaxTokens;
   Status status;
@@ -199,6 +208,10 @@ class Engine {
   // (from logits_, or under kTopK from the row read from the model).
   void RowLogprobs(StepDraw draw);
   static bool WantsLogprobs(const Sequence& s);
+  // Whether logit row r gives a prompt token's log-probability (not the next token's draw).
+  bool IsPromptRow(size_t r) const { return row_prompt_token_[r] >= 0; }
+  // The kPromptLogprobs events of the step's prompt rows, a run of rows per sequence.
+  void EmitPromptLogprobs();
   void RegisterFullBlocks(Sequence& s);
   void OnToken(Sequence& s, int32_t token, const TokenLogprobs* logprobs);
   void Finish(Sequence& s, StopReason reason, Status status = OkStatus());
@@ -228,7 +241,10 @@ class Engine {
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order
   std::vector<Sequence*> in_batch_;                 // per batch sequence index
   std::vector<int32_t> tokens_, positions_, seq_of_, logit_rows_;
-  std::vector<Sequence*> logit_seq_;              // per logit row
+  std::vector<Sequence*> logit_seq_;  // per logit row
+  // Per logit row: the prompt token whose log-probability it gives (a request's
+  // prompt_logprobs: the row of the position before it), or -1 for a row that draws a token.
+  std::vector<int64_t> row_prompt_token_;
   std::vector<std::span<const int32_t>> tables_;  // per batch sequence
   std::vector<float> logits_;
   TopKRows top_k_;                 // the step's candidates (StepDraw::kTopK)

@@ -40,8 +40,9 @@ std::vector<int32_t> TopIndices(std::span<const float> logits, size_t n) {
 TokenLogprobs LogprobsOf(std::span<const float> logits, int32_t token, int n_top) {
   const double log_z = LogSumExp(logits);
   auto logprob = [&](int32_t id) {
-    if (id < 0 || static_cast<size_t>(id) >= logits.size())
-      return -std::numeric_limits<float>::infinity();
+    constexpr float kNever = -std::numeric_limits<float>::infinity();
+    if (id < 0 || static_cast<size_t>(id) >= logits.size()) return kNever;
+    if (logits[static_cast<size_t>(id)] == kNever) return kNever;  // even in a row of nothing else
     return static_cast<float>(static_cast<double>(logits[static_cast<size_t>(id)]) - log_z);
   };
   TokenLogprobs out;

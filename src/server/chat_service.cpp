@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <set>
@@ -101,6 +102,11 @@ struct RequestState {
   bool got_token = false;
   std::vector<ChatEvent> early;  // events of the answer's opening written into the prompt
   const text::Tokenizer* tokenizer = nullptr;  // the tokens' texts of kLogprobs events
+  // echo: the prompt's text, sent before the answer's; with log-probabilities, its first token
+  // (whose entry, without one, comes first).
+  std::string echo_text;
+  bool echo_pending = false;
+  int32_t first_prompt_token = -1;
 
   explicit RequestState(const std::vector<std::string>& stop_strings) : stops(stop_strings) {}
 
@@ -129,7 +135,36 @@ struct RequestState {
     Emit(parser->Feed(text), id);
   }
 
+  // The echoed prompt's log-probabilities so far; the first token's entry (none) before them.
+  void OnPromptLogprobs(const RequestEvent& e) {
+    if (e.first_prompt_token == 1) SendFirstPromptEntry();
+    for (const TokenLogprobs& lp : e.prompt_logprobs) sink(LogprobsEvent(lp));
+  }
+
+  void SendFirstPromptEntry() {
+    if (first_prompt_token < 0) return;
+    ChatEvent first;
+    first.kind = ChatEvent::Kind::kLogprobs;
+    first.logprobs.chosen = Text(TokenLogprob{first_prompt_token, 0.0f});
+    first.logprobs.chosen.logprob = std::numeric_limits<float>::quiet_NaN();
+    sink(first);
+    first_prompt_token = -1;
+  }
+
+  // The echoed prompt, once, before the answer's first text (a prompt of one token gave no
+  // kPromptLogprobs: its entry goes now).
+  void Echo() {
+    if (!echo_pending) return;
+    echo_pending = false;
+    SendFirstPromptEntry();
+    ChatEvent e;
+    e.kind = ChatEvent::Kind::kContent;
+    e.text = std::move(echo_text);
+    sink(e);
+  }
+
   void OnToken(const RequestEvent& e) {
+    Echo();
     if (!early.empty()) Emit(std::exchange(early, {}), e.id);
     if (!got_token) {
       got_token = true;
@@ -182,6 +217,7 @@ struct RequestState {
   }
 
   void OnFinished(const RequestEvent& e) {
+    if (e.status.ok()) Echo();
     if (!early.empty() && e.status.ok()) Emit(std::exchange(early, {}), e.id);
     if (!ended_early) {
       std::string rest = stops.Push(e.text);
@@ -365,10 +401,23 @@ Expected<RenderedPrompt> ChatService::Impl::Render(const ChatRequest& r,
 Expected<std::vector<int32_t>> ChatService::Impl::PromptIds(const ChatRequest& r,
                                                             RenderedPrompt* rendered,
                                                             RequestError* error) const {
+  const char* param = r.raw_prompt ? "prompt" : "messages";
+  if (r.raw_prompt && !r.prompt_ids.empty()) {
+    const int64_t vocab = model.config().vocab_size;
+    for (int32_t id : r.prompt_ids)
+      if (id < 0 || id >= vocab) {
+        *error =
+            Refusal(400,
+                    "prompt: token id " + std::to_string(id) +
+                        " is outside the model's vocabulary (0.." + std::to_string(vocab - 1) + ")",
+                    "prompt");
+        return Status::Error(error->message);
+      }
+    return r.prompt_ids;
+  }
   MT_ASSIGN_OR_RETURN(*rendered, Render(r, error));
   // A template writes any BOS itself; adding special tokens again would double it.
   std::vector<int32_t> ids = tokenizer.Encode(rendered->text, rendered->add_special_tokens);
-  const char* param = r.raw_prompt ? "prompt" : "messages";
   if (ids.empty()) {
     *error = Refusal(400, std::string(param) + ": the prompt encodes to no tokens", param);
     return Status::Error(error->message);
@@ -402,6 +451,7 @@ Expected<RequestOptions> ChatService::Impl::EngineRequest(const ChatRequest& r,
   req.skip_special_tokens = true;
   req.forced_tokens = forced_tokens;
   req.top_logprobs = r.top_logprobs;
+  req.prompt_logprobs = r.echo && r.top_logprobs >= 0;
   return req;
 }
 
@@ -453,6 +503,14 @@ Expected<RequestId> ChatService::Start(const ChatRequest& request, ChatSink sink
   state->engine = &impl_->engine;
   state->counters = impl_->counters;
   state->tokenizer = &impl_->tokenizer;
+  if (request.raw_prompt && request.echo) {
+    state->echo_pending = true;
+    state->echo_text =
+        request.prompt_ids.empty()
+            ? request.prompt
+            : impl_->tokenizer.Decode(request.prompt_ids, /*skip_special_tokens=*/false);
+    if (request.top_logprobs >= 0) state->first_prompt_token = req.prompt.front();
+  }
   // Every event carries the prompt's size (an API may report it before the answer ends, as
   // Anthropic's message_start does); kFinished carries the whole usage.
   state->sink = [sink = std::move(sink), n_prompt](const ChatEvent& e) {
@@ -488,10 +546,14 @@ Expected<RequestId> ChatService::Start(const ChatRequest& request, ChatSink sink
   ++c.in_flight;
   ++c.metrics.requests_total;
   const RequestId id = impl_->engine.Submit(std::move(req), [state](const RequestEvent& e) {
-    if (e.kind == RequestEvent::Kind::kToken)
-      state->OnToken(e);
-    else
-      state->OnFinished(e);
+    switch (e.kind) {
+      case RequestEvent::Kind::kToken:
+        return state->OnToken(e);
+      case RequestEvent::Kind::kPromptLogprobs:
+        return state->OnPromptLogprobs(e);
+      case RequestEvent::Kind::kFinished:
+        return state->OnFinished(e);
+    }
   });
   c.ids.insert(id);
   return id;

@@ -64,6 +64,10 @@ struct ChatRequest {
   // ...or a raw prompt (completions): used as is when `raw_prompt` is set.
   bool raw_prompt = false;
   std::string prompt;
+  std::vector<int32_t> prompt_ids;  // a raw prompt given as token ids (then `prompt` is empty)
+  // Completions: the answer begins with the prompt, and with top_logprobs >= 0 so do its
+  // log-probabilities (the first token's null: nothing comes before it).
+  bool echo = false;
 
   SamplingParams sampling;
   // -1: no log-probabilities; else each generated token's and this many alternatives' (chat's
@@ -73,7 +77,8 @@ struct ChatRequest {
 };
 
 // A token's text and its log-probability. `token` holds the token's bytes as the tokenizer
-// decodes it alone: part of a UTF-8 character when the token ends inside one.
+// decodes it alone: part of a UTF-8 character when the token ends inside one. NaN: none (an
+// echoed prompt's first token).
 struct TokenText {
   std::string token;
   float logprob = 0.0f;

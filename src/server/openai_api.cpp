@@ -396,8 +396,8 @@ bool ReadChat(Fields& f, ParsedRequest& p, RequestError* error) {
   return true;
 }
 
-// The completions endpoint's own fields: logprobs (the alternatives per token), and those it
-// refuses rather than ignore, since they would change the answer.
+// The completions endpoint's own fields: logprobs (the alternatives per token), echo, and those
+// it refuses rather than ignore, since they would change the answer.
 bool ReadCompletionFields(Fields& f, ChatRequest& r) {
   std::optional<int64_t> logprobs, best_of;
   bool echo = false;
@@ -405,12 +405,24 @@ bool ReadCompletionFields(Fields& f, ChatRequest& r) {
       !f.Integer("best_of", 1, 1, best_of))
     return false;
   if (logprobs) r.top_logprobs = static_cast<int>(*logprobs);
-  if (echo) return f.Fail("echo", "is not supported: the answer never repeats the prompt");
+  r.echo = echo;
   if (const Json* suffix = f.Get("suffix"); suffix != nullptr && *suffix != "")
     return f.Fail("suffix", "is not supported (no text after the insertion point)");
   return true;
 }
 
+// A non-empty list of token ids (integers from 0 to INT32_MAX; the vocabulary is checked later).
+bool ReadTokenIds(const Json& list, std::vector<int32_t>& out) {
+  if (!list.is_array() || list.empty()) return false;
+  for (const Json& v : list) {
+    if (!v.is_number_unsigned() || v.get<uint64_t>() > std::numeric_limits<int32_t>::max())
+      return false;
+    out.push_back(static_cast<int32_t>(v.get<uint64_t>()));
+  }
+  return true;
+}
+
+// A string, a list of one string, token ids, or a list of one list of token ids.
 bool ReadPrompt(Fields& f, ChatRequest& r) {
   const Json* prompt = f.Get("prompt");
   r.raw_prompt = true;
@@ -422,7 +434,12 @@ bool ReadPrompt(Fields& f, ChatRequest& r) {
     r.prompt = (*prompt)[0].get<std::string>();
     return true;
   }
-  return f.Fail("prompt", "must be a string (or a list of one string)");
+  if (prompt != nullptr && prompt->is_array() && !prompt->empty()) {
+    const Json& ids = prompt->size() == 1 && (*prompt)[0].is_array() ? (*prompt)[0] : *prompt;
+    if (ReadTokenIds(ids, r.prompt_ids)) return true;
+  }
+  return f.Fail("prompt",
+                "must be a string or token ids (or a list of one of them: one prompt a request)");
 }
 
 Expected<ParsedRequest> Parse(Endpoint endpoint, std::string_view body, RequestError* error) {
@@ -476,9 +493,11 @@ OJson UsageJson(const ChatUsage& u) {
           {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
-// A log-probability as JSON: OpenAI's -9999 for a token that cannot follow (-inf).
-double LogprobJson(float logprob) {
+// A log-probability as JSON: OpenAI's -9999 for a token that cannot follow (-inf); null for
+// none (NaN: an echoed prompt's first token).
+OJson LogprobJson(float logprob) {
   constexpr double kImpossible = -9999.0;
+  if (std::isnan(logprob)) return nullptr;
   return std::isfinite(logprob) ? static_cast<double>(logprob) : kImpossible;
 }
 
@@ -521,7 +540,8 @@ OJson CompletionLogprobsJson(const std::vector<TokenLogprobEntry>& entries, int6
     logprobs.push_back(LogprobJson(e.chosen.logprob));
     OJson alternatives = OJson::object();
     for (const TokenText& t : e.top) alternatives[t.token] = LogprobJson(t.logprob);
-    top.push_back(std::move(alternatives));
+    const bool none = std::isnan(e.chosen.logprob);  // OpenAI: null, not {}, for the first
+    top.push_back(none ? OJson(nullptr) : std::move(alternatives));
     offsets.push_back(offset);
     offset += CharactersOf(e.chosen.token);
   }

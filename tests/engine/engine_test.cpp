@@ -222,7 +222,9 @@ void ExpectLogprobsOfTheLogits(CausalLM& model, CausalLM& reference, double tole
   auto requests = Requests(5, seed, V);
   std::mt19937 rng(seed);
   for (size_t i = 0; i < requests.size(); ++i) {
-    if (i % 2 == 1) {
+    // Request 4 asks for none and is sampled: on a GPU drawn there, so steps that hold it
+    // hand back candidates and read the other rows whole (Engine::RowLogprobs).
+    if (i % 2 == 1 || i == 4) {
       requests[i].sampler.temperature = 0.8f;
       requests[i].sampler.seed = rng();
     }
@@ -317,6 +319,109 @@ TEST_P(EngineBatching, LogprobsOnTheGpu) {
   ASSERT_TRUE(m.ok()) << m.message();
   ASSERT_TRUE((*m)->CandidatesOnDevice());
   ExpectLogprobsOfTheLogits(**m, *model_, 1e-3, /*same_tokens=*/false);
+}
+
+// Prompt log-probabilities (RequestOptions::prompt_logprobs): every prompt token from the second
+// is given once, in order, before the first generated token, as the log-softmax of the logits
+// the model gives the prompt alone at the position before it — whatever the prefill chunks, a
+// preemption in mid-prompt, or a prefix the cache holds (such a prompt takes none of it) — and
+// the tokens generated are those of the same request asking for nothing (with `same_tokens`).
+// The values against `reference`'s logits for the prompt alone, within `tolerance`.
+void ExpectPromptLogprobs(CausalLM& model, CausalLM& reference, double tolerance,
+                          bool same_tokens) {
+  const uint32_t seed = testing::TestSeed();
+  const int64_t V = model.config().vocab_size;
+  auto requests = Requests(4, seed, V);
+  std::mt19937 rng(seed);
+  for (auto& r : requests) {
+    r.top_logprobs = static_cast<int>(rng() % 4);
+    r.prompt_logprobs = true;
+  }
+  requests[1].prompt = requests[0].prompt;  // the second finds the first's blocks cached
+  std::vector<RequestOptions> without = requests;
+  for (auto& r : without) {
+    r.top_logprobs = -1;
+    r.prompt_logprobs = false;
+  }
+  const auto alone = same_tokens ? EachAlone(model, without) : std::vector<Outcome>{};
+  for (int64_t max_batch_tokens : {3, 512}) {
+    for (int64_t kv_positions : {48, 1024}) {  // 48: three blocks, so prompts are preempted
+      SCOPED_TRACE("batch tokens " + std::to_string(max_batch_tokens) + ", pool " +
+                   std::to_string(kv_positions));
+      EngineOptions o;
+      o.kv_positions = kv_positions;
+      o.max_running = 2;
+      o.max_batch_tokens = max_batch_tokens;
+      auto engine = Engine::Create(model, nullptr, o);
+      ASSERT_TRUE(engine.ok()) << engine.message();
+      std::vector<std::vector<TokenLogprobs>> got(requests.size());
+      std::vector<Outcome> out(requests.size());
+      for (size_t i = 0; i < requests.size(); ++i)
+        (*engine)->Submit(requests[i], [&, i](const RequestEvent& e) {
+          if (e.kind == RequestEvent::Kind::kPromptLogprobs) {
+            EXPECT_TRUE(out[i].tokens.empty()) << "prompt log-probabilities after a token";
+            EXPECT_EQ(e.first_prompt_token, static_cast<int64_t>(got[i].size()) + 1)
+                << "request " << i << ": given out of order or twice";
+            got[i].insert(got[i].end(), e.prompt_logprobs.begin(), e.prompt_logprobs.end());
+          } else if (e.kind == RequestEvent::Kind::kToken) {
+            out[i].tokens.push_back(e.token);
+          } else {
+            out[i].finished = true;
+            out[i].status = e.status;
+            out[i].reason = e.reason;
+          }
+        });
+      (*engine)->RunUntilIdle();
+      for (size_t i = 0; i < requests.size(); ++i) {
+        SCOPED_TRACE("request " + std::to_string(i));
+        const auto& prompt = requests[i].prompt;
+        if (!out[i].status.ok()) {  // a prompt longer than the small pool: refused
+          EXPECT_EQ(out[i].reason, StopReason::kContextFull) << out[i].status.message();
+          EXPECT_GT(static_cast<int64_t>(prompt.size()) + 16, kv_positions);
+          continue;
+        }
+        if (same_tokens &&
+            out[i].reason == StopReason::kContextFull) {  // the small pool filled: a prefix
+          ASSERT_LE(out[i].tokens.size(), alone[i].tokens.size());
+          EXPECT_TRUE(
+              std::equal(out[i].tokens.begin(), out[i].tokens.end(), alone[i].tokens.begin()));
+        } else if (same_tokens) {
+          EXPECT_EQ(out[i].tokens, alone[i].tokens);
+        }
+        ASSERT_EQ(got[i].size(), prompt.size() - 1);
+        KvCache cache = *reference.NewCache(static_cast<int64_t>(prompt.size()));
+        std::vector<float> logits;
+        ASSERT_TRUE(reference.Forward(prompt, cache, LogitsFor::kAllTokens, logits).ok());
+        for (size_t j = 1; j < prompt.size(); ++j) {
+          const TokenLogprobs expected = LogprobsOf(
+              std::span<const float>(logits.data() + (j - 1) * V, static_cast<size_t>(V)),
+              prompt[j], requests[i].top_logprobs);
+          const TokenLogprobs& lp = got[i][j - 1];
+          EXPECT_EQ(lp.chosen.token, prompt[j]);
+          EXPECT_NEAR(lp.chosen.logprob, expected.chosen.logprob, tolerance)
+              << "prompt token " << j;
+          ASSERT_EQ(lp.top.size(), expected.top.size());
+          for (size_t k = 0; k < lp.top.size(); ++k)
+            EXPECT_NEAR(lp.top[k].logprob, expected.top[k].logprob, tolerance)
+                << "prompt token " << j;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(EngineBatching, PromptLogprobsCoverEveryPromptTokenOnce) {
+  ExpectPromptLogprobs(*model_, *model_, 1e-4, /*same_tokens=*/true);
+}
+
+// The same on the GPU (its many rows a step handed back whole), against the CPU's logits.
+TEST_P(EngineBatching, PromptLogprobsOnTheGpu) {
+  MT_REQUIRE_GPU();
+  LoadOptions lo;
+  lo.residency.backend = Backend::kGpu;
+  auto m = LoadCausalLM(testing::HfFixture(GetParam()), lo);
+  ASSERT_TRUE(m.ok()) << m.message();
+  ExpectPromptLogprobs(**m, *model_, 1e-3, /*same_tokens=*/false);
 }
 
 // A pool too small for everyone at once: sequences are preempted and recomputed, and still

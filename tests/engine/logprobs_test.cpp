@@ -14,12 +14,21 @@
 namespace moetier {
 namespace {
 
+// Within 1e-5, or the same infinity.
+void ExpectLogprob(float got, double expected) {
+  if (std::isinf(expected)) {
+    EXPECT_EQ(got, expected);
+  } else {
+    EXPECT_NEAR(got, expected, 1e-5);
+  }
+}
+
 TEST(Logprobs, AreTheLogSoftmaxAndTheMostLikelyTokensInOrder) {
   const uint32_t seed = testing::TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
   for (int trial = 0; trial < 20; ++trial) {
-    const size_t V = 1 + rng() % 5000;
+    const size_t V = 2 + rng() % 5000;
     std::normal_distribution<float> logit(0.0f, 1.0f + static_cast<float>(trial));
     std::vector<float> row(V);
     for (float& v : row) v = logit(rng);
@@ -33,7 +42,7 @@ TEST(Logprobs, AreTheLogSoftmaxAndTheMostLikelyTokensInOrder) {
     for (float v : row) sum += std::exp(static_cast<double>(v));
     const double log_z = std::log(sum);
     EXPECT_EQ(lp.chosen.token, token);
-    EXPECT_NEAR(lp.chosen.logprob, row[static_cast<size_t>(token)] - log_z, 1e-5);
+    ExpectLogprob(lp.chosen.logprob, row[static_cast<size_t>(token)] - log_z);
     std::vector<int32_t> order(V);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
@@ -42,7 +51,7 @@ TEST(Logprobs, AreTheLogSoftmaxAndTheMostLikelyTokensInOrder) {
     ASSERT_EQ(lp.top.size(), std::min(V, static_cast<size_t>(n_top)));
     for (size_t k = 0; k < lp.top.size(); ++k) {
       EXPECT_EQ(lp.top[k].token, order[k]) << "rank " << k;
-      EXPECT_NEAR(lp.top[k].logprob, row[static_cast<size_t>(order[k])] - log_z, 1e-5);
+      ExpectLogprob(lp.top[k].logprob, row[static_cast<size_t>(order[k])] - log_z);
     }
   }
 }
@@ -60,6 +69,9 @@ TEST(Logprobs, OfAOneHotRowAndOfNoAlternatives) {
   lp = LogprobsOf(row, 7, 0);
   EXPECT_TRUE(lp.top.empty());
   EXPECT_EQ(lp.chosen.logprob, -std::numeric_limits<float>::infinity());
+  std::fill(row.begin(), row.end(), -std::numeric_limits<float>::infinity());
+  lp = LogprobsOf(row, 7, 1);
+  EXPECT_EQ(lp.chosen.logprob, -std::numeric_limits<float>::infinity()) << "not NaN";
 }
 
 }  // namespace

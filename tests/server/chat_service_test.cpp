@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
@@ -228,6 +229,53 @@ TEST_F(ChatServiceTest, LogprobsComeBeforeTheirTextOnePerToken) {
   Collector without;
   ASSERT_TRUE(service_->Start(r, without.Sink(), &error).ok()) << error.message;
   for (const ChatEvent& e : without.Wait()) EXPECT_NE(e.kind, ChatEvent::Kind::kLogprobs);
+}
+
+// A raw prompt of token ids, echoed with log-probabilities: an entry for every prompt token (the
+// first without a value) before the prompt's text, then one per generated token; the entries'
+// texts are the prompt's and the answer's. An id outside the vocabulary is refused, naming it.
+TEST_F(ChatServiceTest, EchoedTokenPromptComesFirstWithItsLogprobs) {
+  Make();
+  ChatRequest r;
+  r.raw_prompt = true;
+  r.prompt_ids = tok_->Encode("Once upon a time", false);
+  ASSERT_GE(r.prompt_ids.size(), 3u);
+  r.echo = true;
+  r.top_logprobs = 2;
+  r.sampling.temperature = 0.0f;
+  r.sampling.max_tokens = 4;
+  Collector c;
+  RequestError error;
+  ASSERT_TRUE(service_->Start(r, c.Sink(), &error).ok()) << error.message;
+  const std::vector<ChatEvent> events = c.Wait();
+  const Answer a = Summarize(events);
+  std::vector<TokenLogprobEntry> entries;
+  size_t echo_at = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (events[i].kind == ChatEvent::Kind::kLogprobs) entries.push_back(events[i].logprobs);
+    if (events[i].kind == ChatEvent::Kind::kContent && echo_at == 0) {
+      echo_at = i;
+      EXPECT_EQ(events[i].text, "Once upon a time");
+      EXPECT_EQ(entries.size(), r.prompt_ids.size()) << "the prompt's entries before its text";
+    }
+  }
+  ASSERT_EQ(entries.size(), r.prompt_ids.size() + 4);
+  EXPECT_TRUE(std::isnan(entries[0].chosen.logprob));
+  EXPECT_TRUE(entries[0].top.empty());
+  std::string text;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    text += entries[i].chosen.token;
+    if (i == 0) continue;
+    EXPECT_LE(entries[i].chosen.logprob, 0.0f) << i;
+    EXPECT_EQ(entries[i].top.size(), 2u) << i;
+  }
+  EXPECT_EQ(text, a.content);
+  EXPECT_EQ(a.content.rfind("Once upon a time", 0), 0u);
+
+  r.prompt_ids.push_back(static_cast<int32_t>(model_->config().vocab_size));
+  EXPECT_FALSE(service_->Start(r, c.Sink(), &error).ok());
+  EXPECT_EQ(error.param, "prompt");
+  EXPECT_NE(error.message.find("vocabulary"), std::string::npos) << error.message;
 }
 
 TEST_F(ChatServiceTest, RepeatedPromptIsServedFromThePrefixCache) {

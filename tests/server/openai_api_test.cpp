@@ -240,7 +240,17 @@ TEST(OpenAiParse, Completions) {
   p = ParseOk(R"({"prompt": ["x"], "max_tokens": 3})", Endpoint::kCompletions);
   EXPECT_EQ(p.request.prompt, "x");
   EXPECT_EQ(p.request.sampling.max_tokens, 3);
-  EXPECT_EQ(ParseError(R"({"prompt": [1, 2]})", Endpoint::kCompletions).param, "prompt");
+  // Token ids, alone or as a list of one list (one prompt a request).
+  p = ParseOk(R"({"prompt": [1, 2, 151935]})", Endpoint::kCompletions);
+  EXPECT_EQ(p.request.prompt_ids, (std::vector<int32_t>{1, 2, 151935}));
+  EXPECT_TRUE(p.request.prompt.empty());
+  EXPECT_EQ(ParseOk(R"({"prompt": [[7, 8]]})", Endpoint::kCompletions).request.prompt_ids,
+            (std::vector<int32_t>{7, 8}));
+  for (const char* bad :
+       {R"({"prompt": []})", R"({"prompt": [[1], [2]]})", R"({"prompt": [-1]})",
+        R"({"prompt": [1.5]})", R"({"prompt": [4294967296]})", R"({"prompt": ["a", "b"]})",
+        R"({"prompt": [1, "a"]})", R"({"prompt": [[]]})"})
+    EXPECT_EQ(ParseError(bad, Endpoint::kCompletions).param, "prompt") << bad;
   EXPECT_EQ(ParseError(R"({})", Endpoint::kCompletions).param, "prompt");
   EXPECT_EQ(ParseError(R"({"prompt": "x", "n": 3})", Endpoint::kCompletions).param, "n");
 }
@@ -263,7 +273,9 @@ TEST(OpenAiParse, Logprobs) {
             5);
   EXPECT_EQ(ParseError(R"({"prompt": "x", "logprobs": true})", kC).param, "logprobs");
   EXPECT_EQ(ParseError(R"({"prompt": "x", "logprobs": 21})", kC).param, "logprobs");
-  EXPECT_EQ(ParseError(R"({"prompt": "x", "echo": true})", kC).param, "echo");
+  EXPECT_TRUE(ParseOk(R"({"prompt": "x", "echo": true, "logprobs": 1})", kC).request.echo);
+  EXPECT_FALSE(ParseOk(R"({"prompt": "x"})", kC).request.echo);
+  EXPECT_EQ(ParseError(R"({"prompt": "x", "echo": 1})", kC).param, "echo");
   EXPECT_EQ(ParseError(R"({"prompt": "x", "best_of": 2})", kC).param, "best_of");
   EXPECT_EQ(ParseError(R"({"prompt": "x", "suffix": "end"})", kC).param, "suffix");
   EXPECT_EQ(ParseError(R"({"prompt": "x", "logit_bias": {"1": -100}})", kC).param, "logit_bias");
@@ -589,6 +601,25 @@ TEST(OpenAiWriter, CompletionLogprobs) {
   EXPECT_EQ(chunks[0]["choices"][0]["logprobs"]["tokens"], Json::array({"H", "i"}));
   EXPECT_EQ(chunks[1]["choices"][0]["logprobs"]["tokens"], Json::array({"<end>"}));
   EXPECT_EQ(chunks[1]["choices"][0]["logprobs"]["text_offset"], Json::array({2}));
+}
+
+// An echoed prompt's first token has no log-probability: null, and null alternatives.
+TEST(OpenAiWriter, EchoedPromptsFirstTokenIsNull) {
+  ResponseWriter w(Endpoint::kCompletions, "cmpl-5", "tiny", 1, false, true);
+  w.Add(Logprobs("Once", std::numeric_limits<float>::quiet_NaN(), {}));
+  w.Add(Logprobs(" upon", -2.5f, {{" upon", -2.5f}}));
+  w.Add(Text(ChatEvent::Kind::kContent, "Once upon"));
+  w.Add(Logprobs(" a", -0.5f, {{" a", -0.5f}}));
+  w.Add(Text(ChatEvent::Kind::kContent, " a"));
+  w.Add(Finished(FinishReason::kLength));
+  const Json j = Json::parse(w.Body());
+  const Json& lp = j["choices"][0]["logprobs"];
+  EXPECT_EQ(j["choices"][0]["text"], "Once upon a");
+  EXPECT_EQ(lp["tokens"], Json::array({"Once", " upon", " a"}));
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_DOUBLE_EQ(lp["token_logprobs"][1].get<double>(), -2.5);
+  EXPECT_EQ(lp["text_offset"], Json::array({0, 4, 9}));
 }
 
 }  // namespace

@@ -5,6 +5,9 @@ import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
 import { startServer, fixtureDir } from './harness.mjs';
 
 const kKey = 'sk-moetier-test';
@@ -126,8 +129,8 @@ test('logprobs: chat whole and streamed, and completions', async () => {
   assert.equal(lp.text_offset[0], 0);
   if (c.choices[0].finish_reason === 'length') assert.equal(lp.tokens.join(''), c.choices[0].text);
   await assert.rejects(
-    client.completions.create({ model: kModelName, prompt: 'x', echo: true }),
-    (e) => e instanceof OpenAI.BadRequestError && /echo/.test(e.message));
+    client.completions.create({ model: kModelName, prompt: 'x', suffix: 'y' }),
+    (e) => e instanceof OpenAI.BadRequestError && /suffix/.test(e.message));
 });
 
 test('models list', async () => {
@@ -194,4 +197,48 @@ test('greedy answer equals moetier generate --chat', async () => {
   const m = r.choices[0].message;
   assert.equal(r.usage.completion_tokens, kTokens);
   assert.equal((m.reasoning_content ?? '') + (m.content ?? ''), cli);
+});
+
+// What an evaluation harness (lm-eval's local-completions) sends to score a continuation: the
+// prompt as token ids, echo, logprobs 1, one token. Each prompt token's log-probability is the
+// log-softmax of `moetier logits` at the position before it, written by another process.
+test('echoed token prompt: log-probabilities equal moetier logits', async () => {
+  const ids = [9707, 11, 1879, 0, 576, 374, 264, 1273, 13];
+  const dir = await mkdtemp(path.join(tmpdir(), 'moetier-logprobs-'));
+  const out = path.join(dir, 'logits.bin');
+  await promisify(execFile)(process.env.MOETIER_CLI, [
+    'logits', '--model', fixtureDir, '--tokens', ids.join(','), '--out', out, '--threads', '1',
+  ]);
+  const raw = await readFile(out);
+  const logits = new Float32Array(raw.buffer, raw.byteOffset, raw.byteLength / 4);
+  const vocab = logits.length / ids.length;
+  assert.equal(vocab, Math.round(vocab));
+
+  const r = await client.completions.create({
+    model: kModelName, prompt: ids, max_tokens: 1, logprobs: 1, echo: true, temperature: 0,
+  });
+  const lp = r.choices[0].logprobs;
+  assert.equal(lp.tokens.length, ids.length + 1);
+  assert.equal(lp.token_logprobs[0], null);
+  assert.equal(lp.top_logprobs[0], null);
+  assert.equal(r.choices[0].text.startsWith(lp.tokens.slice(0, ids.length).join('')), true);
+  for (let i = 1; i <= ids.length; ++i) {
+    const row = logits.subarray((i - 1) * vocab, i * vocab);
+    let max = -Infinity;
+    for (const v of row) max = Math.max(max, v);
+    let sum = 0;
+    for (const v of row) sum += Math.exp(v - max);
+    const logZ = max + Math.log(sum);
+    const alternatives = Object.values(lp.top_logprobs[i]);
+    assert.equal(alternatives.length, 1);
+    assert.ok(Math.abs(alternatives[0] - (max - logZ)) < 1e-3, `top at ${i}`);
+    if (i < ids.length) {
+      const expected = row[ids[i]] - logZ;
+      assert.ok(Math.abs(lp.token_logprobs[i] - expected) < 1e-3,
+        `prompt token ${i}: ${lp.token_logprobs[i]} against ${expected}`);
+    } else {
+      assert.equal(lp.token_logprobs[i], alternatives[0], 'greedy: the generated token is the top');
+    }
+  }
+  await rm(dir, { recursive: true });
 });
