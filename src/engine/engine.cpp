@@ -287,6 +287,7 @@ bool Engine::Schedule() {
   in_batch_.clear();
   for (auto& s : running_) s->in_batch = false;
   int64_t budget = options_.max_batch_tokens;
+  prompt_rows_left_ = kMaxPromptLogprobRows;
   // Two walks over the running sequences, in admission order: decode steps, then prefills.
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
@@ -295,7 +296,7 @@ bool Engine::Schedule() {
       const bool decoding = s.pending() == 1 && s.n_generated > 0;
       if ((pass == 0) != decoding) continue;
       bool preempted_self = false;
-      const int64_t n = std::min(s.pending(), budget);
+      const int64_t n = ChunkOf(s, budget);
       if (n > 0 && TakeTokens(s, n, preempted_self)) budget -= n;
     }
   }
@@ -322,8 +323,8 @@ bool Engine::Schedule() {
     Admit(std::move(seq));
     if (s->finished) continue;
     bool preempted_self = false;
-    const int64_t n = std::min(s->pending(), budget);
-    if (TakeTokens(*s, n, preempted_self)) budget -= n;
+    const int64_t n = ChunkOf(*s, budget);
+    if (n > 0 && TakeTokens(*s, n, preempted_self)) budget -= n;
   }
   // Preempted sequences go back to the front of the queue, oldest first.
   for (size_t i = running_.size(); i-- > 0;) {
@@ -417,6 +418,15 @@ int64_t Engine::RestoreFromHost(Sequence& s, int64_t matched, int64_t max_blocks
 
 // Adds positions [n_computed, n_computed + n) of `s` to the batch, with blocks for them
 // (preempting another sequence if the pool is short). False if `s` could not run this step.
+int64_t Engine::ChunkOf(Sequence& s, int64_t budget) {
+  int64_t n = std::min(s.pending(), budget);
+  if (s.req.prompt_logprobs && s.n_computed + 1 < s.n_prompt) {
+    n = std::min(n, prompt_rows_left_);
+    prompt_rows_left_ -= n;
+  }
+  return n;
+}
+
 bool Engine::TakeTokens(Sequence& s, int64_t n, bool& preempted_self) {
   for (;;) {
     if (EnsureBlocks(s, s.n_computed + n) && MakeWritable(s, s.n_computed)) break;

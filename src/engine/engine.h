@@ -175,6 +175,9 @@ class Engine {
   // Continues a prefix match of `s` past its first `matched` blocks from the host KV tier,
   // copying each block found there into a fresh pool block; returns how many it added.
   int64_t RestoreFromHost(Sequence& s, int64_t matched, int64_t max_blocks);
+  // How many of s's pending tokens this step runs, within `budget`: a prompt whose
+  // log-probabilities are asked for also within the step's kMaxPromptLogprobRows.
+  int64_t ChunkOf(Sequence& s, int64_t budget);
   bool TakeTokens(Sequence& s, int64_t n, bool& preempted_self);
   bool EnsureBlocks(Sequence& s, int64_t n_positions);
   bool MakeWritable(Sequence& s, int64_t position);
@@ -245,7 +248,11 @@ class Engine {
   // Per logit row: the prompt token whose log-probability it gives (a request's
   // prompt_logprobs: the row of the position before it), or -1 for a row that draws a token.
   std::vector<int64_t> row_prompt_token_;
-  std::vector<std::span<const int32_t>> tables_;  // per batch sequence
+  // Prompt rows a step reads whole, at most: each is a vocabulary of floats (0.6 MB for
+  // 151,936 tokens), on the host and on a GPU, whatever --max-batch-tokens allows.
+  static constexpr int64_t kMaxPromptLogprobRows = 256;
+  int64_t prompt_rows_left_ = kMaxPromptLogprobRows;  // this step's, while it is scheduled
+  std::vector<std::span<const int32_t>> tables_;      // per batch sequence
   std::vector<float> logits_;
   TopKRows top_k_;                 // the step's candidates (StepDraw::kTopK)
   std::vector<RowDraw> draws_;     // per logit row (Batch::draws); empty: none on the device

@@ -424,6 +424,39 @@ TEST_P(EngineBatching, PromptLogprobsOnTheGpu) {
   ExpectPromptLogprobs(**m, *model_, 1e-3, /*same_tokens=*/false);
 }
 
+// A long prompt's log-probabilities come in steps of at most 256 rows, whatever
+// --max-batch-tokens allows (each row is a vocabulary of floats), every token once.
+TEST_P(EngineBatching, PromptLogprobsOfALongPromptComeInBoundedSteps) {
+  const uint32_t seed = testing::TestSeed();
+  std::mt19937 rng(seed);
+  RequestOptions r;
+  for (int i = 0; i < 600; ++i)
+    r.prompt.push_back(static_cast<int32_t>(rng() % model_->config().vocab_size));
+  r.max_new_tokens = 1;
+  r.top_logprobs = 0;
+  r.prompt_logprobs = true;
+  EngineOptions o;
+  o.kv_positions = 1024;
+  o.max_batch_tokens = 1024;
+  auto engine = Engine::Create(*model_, nullptr, o);
+  ASSERT_TRUE(engine.ok()) << engine.message();
+  int64_t given = 0;
+  size_t largest = 0;
+  Status status;
+  (*engine)->Submit(r, [&](const RequestEvent& e) {
+    if (e.kind == RequestEvent::Kind::kPromptLogprobs) {
+      EXPECT_EQ(e.first_prompt_token, given + 1);
+      given += static_cast<int64_t>(e.prompt_logprobs.size());
+      largest = std::max(largest, e.prompt_logprobs.size());
+    }
+    if (e.kind == RequestEvent::Kind::kFinished) status = e.status;
+  });
+  (*engine)->RunUntilIdle();
+  ASSERT_TRUE(status.ok()) << status.message();
+  EXPECT_EQ(given, 599);
+  EXPECT_EQ(largest, 256u);
+}
+
 // A pool too small for everyone at once: sequences are preempted and recomputed, and still
 // give what they give alone; one request that alone exceeds the pool is refused, the others go on.
 TEST_P(EngineBatching, PreemptionAndOversizedRequests) {
