@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <string>
 
 namespace moetier::cli {
 
@@ -18,7 +19,7 @@ constexpr size_t kMaxQuotedBytes = 40;
 
 constexpr const char* kFieldList =
     "id, prompt, tokens, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, "
-    "seed, stop, chat, ignore_eos, after";
+    "seed, stop, chat, ignore_eos, after, logprobs, prompt_logprobs";
 
 // `s` cut to kMaxQuotedBytes at a UTF-8 character boundary, "..." marking the cut.
 std::string Shortened(std::string s) {
@@ -177,6 +178,13 @@ Status ReadField(const std::string& key, const Json& v, BatchRequest& r) {
     MT_ASSIGN_OR_RETURN(r.ignore_eos, BoolField(v, key));
   } else if (key == "after") {
     MT_ASSIGN_OR_RETURN(r.after, WholeField(v, key, 0, kInt64Max, ">= 0 (engine steps)"));
+  } else if (key == "logprobs") {
+    MT_ASSIGN_OR_RETURN(const int64_t n, WholeField(v, key, 0, kMaxTopLogprobs,
+                                                    "from 0 to " + std::to_string(kMaxTopLogprobs) +
+                                                        " (the alternatives given a token)"));
+    r.logprobs = static_cast<int>(n);
+  } else if (key == "prompt_logprobs") {
+    MT_ASSIGN_OR_RETURN(r.prompt_logprobs, BoolField(v, key));
   } else {
     return Status::Error("unknown field '" + ShownKey(key) + "' (the fields are " + kFieldList +
                          ")");
@@ -244,6 +252,10 @@ Expected<BatchRequest> ParseRequest(std::string_view line, int64_t line_no) {
     return Status::Error(
         "field 'chat' renders a 'prompt' with the chat template; it cannot "
         "apply to 'tokens'");
+  if (r.prompt_logprobs && r.logprobs < 0)
+    return Status::Error(
+        "field 'prompt_logprobs' needs 'logprobs' (how many alternatives to give a token, 0 "
+        "for none)");
   if (r.seed) r.sampler.seed = *r.seed;
   return r;
 }

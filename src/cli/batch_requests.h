@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "engine/logprobs.h"
 #include "engine/sampler.h"
 
 namespace moetier::cli {
@@ -40,7 +41,9 @@ struct BatchRequest {
   std::optional<uint64_t> seed;   // absent: a random seed
   std::vector<std::string> stop;  // never an empty string
   bool ignore_eos = false;
-  int64_t after = 0;  // RequestOptions::arrival_step
+  int64_t after = 0;             // RequestOptions::arrival_step
+  int logprobs = -1;             // RequestOptions::top_logprobs (-1: none)
+  bool prompt_logprobs = false;  // needs logprobs
 
   // The request reads the model's tokenizer before it runs (a text prompt, stop strings).
   bool NeedsTokenizer() const { return prompt.has_value() || !stop.empty(); }

@@ -49,6 +49,8 @@ struct Job {
   Status status;
   RequestUsage usage;
   RequestTimings timings;
+  std::vector<TokenLogprobs> logprobs;         // per generated token, when asked
+  std::vector<TokenLogprobs> prompt_logprobs;  // per prompt token from the second, when asked
 };
 
 // The tokenizer, when a request needs it or the model ships one (then every answer carries its
@@ -140,12 +142,27 @@ RequestOptions ToRequestOptions(const Job& j, const std::vector<int32_t>& stop_i
   q.stop_strings = r.stop;
   q.text = with_text;
   q.arrival_step = r.after;
+  q.top_logprobs = r.logprobs;
+  q.prompt_logprobs = r.prompt_logprobs;
   return q;
 }
 
 // `v` to `per_unit`ths (1000: thousandths), so that it prints short.
 double Rounded(double v, double per_unit) {
   return std::round(v * per_unit) / per_unit;
+}
+
+// [{"token", "logprob", "top": [[id, logprob], ...]}, ...]; a token that cannot follow: -9999
+// (as the OpenAI API writes it), so that every value is a JSON number.
+nlohmann::ordered_json LogprobsJson(const std::vector<TokenLogprobs>& entries) {
+  auto value = [](float lp) { return std::isfinite(lp) ? static_cast<double>(lp) : -9999.0; };
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (const TokenLogprobs& e : entries) {
+    nlohmann::ordered_json top = nlohmann::ordered_json::array();
+    for (const TokenLogprob& t : e.top) top.push_back({t.token, value(t.logprob)});
+    list.push_back({{"token", e.chosen.token}, {"logprob", value(e.chosen.logprob)}, {"top", top}});
+  }
+  return list;
 }
 
 std::string ResultLine(const Job& j, bool with_text) {
@@ -161,6 +178,8 @@ std::string ResultLine(const Job& j, bool with_text) {
     line["cached_tokens"] = j.usage.cached_tokens;
     line["ttft_ms"] = Rounded(j.timings.ttft_ms, 1000);
     line["decode_tokens_per_s"] = Rounded(j.timings.decode_tokens_per_s, 100);
+    if (j.request->logprobs >= 0) line["logprobs"] = LogprobsJson(j.logprobs);
+    if (j.request->prompt_logprobs) line["prompt_logprobs"] = LogprobsJson(j.prompt_logprobs);
   }
   return line.dump(-1, ' ', false, nlohmann::detail::error_handler_t::replace) + "\n";
 }
@@ -216,8 +235,14 @@ int64_t RunJobs(Engine& engine, std::vector<Job>& jobs, const std::vector<int32_
     engine.Submit(ToRequestOptions(j, stop_ids, with_text, engine.sequence_limit()),
                   [&j, &writer](const RequestEvent& e) {
                     j.text += e.text;
+                    if (e.kind == RequestEvent::Kind::kPromptLogprobs) {
+                      j.prompt_logprobs.insert(j.prompt_logprobs.end(), e.prompt_logprobs.begin(),
+                                               e.prompt_logprobs.end());
+                      return;
+                    }
                     if (e.kind == RequestEvent::Kind::kToken) {
                       j.tokens.push_back(e.token);
+                      if (e.logprobs != nullptr) j.logprobs.push_back(*e.logprobs);
                       return;
                     }
                     j.finished = true;
@@ -287,11 +312,14 @@ Command AddBatchCommand(CLI::App& root) {
       "one request a line: {\"id\": 1, \"prompt\": \"Hello\"} or {\"id\": \"b\", \"tokens\": "
       "[3,17,42]}, with optional max_new_tokens (256), temperature (0: greedy), top_k, top_p, "
       "min_p, repetition_penalty, seed, stop (a string or a list), chat (render prompt with the "
-      "chat template), ignore_eos, after (join after that many engine steps). Every line is "
-      "checked before the model loads. Prints one JSON line per request in the input's order: "
-      "id, tokens, text, finish_reason, prompt_tokens, cached_tokens, ttft_ms, "
-      "decode_tokens_per_s, or id and error for a request that failed (then the exit status is "
-      "1, after every line). A summary goes to stderr.");
+      "chat template), ignore_eos, after (join after that many engine steps), logprobs (N from "
+      "0 to 20: each generated token's log-probability and the N most likely tokens'), "
+      "prompt_logprobs (true: also each prompt token's from the second). Every line is checked "
+      "before the model loads. Prints one JSON line per request in the input's order: id, "
+      "tokens, text, finish_reason, prompt_tokens, cached_tokens, ttft_ms, decode_tokens_per_s "
+      "(and logprobs, prompt_logprobs: [{\"token\", \"logprob\", \"top\": [[id, logprob], "
+      "...]}, ...] when asked), or id and error for a request that failed (then the exit status "
+      "is 1, after every line). A summary goes to stderr.");
   AddModelOptions(*cmd, o->model);
   cmd->add_option("--requests", o->requests_path, "The requests, one JSON object a line")
       ->required();

@@ -41,6 +41,8 @@ TEST(BatchRequests, DefaultsWhenOnlyIdAndPromptAreGiven) {
   EXPECT_TRUE(r.stop.empty());
   EXPECT_FALSE(r.ignore_eos);
   EXPECT_EQ(r.after, 0);
+  EXPECT_EQ(r.logprobs, -1);
+  EXPECT_FALSE(r.prompt_logprobs);
   EXPECT_TRUE(r.NeedsTokenizer());
 }
 
@@ -48,7 +50,8 @@ TEST(BatchRequests, EveryFieldIsRead) {
   const auto rs = Parse(
       R"({"id": 7, "tokens": [3, 17, 42], "max_new_tokens": 9, "temperature": 0.7, "top_k": 40,)"
       R"( "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.1, "seed": 18446744073709551615,)"
-      R"( "stop": ["\n\n", "END"], "ignore_eos": true, "after": 12})");
+      R"( "stop": ["\n\n", "END"], "ignore_eos": true, "after": 12, "logprobs": 20,)"
+      R"( "prompt_logprobs": true})");
   ASSERT_EQ(rs.size(), 1u);
   const BatchRequest& r = rs[0];
   EXPECT_EQ(r.id, 7);
@@ -66,6 +69,8 @@ TEST(BatchRequests, EveryFieldIsRead) {
   EXPECT_EQ(r.stop, (std::vector<std::string>{"\n\n", "END"}));
   EXPECT_TRUE(r.ignore_eos);
   EXPECT_EQ(r.after, 12);
+  EXPECT_EQ(r.logprobs, 20);
+  EXPECT_TRUE(r.prompt_logprobs);
   EXPECT_TRUE(r.NeedsTokenizer());  // stop strings are text
 }
 
@@ -119,6 +124,12 @@ TEST(BatchRequests, BadLinesNameTheLineAndTheField) {
       {R"({"id": 1, "tokens": [1], "chat": true})", "field 'chat'"},
       {R"({"id": 1, "prompt": "a", "chat": 1})", "field 'chat' must be true or false, not 1"},
       {R"({"id": 1, "prompt": "a", "ignore_eos": "yes"})", "field 'ignore_eos' must be true"},
+      {R"({"id": 1, "prompt": "a", "logprobs": 21})", "field 'logprobs' must be a whole number"},
+      {R"({"id": 1, "prompt": "a", "logprobs": -1})", "field 'logprobs' must be a whole number"},
+      {R"({"id": 1, "prompt": "a", "prompt_logprobs": true})",
+       "in.jsonl:3: field 'prompt_logprobs' needs 'logprobs'"},
+      {R"({"id": 1, "prompt": "a", "logprobs": 1, "prompt_logprobs": 1})",
+       "field 'prompt_logprobs' must be true or false"},
       {R"({"id": 1, "prompt": "a", "temperature": -1})",
        "in.jsonl:3: field 'temperature' must be a number >= 0 (0: greedy), not -1"},
       {R"({"id": 1, "prompt": "a", "temperature": "hot"})", "field 'temperature' must be"},

@@ -4,6 +4,9 @@
 // error naming its line and field before anything loads.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -222,6 +225,66 @@ TEST(Batch, ALaterRequestReusesASharedPrefixFromTheCache) {
   EXPECT_GE(run.lines[1]["cached_tokens"].get<int>(), 32) << run.lines[1].dump();
   EXPECT_EQ(Join(run.lines[1]["tokens"].get<std::vector<int32_t>>()),
             GenerateAlone("qwen3_moe", longer, 4));
+}
+
+// log-softmax(row)[token] of a row of `vocab` logits, in double precision.
+double LogSoftmaxAt(const float* row, int64_t vocab, int32_t token) {
+  double max = row[0], sum = 0;
+  for (int64_t v = 0; v < vocab; ++v) max = std::max(max, static_cast<double>(row[v]));
+  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(row[v] - max);
+  return row[token] - max - std::log(sum);
+}
+
+// "logprobs" and "prompt_logprobs": every generated token's and every prompt token's from the
+// second, equal to the log-softmax of the logits `moetier logits` writes for the whole sequence;
+// the alternatives most likely first, the greedy token the first of them.
+TEST(Batch, LogprobsEqualTheLogSoftmaxOfMoetierLogits) {
+  const std::vector<int32_t> prompt = Range(30, 12);
+  const std::vector<json> requests = {
+      {{"id", "a"},
+       {"tokens", prompt},
+       {"max_new_tokens", 3},
+       {"logprobs", 2},
+       {"prompt_logprobs", true}},
+      {{"id", "b"}, {"tokens", Range(40, 5)}, {"max_new_tokens", 2}}};
+  testing::TempDir tmp;
+  const BatchRun run = Batch(tmp, "qwen3_moe", requests, "--parallel 2");
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
+  ASSERT_EQ(run.lines.size(), 2u);
+  EXPECT_FALSE(run.lines[1].contains("logprobs"));
+  const json& a = run.lines[0];
+  const auto generated = a["tokens"].get<std::vector<int32_t>>();
+  ASSERT_EQ(a["logprobs"].size(), generated.size());
+  ASSERT_EQ(a["prompt_logprobs"].size(), prompt.size() - 1);
+
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), generated.begin(), generated.end());
+  const auto out = tmp.path() / "logits.bin";
+  const auto r =
+      RunCli("logits " + Model("qwen3_moe") + " --tokens " + Join(all) + " --out " + Quote(out));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<float> logits(std::filesystem::file_size(out) / sizeof(float));
+  std::ifstream in(out, std::ios::binary);
+  in.read(reinterpret_cast<char*>(logits.data()),
+          static_cast<std::streamsize>(logits.size() * sizeof(float)));
+  ASSERT_TRUE(in.good());
+  const auto vocab = static_cast<int64_t>(logits.size() / all.size());
+  auto expect_entry = [&](const json& e, size_t row, int32_t token) {
+    EXPECT_EQ(e["token"], token);
+    EXPECT_NEAR(e["logprob"].get<double>(), LogSoftmaxAt(&logits[row * vocab], vocab, token), 1e-4)
+        << "row " << row;
+  };
+  for (size_t j = 1; j < prompt.size(); ++j) {
+    expect_entry(a["prompt_logprobs"][j - 1], j - 1, prompt[j]);
+    EXPECT_EQ(a["prompt_logprobs"][j - 1]["top"].size(), 2u);
+  }
+  for (size_t t = 0; t < generated.size(); ++t) {
+    const json& e = a["logprobs"][t];
+    expect_entry(e, prompt.size() - 1 + t, generated[t]);
+    ASSERT_EQ(e["top"].size(), 2u);
+    EXPECT_EQ(e["top"][0][0], generated[t]) << "greedy: the most likely";
+    EXPECT_GE(e["top"][0][1].get<double>(), e["top"][1][1].get<double>());
+  }
 }
 
 TEST(Batch, ARequestTooLongForTheContextFailsAloneAndTheExitSaysSo) {
