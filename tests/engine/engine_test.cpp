@@ -90,6 +90,12 @@ class EngineBatching : public ::testing::TestWithParam<const char*> {
   std::vector<Outcome> Alone(const std::vector<RequestOptions>& requests) {
     return EachAlone(*model_, requests);
   }
+  // The fixture with every weight in VRAM (callers check for a GPU first).
+  static Expected<std::unique_ptr<CausalLM>> OnTheGpu() {
+    LoadOptions lo;
+    lo.residency.backend = Backend::kGpu;
+    return LoadCausalLM(testing::HfFixture(GetParam()), lo);
+  }
   std::unique_ptr<CausalLM> model_;
 };
 
@@ -166,9 +172,7 @@ TEST_P(EngineBatching, SampledRequestsGiveWhatEachGivesAlone) {
 // fits the first step, and nothing is taken from the prefix cache.
 TEST_P(EngineBatching, SampledRequestsInAnyOrderOnTheGpu) {
   MT_REQUIRE_GPU();
-  LoadOptions lo;
-  lo.residency.backend = Backend::kGpu;
-  auto m = LoadCausalLM(testing::HfFixture(GetParam()), lo);
+  auto m = OnTheGpu();
   ASSERT_TRUE(m.ok()) << m.message();
   ASSERT_TRUE((*m)->CandidatesOnDevice());
   const uint32_t seed = std::random_device{}();
@@ -207,6 +211,30 @@ TEST_P(EngineBatching, SampledRequestsInAnyOrderOnTheGpu) {
       EXPECT_EQ(first.tokens, second.tokens) << "request " << i;
     }
   }
+}
+
+// `lp` against the log-softmax of `row` (V logits), recomputed here in double precision within
+// `tolerance`: `token`'s log-probability, and `n_top` alternatives, most likely first, nothing
+// outside them more likely than the last.
+void ExpectLogprobsOfRow(const TokenLogprobs& lp, const float* row, int64_t V, int32_t token,
+                         int n_top, double tolerance) {
+  double max = row[0], sum = 0;
+  for (int64_t v = 0; v < V; ++v) max = std::max(max, static_cast<double>(row[v]));
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(row[v] - max);
+  const double log_z = max + std::log(sum);
+  EXPECT_EQ(lp.chosen.token, token);
+  EXPECT_NEAR(lp.chosen.logprob, row[token] - log_z, tolerance);
+  ASSERT_EQ(lp.top.size(), static_cast<size_t>(n_top));
+  for (size_t k = 0; k < lp.top.size(); ++k) {
+    EXPECT_NEAR(lp.top[k].logprob, row[lp.top[k].token] - log_z, tolerance);
+    if (k > 0) {
+      EXPECT_GE(lp.top[k - 1].logprob, lp.top[k].logprob);
+    }
+  }
+  if (lp.top.empty()) return;
+  int n_above = 0;
+  for (int64_t v = 0; v < V; ++v) n_above += row[v] - log_z > lp.top.back().logprob + tolerance;
+  EXPECT_LT(n_above, static_cast<int>(lp.top.size()));
 }
 
 // Requests asking for log-probabilities (greedy and sampled, batched together, one asking for
@@ -272,30 +300,12 @@ void ExpectLogprobsOfTheLogits(CausalLM& model, CausalLM& reference, double tole
     std::vector<float> logits;
     ASSERT_TRUE(reference.Forward(seq, cache, LogitsFor::kAllTokens, logits).ok());
     for (size_t t = 0; t < out[i].tokens.size(); ++t) {
-      const float* row = logits.data() + (requests[i].prompt.size() - 1 + t) * V;
-      double max = row[0], sum = 0;
-      for (int64_t v = 0; v < V; ++v) max = std::max(max, static_cast<double>(row[v]));
-      for (int64_t v = 0; v < V; ++v) sum += std::exp(row[v] - max);
-      const double log_z = max + std::log(sum);
+      SCOPED_TRACE("token " + std::to_string(t));
       const TokenLogprobs& lp = got[i][t];
-      EXPECT_EQ(lp.chosen.token, out[i].tokens[t]);
-      EXPECT_NEAR(lp.chosen.logprob, row[out[i].tokens[t]] - log_z, tolerance) << "token " << t;
-      ASSERT_EQ(lp.top.size(), static_cast<size_t>(requests[i].top_logprobs)) << "token " << t;
-      for (size_t k = 0; k < lp.top.size(); ++k) {
-        EXPECT_NEAR(lp.top[k].logprob, row[lp.top[k].token] - log_z, tolerance);
-        if (k > 0) {
-          EXPECT_GE(lp.top[k - 1].logprob, lp.top[k].logprob);
-        }
-      }
-      // Nothing outside the alternatives is more likely than the last of them.
-      if (!lp.top.empty()) {
-        int n_above = 0;
-        for (int64_t v = 0; v < V; ++v)
-          n_above += row[v] - log_z > lp.top.back().logprob + tolerance;
-        EXPECT_LT(n_above, static_cast<int>(lp.top.size())) << "token " << t;
-        if (requests[i].sampler.temperature == 0.0f) {
-          EXPECT_EQ(lp.top[0].token, out[i].tokens[t]);
-        }
+      ExpectLogprobsOfRow(lp, logits.data() + (requests[i].prompt.size() - 1 + t) * V, V,
+                          out[i].tokens[t], requests[i].top_logprobs, tolerance);
+      if (requests[i].sampler.temperature == 0.0f && !lp.top.empty()) {
+        EXPECT_EQ(lp.top[0].token, out[i].tokens[t]) << "greedy: the most likely";
       }
     }
   }
@@ -313,9 +323,7 @@ TEST_P(EngineBatching, LogprobsAreTheLogSoftmaxOfTheSequencesLogits) {
 // logits, so they are not compared with the CPU's.
 TEST_P(EngineBatching, LogprobsOnTheGpu) {
   MT_REQUIRE_GPU();
-  LoadOptions lo;
-  lo.residency.backend = Backend::kGpu;
-  auto m = LoadCausalLM(testing::HfFixture(GetParam()), lo);
+  auto m = OnTheGpu();
   ASSERT_TRUE(m.ok()) << m.message();
   ASSERT_TRUE((*m)->CandidatesOnDevice());
   ExpectLogprobsOfTheLogits(**m, *model_, 1e-3, /*same_tokens=*/false);
@@ -393,17 +401,9 @@ void ExpectPromptLogprobs(CausalLM& model, CausalLM& reference, double tolerance
         std::vector<float> logits;
         ASSERT_TRUE(reference.Forward(prompt, cache, LogitsFor::kAllTokens, logits).ok());
         for (size_t j = 1; j < prompt.size(); ++j) {
-          const TokenLogprobs expected = LogprobsOf(
-              std::span<const float>(logits.data() + (j - 1) * V, static_cast<size_t>(V)),
-              prompt[j], requests[i].top_logprobs);
-          const TokenLogprobs& lp = got[i][j - 1];
-          EXPECT_EQ(lp.chosen.token, prompt[j]);
-          EXPECT_NEAR(lp.chosen.logprob, expected.chosen.logprob, tolerance)
-              << "prompt token " << j;
-          ASSERT_EQ(lp.top.size(), expected.top.size());
-          for (size_t k = 0; k < lp.top.size(); ++k)
-            EXPECT_NEAR(lp.top[k].logprob, expected.top[k].logprob, tolerance)
-                << "prompt token " << j;
+          SCOPED_TRACE("prompt token " + std::to_string(j));
+          ExpectLogprobsOfRow(got[i][j - 1], logits.data() + (j - 1) * V, V, prompt[j],
+                              requests[i].top_logprobs, tolerance);
         }
       }
     }
@@ -417,9 +417,7 @@ TEST_P(EngineBatching, PromptLogprobsCoverEveryPromptTokenOnce) {
 // The same on the GPU (its many rows a step handed back whole), against the CPU's logits.
 TEST_P(EngineBatching, PromptLogprobsOnTheGpu) {
   MT_REQUIRE_GPU();
-  LoadOptions lo;
-  lo.residency.backend = Backend::kGpu;
-  auto m = LoadCausalLM(testing::HfFixture(GetParam()), lo);
+  auto m = OnTheGpu();
   ASSERT_TRUE(m.ok()) << m.message();
   ExpectPromptLogprobs(**m, *model_, 1e-3, /*same_tokens=*/false);
 }
