@@ -23,6 +23,7 @@ Command AddBenchCommand(CLI::App& root);
 Command AddTemplateCommand(CLI::App& root);
 Command AddBatchCommand(CLI::App& root);
 Command AddServeCommand(CLI::App& root);
+Command AddPerplexityCommand(CLI::App& root);
 
 // Prints "error: <message>" on one line of stderr and returns the exit code for failures.
 int ReportError(const std::string& message);

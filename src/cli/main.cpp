@@ -83,10 +83,10 @@ int Main(int argc, char** argv) {
   app.fallthrough();  // the commands' unknown options are tried here: -q after the command's name
 
   std::vector<Command> commands = {
-      AddRunCommand(app),      AddGenerateCommand(app), AddLogitsCommand(app),
-      AddConvertCommand(app),  AddPlanCommand(app),     AddBenchCommand(app),
-      AddTokenizeCommand(app), AddTemplateCommand(app), AddBatchCommand(app),
-      AddServeCommand(app),
+      AddRunCommand(app),      AddGenerateCommand(app),   AddLogitsCommand(app),
+      AddConvertCommand(app),  AddPlanCommand(app),       AddBenchCommand(app),
+      AddTokenizeCommand(app), AddTemplateCommand(app),   AddBatchCommand(app),
+      AddServeCommand(app),    AddPerplexityCommand(app),
   };
   std::vector<std::string> names;
   for (const auto& c : commands) {

@@ -107,6 +107,8 @@ RequestId Engine::Submit(RequestOptions request, EventSink sink) {
     s->submit_error = Status::Error("top_logprobs: at most " + std::to_string(kMaxTopLogprobs));
   if (request.prompt_logprobs && request.top_logprobs < 0)
     s->submit_error = Status::Error("prompt_logprobs needs top_logprobs >= 0");
+  if (request.first_prompt_logprob < 1)
+    s->submit_error = Status::Error("first_prompt_logprob: at least 1 (the first token has none)");
   s->req = std::move(request);
   s->sink = std::move(sink);
   std::lock_guard<std::mutex> l(inbox_mu_);
@@ -344,6 +346,7 @@ void Engine::Admit(std::unique_ptr<Sequence> seq) {
   if (s.tokens.empty()) {  // first admission (a preempted sequence keeps its tokens)
     s.tokens = s.req.prompt;
     s.n_prompt = static_cast<int64_t>(s.tokens.size());
+    s.next_prompt_logprob = s.req.first_prompt_logprob;
     // Room for every token, block and hash the sequence can reach, so decode steps allocate
     // nothing (a preempted sequence keeps them).
     // (max_new_tokens may be anything up to INT64_MAX: capped by the sequence limit first.)

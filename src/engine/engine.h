@@ -68,6 +68,7 @@ struct RequestOptions {
   // given the tokens before it (kPromptLogprobs events, before the first kToken). Such a prompt
   // is computed whole: it takes no blocks from the prefix cache.
   bool prompt_logprobs = false;
+  int64_t first_prompt_logprob = 1;  // prompt_logprobs from this prompt token on (at least 1)
   // Emitted in place of the first sampled tokens (the forward still runs): a test hook, so a
   // server test can make a random model "say" a tool call (MOETIER_TEST_FORCED_OUTPUT).
   std::vector<int32_t> forced_tokens;

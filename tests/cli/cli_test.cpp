@@ -266,8 +266,8 @@ TEST(Cli, TokenizeAndTemplateCommands) {
 }
 
 TEST(Cli, HelpExplainsEachCommand) {
-  for (const char* cmd :
-       {"", "generate ", "logits ", "run ", "convert ", "plan ", "tokenize ", "template "}) {
+  for (const char* cmd : {"", "generate ", "logits ", "run ", "convert ", "plan ", "tokenize ",
+                          "template ", "perplexity "}) {
     auto r = RunCli(std::string(cmd) + "--help");
     EXPECT_EQ(r.exit_code, 0);
     EXPECT_NE(r.out.find("--"), std::string::npos) << r.out;

@@ -330,11 +330,11 @@ TEST_P(EngineBatching, LogprobsOnTheGpu) {
 }
 
 // Prompt log-probabilities (RequestOptions::prompt_logprobs): every prompt token from the second
-// is given once, in order, before the first generated token, as the log-softmax of the logits
-// the model gives the prompt alone at the position before it — whatever the prefill chunks, a
-// preemption in mid-prompt, or a prefix the cache holds (such a prompt takes none of it) — and
-// the tokens generated are those of the same request asking for nothing (with `same_tokens`).
-// The values against `reference`'s logits for the prompt alone, within `tolerance`.
+// (or from first_prompt_logprob) is given once, in order, before the first generated token, as the
+// log-softmax of the logits the model gives the prompt alone at the position before it — whatever
+// the prefill chunks, a preemption in mid-prompt, or a prefix the cache holds (such a prompt takes
+// none of it) — and the tokens generated are those of the same request asking for nothing (with
+// `same_tokens`). The values against `reference`'s logits for the prompt alone, within `tolerance`.
 void ExpectPromptLogprobs(CausalLM& model, CausalLM& reference, double tolerance,
                           bool same_tokens) {
   const uint32_t seed = testing::TestSeed();
@@ -346,6 +346,7 @@ void ExpectPromptLogprobs(CausalLM& model, CausalLM& reference, double tolerance
     r.prompt_logprobs = true;
   }
   requests[1].prompt = requests[0].prompt;  // the second finds the first's blocks cached
+  requests[2].first_prompt_logprob = 1 + static_cast<int64_t>(requests[2].prompt.size() / 2);
   std::vector<RequestOptions> without = requests;
   for (auto& r : without) {
     r.top_logprobs = -1;
@@ -368,7 +369,8 @@ void ExpectPromptLogprobs(CausalLM& model, CausalLM& reference, double tolerance
         (*engine)->Submit(requests[i], [&, i](const RequestEvent& e) {
           if (e.kind == RequestEvent::Kind::kPromptLogprobs) {
             EXPECT_TRUE(out[i].tokens.empty()) << "prompt log-probabilities after a token";
-            EXPECT_EQ(e.first_prompt_token, static_cast<int64_t>(got[i].size()) + 1)
+            EXPECT_EQ(e.first_prompt_token,
+                      requests[i].first_prompt_logprob + static_cast<int64_t>(got[i].size()))
                 << "request " << i << ": given out of order or twice";
             got[i].insert(got[i].end(), e.prompt_logprobs.begin(), e.prompt_logprobs.end());
           } else if (e.kind == RequestEvent::Kind::kToken) {
@@ -396,13 +398,14 @@ void ExpectPromptLogprobs(CausalLM& model, CausalLM& reference, double tolerance
         } else if (same_tokens) {
           EXPECT_EQ(out[i].tokens, alone[i].tokens);
         }
-        ASSERT_EQ(got[i].size(), prompt.size() - 1);
+        const auto first = static_cast<size_t>(requests[i].first_prompt_logprob);
+        ASSERT_EQ(got[i].size(), prompt.size() - first);
         KvCache cache = *reference.NewCache(static_cast<int64_t>(prompt.size()));
         std::vector<float> logits;
         ASSERT_TRUE(reference.Forward(prompt, cache, LogitsFor::kAllTokens, logits).ok());
-        for (size_t j = 1; j < prompt.size(); ++j) {
+        for (size_t j = first; j < prompt.size(); ++j) {
           SCOPED_TRACE("prompt token " + std::to_string(j));
-          ExpectLogprobsOfRow(got[i][j - 1], logits.data() + (j - 1) * V, V, prompt[j],
+          ExpectLogprobsOfRow(got[i][j - first], logits.data() + (j - 1) * V, V, prompt[j],
                               requests[i].top_logprobs, tolerance);
         }
       }
