@@ -11,6 +11,9 @@
 #                                    # with LLAMA=1 also llama-bench -ngl 99 (and -ncmoe 8,
 #                                    # offload's peer) on the same weights, from llama-bin.tar.xz
 #                                    # when carried, else built here from source (minutes)
+#   PPL=1 (with LLAMA=1) measures perplexity over README.md and docs/*.md on the same weights:
+#   `moetier perplexity` (gpu) against llama-perplexity -ngl 99, --ctx / -c 512, PPL_CHUNKS
+#   windows (8);
 #   TESTS=0 skips the tests; DTYPES="q4_0" limits the synthetic dtypes; BACKENDS="gpu offload"
 #   limits the backends benched (gpu: also without CUDA graphs, and at 4 and 16 sequences;
 #   BACKENDS=none: none; also offload-decode: offload's decode at 1,
@@ -133,6 +136,7 @@ if [ "${SYNTH:-0}" = 1 ] && [ "${LLAMA:-0}" = 1 ]; then
        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc \
        > "$LOGS/llama-cmake.log" 2>&1 &&
      nice -n 19 cmake --build b -j"$(nproc)" --target llama-bench llama-batched-bench llama-quantize \
+       ${PPL:+llama-perplexity} \
        > "$LOGS/llama-build.log" 2>&1) &
     LLAMA_PID=$!
     LB=$W/llama-src/b/bin
@@ -508,6 +512,20 @@ process) $(python3 -c "print(f'{$t3 - $t2:.3f}')") s"
       fi
     done
     grep '|' "$LOGS/llama-bench.md" >> "$S"
+    if [ "${PPL:-0}" = 1 ]; then  # perplexity over the same text and weights, both engines
+      cat README.md docs/*.md > "$W/ppl.txt"
+      for dt in $DTYPES; do
+        g=q3moe-8L; [ "$dt" = q4_0 ] && g=q3moe-8L-q4_0
+        run_timed 200 "$B/moetier" perplexity --model "$W/bank-$dt" --moe-backend gpu \
+          --file "$W/ppl.txt" --ctx 512 --chunks "${PPL_CHUNKS:-8}" --json \
+          > "$LOGS/ppl-$dt.json" 2> "$LOGS/ppl-$dt.log"
+        say "moetier perplexity $dt: exit $?: $(cat "$LOGS/ppl-$dt.json")"
+        run_timed 200 "$LB/llama-perplexity" -m "$W/$g.gguf" -f "$W/ppl.txt" -c 512 \
+          --chunks "${PPL_CHUNKS:-8}" -ngl 99 > "$LOGS/llama-ppl-$dt.log" 2>&1
+        say "llama-perplexity $dt: exit $?: $(grep -E 'Final estimate|tokenizes|add_bos|chunks' \
+"$LOGS/llama-ppl-$dt.log" | tr '\n' ' ')"
+      done
+    fi
   fi
   for dt in $DTYPES; do  # the CPU executor: after the build, which would take its cores
     for be in ${BACKENDS:-gpu offload cpu cpu-only}; do
