@@ -423,10 +423,13 @@ int64_t Engine::RestoreFromHost(Sequence& s, int64_t matched, int64_t max_blocks
 // (preempting another sequence if the pool is short). False if `s` could not run this step.
 int64_t Engine::ChunkOf(Sequence& s, int64_t budget) {
   int64_t n = std::min(s.pending(), budget);
-  if (s.req.prompt_logprobs && s.n_computed + 1 < s.n_prompt) {
-    n = std::min(n, prompt_rows_left_);
-    prompt_rows_left_ -= n;
-  }
+  if (!s.req.prompt_logprobs) return n;
+  // Positions p with a prompt row (TakeTokens): next_prompt_logprob - 1 <= p < n_prompt - 1.
+  const int64_t first_row = std::max(s.n_computed, s.next_prompt_logprob - 1);
+  const int64_t end_row = std::min(s.n_computed + n, s.n_prompt - 1);
+  if (end_row <= first_row) return n;
+  if (end_row - first_row > prompt_rows_left_) n = first_row - s.n_computed + prompt_rows_left_;
+  prompt_rows_left_ -= std::max<int64_t>(0, std::min(s.n_computed + n, end_row) - first_row);
   return n;
 }
 
@@ -590,22 +593,37 @@ bool Engine::WantsLogprobs(const Sequence& s) {
 
 void Engine::RowLogprobs(StepDraw draw) {
   const size_t V = static_cast<size_t>(model_.config().vocab_size);
-  row_logprobs_.resize(logit_seq_.size());
-  for (size_t r = 0; r < logit_seq_.size(); ++r) {
+  const size_t n = logit_seq_.size();
+  row_logprobs_.resize(n);
+  auto wanted = [&](size_t r) {
     const Sequence& s = *logit_seq_[r];
-    if (s.finished || !WantsLogprobs(s) || !sample_status_[r].ok()) continue;
-    std::span<const float> row(logits_.data() + r * V, V);
-    if (draw == StepDraw::kTopK) {
-      const Status read = model_.LogitsRow(static_cast<int64_t>(r), row_logits_);
-      if (!read.ok()) {
-        sample_status_[r] = read;
-        continue;
-      }
-      row = row_logits_;
-    }
+    return !s.finished && WantsLogprobs(s) && sample_status_[r].ok();
+  };
+  auto of_row = [&](size_t r, std::span<const float> row) {
+    const Sequence& s = *logit_seq_[r];
     const int64_t j = row_prompt_token_[r];
     const int32_t token = j >= 0 ? s.tokens[static_cast<size_t>(j)] : sampled_[r];
     row_logprobs_[r] = LogprobsOf(row, token, s.req.top_logprobs);
+  };
+  if (draw == StepDraw::kTopK) {  // each row read from the model, one at a time
+    for (size_t r = 0; r < n; ++r) {
+      if (!wanted(r)) continue;
+      const Status read = model_.LogitsRow(static_cast<int64_t>(r), row_logits_);
+      if (read.ok())
+        of_row(r, row_logits_);
+      else
+        sample_status_[r] = read;
+    }
+    return;
+  }
+  // The rows at hand: at once on the sampling threads (a prompt's can be hundreds).
+  auto task = [&](size_t r, int) {
+    if (wanted(r)) of_row(r, std::span<const float>(logits_.data() + r * V, V));
+  };
+  if (n > 1 && sample_pool_ != nullptr) {
+    sample_pool_->ParallelTasks(n, task);
+  } else {
+    for (size_t r = 0; r < n; ++r) task(r, 0);
   }
 }
 

@@ -426,7 +426,8 @@ TEST_P(EngineBatching, PromptLogprobsOnTheGpu) {
 }
 
 // A long prompt's log-probabilities come in steps of at most 256 rows, whatever
-// --max-batch-tokens allows (each row is a vocabulary of floats), every token once.
+// --max-batch-tokens allows (each row is a vocabulary of floats), every token once; positions
+// whose row is not wanted (before first_prompt_logprob) do not count against the 256.
 TEST_P(EngineBatching, PromptLogprobsOfALongPromptComeInBoundedSteps) {
   const uint32_t seed = testing::TestSeed();
   std::mt19937 rng(seed);
@@ -436,26 +437,32 @@ TEST_P(EngineBatching, PromptLogprobsOfALongPromptComeInBoundedSteps) {
   r.max_new_tokens = 1;
   r.top_logprobs = 0;
   r.prompt_logprobs = true;
-  EngineOptions o;
-  o.kv_positions = 1024;
-  o.max_batch_tokens = 1024;
-  auto engine = Engine::Create(*model_, nullptr, o);
-  ASSERT_TRUE(engine.ok()) << engine.message();
-  int64_t given = 0;
-  size_t largest = 0;
-  Status status;
-  (*engine)->Submit(r, [&](const RequestEvent& e) {
-    if (e.kind == RequestEvent::Kind::kPromptLogprobs) {
-      EXPECT_EQ(e.first_prompt_token, given + 1);
-      given += static_cast<int64_t>(e.prompt_logprobs.size());
-      largest = std::max(largest, e.prompt_logprobs.size());
-    }
-    if (e.kind == RequestEvent::Kind::kFinished) status = e.status;
-  });
-  (*engine)->RunUntilIdle();
-  ASSERT_TRUE(status.ok()) << status.message();
-  EXPECT_EQ(given, 599);
-  EXPECT_EQ(largest, 256u);
+  for (int64_t first : {1, 300}) {
+    SCOPED_TRACE("from prompt token " + std::to_string(first));
+    r.first_prompt_logprob = first;
+    EngineOptions o;
+    o.kv_positions = 1024;
+    o.max_batch_tokens = 1024;
+    auto engine = Engine::Create(*model_, nullptr, o);
+    ASSERT_TRUE(engine.ok()) << engine.message();
+    std::vector<size_t> sizes;
+    int64_t given = 0;
+    Status status;
+    (*engine)->Submit(r, [&](const RequestEvent& e) {
+      if (e.kind == RequestEvent::Kind::kPromptLogprobs) {
+        EXPECT_EQ(e.first_prompt_token, first + given);
+        given += static_cast<int64_t>(e.prompt_logprobs.size());
+        sizes.push_back(e.prompt_logprobs.size());
+      }
+      if (e.kind == RequestEvent::Kind::kFinished) status = e.status;
+    });
+    (*engine)->RunUntilIdle();
+    ASSERT_TRUE(status.ok()) << status.message();
+    EXPECT_EQ(given, 600 - first);
+    ASSERT_FALSE(sizes.empty());
+    EXPECT_EQ(sizes.front(), 256u) << "the first step fills its 256 rows";
+    EXPECT_LE(*std::max_element(sizes.begin(), sizes.end()), 256u);
+  }
 }
 
 // A pool too small for everyone at once: sequences are preempted and recomputed, and still
