@@ -4,18 +4,23 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/cpu/elementwise.h"
+
 namespace moetier {
 
 namespace {
 
-// log(sum(exp(logits))), shifted by the row's largest value so no term overflows.
+// log(sum(exp(logits))), shifted by the row's largest value so no term overflows; the terms by
+// the vectorized exponential (within 2e-7 relative), summed in double.
 double LogSumExp(std::span<const float> logits) {
   float max = -std::numeric_limits<float>::infinity();
   for (float v : logits) max = std::max(max, v);
   if (!std::isfinite(max)) return max;
-  double sum = 0.0;
-  for (float v : logits) sum += std::exp(static_cast<double>(v) - max);
-  return max + std::log(sum);
+  thread_local std::vector<float> terms;
+  terms.resize(logits.size());
+  const auto n = static_cast<int64_t>(logits.size());
+  kernels::ScaledExp(logits.data(), n, max, 1.0, terms.data());
+  return max + std::log(kernels::SumOf(terms.data(), n));
 }
 
 // The indices of the n largest values, largest first (ties: the lower index).
