@@ -1,9 +1,9 @@
 // A model's perplexity over a text, measured as llama.cpp's llama-perplexity measures it, so that
-// the two compare on the same weights: the text's tokens (the tokenizer's special tokens around
-// them included) are cut into windows of `ctx` tokens, the first of each replaced by the BOS token
-// when the tokenizer puts one before text; each window runs from an empty cache, and the second
-// half of each is scored: -log p(token j | the window's tokens before it) for j from ctx/2 + 1 to
-// ctx - 1. The perplexity is exp(the mean), ± the mean's standard error carried through exp.
+// the two compare on the same weights: the text's tokens (with the special tokens the tokenizer
+// adds to any text) are cut into windows of `ctx` tokens, the first of each replaced by the BOS
+// token when the tokenizer puts one before text; each window runs from an empty cache, and the
+// second half of each is scored: -log p(token j | the window's tokens before it) for j from ctx/2 +
+// 1 to ctx - 1. The perplexity is exp(the mean), ± the mean's standard error carried through exp.
 #pragma once
 
 #include <cstdint>

@@ -638,11 +638,7 @@ TEST(HostKvTier, KeepsTheMostRecentlyUsedBlocks) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineBatching,
                          ::testing::Values("qwen3_moe", "mixtral", "realvocab/qwen3_moe_tiny",
                                            "realvocab/mixtral_tiny"),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           std::replace(s.begin(), s.end(), '/', '_');
-                           return s;
-                         });
+                         [](const auto& info) { return testing::FixtureTestName(info.param); });
 
 TEST(Engine, CancelFromAnotherThreadAndErrorsEndOnlyTheirRequest) {
   auto m = LoadCausalLM(testing::HfFixture("qwen3_moe"), testing::WithThreads(1));

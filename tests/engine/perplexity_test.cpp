@@ -124,11 +124,7 @@ TEST_P(PerplexityTest, TooShortATextOrWindowIsAnError) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, PerplexityTest,
                          ::testing::Values("qwen3_moe", "realvocab/mixtral_tiny"),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           std::replace(s.begin(), s.end(), '/', '_');
-                           return s;
-                         });
+                         [](const auto& info) { return testing::FixtureTestName(info.param); });
 
 }  // namespace
 }  // namespace moetier

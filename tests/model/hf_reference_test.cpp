@@ -288,9 +288,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, HfReference,
                                                               "realvocab/mixtral_tiny"),
                                             ::testing::ValuesIn(kPlacements)),
                          [](const auto& info) {
-                           std::string s = std::get<0>(info.param);
-                           std::replace(s.begin(), s.end(), '/', '_');
-                           return s + "_" + std::get<1>(info.param).name;
+                           return testing::FixtureTestName(std::get<0>(info.param)) + "_" +
+                                  std::get<1>(info.param).name;
                          });
 
 }  // namespace

@@ -141,11 +141,7 @@ void KvDType::ComparePrompt(CausalLM& lm, const std::vector<int32_t>& tokens, si
 INSTANTIATE_TEST_SUITE_P(Fixtures, KvDType,
                          ::testing::Values("qwen3_moe", "mixtral", "realvocab/qwen3_moe_tiny",
                                            "realvocab/mixtral_tiny"),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           std::replace(s.begin(), s.end(), '/', '_');
-                           return s;
-                         });
+                         [](const auto& info) { return testing::FixtureTestName(info.param); });
 
 }  // namespace
 }  // namespace moetier

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -115,6 +116,11 @@ void ForEachThreeSequenceStep(
 
 fs::path HfFixture(const std::string& rel) {
   return FixturesDir() / "hf" / rel;
+}
+
+std::string FixtureTestName(std::string rel) {
+  std::replace(rel.begin(), rel.end(), '/', '_');
+  return rel;
 }
 
 TempDir::TempDir() {

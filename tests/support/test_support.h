@@ -43,6 +43,8 @@ std::vector<int32_t> IntsOf(const TensorView& t);
 void ExpectGreedyLikeReference(CausalLM& model, const SafetensorsFile& reference);
 // tests/fixtures/hf/<rel>, e.g. "qwen3_moe" or "realvocab/qwen3_moe_tiny".
 std::filesystem::path HfFixture(const std::string& rel);
+// A fixture's rel as a test name: "realvocab/qwen3_moe_tiny" -> "realvocab_qwen3_moe_tiny".
+std::string FixtureTestName(std::string rel);
 
 // A fresh directory under the system temp dir, removed when the object dies.
 class TempDir {
