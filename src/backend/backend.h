@@ -235,9 +235,13 @@ class ComputeBackend {
   // after EndStep): kernels::TopKCandidates with k = kMaxCandidateTopK, whose prefix of the
   // logits at least the k-th's is a smaller k's; -1 when they do not fit (then CopyLogitsRow).
   // A row the step's Batch::draws draws (u >= 0, where SelectsTopK) instead gets the token
-  // drawn (kernels/cuda/draw.h) as its one candidate. The scan as ArgMaxLogits'.
+  // drawn (kernels/cuda/draw.h) as its one candidate. The scan as ArgMaxLogits'. With `sums`
+  // (not null where the step's Batch::scored is not empty), each row's RowLogSum into sums[r]
+  // (host memory, complete after EndStep): kernels::LogSumExp of the row, Batch::scored[r]'s
+  // logit.
   virtual void TopKLogits(const float* x, int64_t n_rows, const TensorView& lm_head,
-                          LogitCandidate* cands, int32_t* counts, int64_t scan_slot) = 0;
+                          LogitCandidate* cands, int32_t* counts, RowLogSum* sums,
+                          int64_t scan_slot) = 0;
   // After a step that ended with ArgMaxLogits or TopKLogits, and before the next: row r of its
   // logits into out [vocab].
   virtual Status CopyLogitsRow(int64_t r, float* out) = 0;

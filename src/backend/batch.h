@@ -22,6 +22,10 @@ struct Batch {
   // Empty, or one a logit row: the rows whose draw has u >= 0 are drawn where the logits are
   // (a GPU; ComputeBackend::TopKLogits), the others give their top-k candidates.
   std::span<const RowDraw> draws = {};
+  // Empty, or one a logit row: a step ending in candidates (ComputeBackend::TopKLogits) also
+  // hands back each row's RowLogSum, with the logit of token scored[r] (-1: none), so that
+  // log-probabilities need no row: a prompt token's, or a drawn token's among the candidates.
+  std::span<const int32_t> scored = {};
 
   int64_t n_tokens() const { return static_cast<int64_t>(tokens.size()); }
 };

@@ -125,8 +125,8 @@ class PrefetchProbe final : public ComputeBackend {
     inner_->ArgMaxLogits(x, n_rows, lm_head, ids, scan_slot);
   }
   void TopKLogits(const float* x, int64_t n_rows, const TensorView& lm_head, LogitCandidate* cands,
-                  int32_t* counts, int64_t scan_slot) override {
-    inner_->TopKLogits(x, n_rows, lm_head, cands, counts, scan_slot);
+                  int32_t* counts, RowLogSum* sums, int64_t scan_slot) override {
+    inner_->TopKLogits(x, n_rows, lm_head, cands, counts, sums, scan_slot);
   }
   Status CopyLogitsRow(int64_t r, float* out) override { return inner_->CopyLogitsRow(r, out); }
   bool SelectsTopK() const override { return inner_->SelectsTopK(); }

@@ -13,6 +13,15 @@ struct LogitCandidate {
   int32_t id = 0;
 };
 
+// A logit row's log-sum-exp, log Σ e^logit (the log-softmax's normalizer: a token's
+// log-probability is its logit less this), and the logit of one token of it (Batch::scored), as
+// a GPU hands them back beside the candidates, so that log-probabilities need no row.
+struct RowLogSum {
+  double log_sum_exp = 0.0;
+  float token_logit = 0.0f;  // NaN: no token named
+  int32_t token = -1;
+};
+
 // The largest k a step hands back candidates for (samplers with a larger top-k read the rows).
 inline constexpr int32_t kMaxCandidateTopK = 64;
 // Room for a row's candidates: more ties with the k-th largest than this, and the row itself

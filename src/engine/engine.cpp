@@ -250,6 +250,7 @@ Status Engine::Step() {
   ChooseDeviceDraws();
   batch.draws = draws_;
   const StepDraw draw = ChooseStepDraw();
+  batch.scored = ScoredTokens(draw);
   const Status s = draw == StepDraw::kArgMax ? model_.ForwardArgMax(batch, pool_, sampled_)
                    : draw == StepDraw::kTopK ? model_.ForwardTopK(batch, pool_, top_k_)
                                              : model_.Forward(batch, pool_, logits_);
@@ -544,18 +545,28 @@ Engine::StepDraw Engine::ChooseStepDraw() const {
   bool argmax = true, top_k = model_.CandidatesOnDevice();
   for (size_t r = 0; r < logit_seq_.size(); ++r) {
     const Sequence* s = logit_seq_[r];
-    if (WantsLogprobs(*s)) argmax = false;  // the arg-max ids alone give no log-probabilities
-    if (IsPromptRow(r)) {  // read whole: rows are handed back, unless some are drawn there
-      top_k = false;
-      continue;
-    }
-    if (Forced(*s)) continue;
+    if (WantsLogprobs(*s)) argmax = false;       // the arg-max ids alone give no log-probabilities
+    if (IsPromptRow(r) || Forced(*s)) continue;  // nothing drawn
     argmax = argmax && s->sampler->DrawsArgMax();
     top_k = top_k && s->sampler->CandidatesRead(vocab) > 0;
   }
   return argmax                     ? StepDraw::kArgMax
          : top_k || !draws_.empty() ? StepDraw::kTopK
                                     : StepDraw::kLogits;
+}
+
+std::span<const int32_t> Engine::ScoredTokens(StepDraw draw) {
+  scored_.clear();
+  if (draw != StepDraw::kTopK) return {};
+  bool any = false;
+  for (size_t r = 0; r < logit_seq_.size(); ++r) {
+    const Sequence& s = *logit_seq_[r];
+    any = any || WantsLogprobs(s);
+    const int64_t j = row_prompt_token_[r];
+    scored_.push_back(j >= 0 ? s.tokens[static_cast<size_t>(j)] : -1);
+  }
+  if (!any) scored_.clear();
+  return scored_;
 }
 
 void Engine::AfterForward(StepDraw draw) {
@@ -599,15 +610,24 @@ void Engine::RowLogprobs(StepDraw draw) {
     const Sequence& s = *logit_seq_[r];
     return !s.finished && WantsLogprobs(s) && sample_status_[r].ok();
   };
-  auto of_row = [&](size_t r, std::span<const float> row) {
-    const Sequence& s = *logit_seq_[r];
+  auto token_of = [&](size_t r) {
     const int64_t j = row_prompt_token_[r];
-    const int32_t token = j >= 0 ? s.tokens[static_cast<size_t>(j)] : sampled_[r];
-    row_logprobs_[r] = LogprobsOf(row, token, s.req.top_logprobs);
+    return j >= 0 ? logit_seq_[r]->tokens[static_cast<size_t>(j)] : sampled_[r];
   };
-  if (draw == StepDraw::kTopK) {  // each row read from the model, one at a time
+  auto of_row = [&](size_t r, std::span<const float> row) {
+    row_logprobs_[r] = LogprobsOf(row, token_of(r), logit_seq_[r]->req.top_logprobs);
+  };
+  if (draw == StepDraw::kTopK) {  // from the candidates and sums, else the row read from the model
     for (size_t r = 0; r < n; ++r) {
       if (!wanted(r)) continue;
+      if (top_k_.counts[r] >= 0 && !top_k_.sums.empty()) {
+        auto lp = LogprobsOfCandidates(top_k_.Row(r), top_k_.sums[r], token_of(r),
+                                       logit_seq_[r]->req.top_logprobs, static_cast<int64_t>(V));
+        if (lp) {
+          row_logprobs_[r] = std::move(*lp);
+          continue;
+        }
+      }
       const Status read = model_.LogitsRow(static_cast<int64_t>(r), row_logits_);
       if (read.ok())
         of_row(r, row_logits_);

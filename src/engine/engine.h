@@ -195,9 +195,13 @@ class Engine {
   // draw reads at most kMaxCandidateTopK candidates and the model selects them on its device
   // (rows that read more then read their row); else the rows. A row drawn on the device is so
   // in every step, whatever else the batch holds. A row whose request asks for log-probabilities
-  // is read whole (never the arg-max alone, never drawn on the device).
+  // never gets the arg-max alone and is never drawn on the device: its candidates with its
+  // log-sum-exp (Batch::scored), or its row.
   enum class StepDraw { kArgMax, kTopK, kLogits };
   StepDraw ChooseStepDraw() const;
+  // Batch::scored for a step ending in candidates where some row's request asks for
+  // log-probabilities (else empty): a prompt row's token, -1 for a row that draws one.
+  std::span<const int32_t> ScoredTokens(StepDraw draw);
   // After the step: sampled_ from the model's arg-max ids, or drawn from top_k_ or logits_.
   void AfterForward(StepDraw draw);
   // Every logit row's next token: drawn on the device, or drawn from its candidates, or (a row
@@ -209,7 +213,8 @@ class Engine {
   // not depend on the thread that made it).
   void SampleRows(const std::vector<float>& logits);
   // The log-probabilities of each row's token whose request asked for them, into row_logprobs_
-  // (from logits_, or under kTopK from the row read from the model).
+  // (from logits_, or under kTopK from the candidates and sums, else the row read from the
+  // model).
   void RowLogprobs(StepDraw draw);
   static bool WantsLogprobs(const Sequence& s);
   // Whether logit row r gives a prompt token's log-probability (not the next token's draw).
@@ -249,6 +254,7 @@ class Engine {
   // Per logit row: the prompt token whose log-probability it gives (a request's
   // prompt_logprobs: the row of the position before it), or -1 for a row that draws a token.
   std::vector<int64_t> row_prompt_token_;
+  std::vector<int32_t> scored_;  // the step's Batch::scored
   // Prompt rows a step reads whole, at most: each is a vocabulary of floats (0.6 MB for
   // 151,936 tokens), on the host and on a GPU, whatever --max-batch-tokens allows.
   static constexpr int64_t kMaxPromptLogprobRows = 256;

@@ -10,19 +10,6 @@ namespace moetier {
 
 namespace {
 
-// log(sum(exp(logits))), shifted by the row's largest value so no term overflows; the terms by
-// the vectorized exponential (within 2e-7 relative), summed in double.
-double LogSumExp(std::span<const float> logits) {
-  float max = -std::numeric_limits<float>::infinity();
-  for (float v : logits) max = std::max(max, v);
-  if (!std::isfinite(max)) return max;
-  thread_local std::vector<float> terms;
-  terms.resize(logits.size());
-  const auto n = static_cast<int64_t>(logits.size());
-  kernels::ScaledExp(logits.data(), n, max, 1.0, terms.data());
-  return max + std::log(kernels::SumOf(terms.data(), n));
-}
-
 // The indices of the n largest values, largest first (ties: the lower index).
 std::vector<int32_t> TopIndices(std::span<const float> logits, size_t n) {
   auto before = [&](int32_t a, int32_t b) {
@@ -40,20 +27,43 @@ std::vector<int32_t> TopIndices(std::span<const float> logits, size_t n) {
   return top;
 }
 
+// A logit's log-probability in a row of log-sum-exp log_z: -inf stays -inf, even in a row of
+// nothing else (where log_z is -inf too).
+float LogprobOf(float logit, double log_z) {
+  if (logit == -std::numeric_limits<float>::infinity()) return logit;
+  return static_cast<float>(static_cast<double>(logit) - log_z);
+}
+
 }  // namespace
 
 TokenLogprobs LogprobsOf(std::span<const float> logits, int32_t token, int n_top) {
-  const double log_z = LogSumExp(logits);
+  const double log_z = kernels::LogSumExp(logits.data(), static_cast<int64_t>(logits.size()));
   auto logprob = [&](int32_t id) {
-    constexpr float kNever = -std::numeric_limits<float>::infinity();
-    if (id < 0 || static_cast<size_t>(id) >= logits.size()) return kNever;
-    if (logits[static_cast<size_t>(id)] == kNever) return kNever;  // even in a row of nothing else
-    return static_cast<float>(static_cast<double>(logits[static_cast<size_t>(id)]) - log_z);
+    if (id < 0 || static_cast<size_t>(id) >= logits.size())
+      return -std::numeric_limits<float>::infinity();
+    return LogprobOf(logits[static_cast<size_t>(id)], log_z);
   };
   TokenLogprobs out;
   out.chosen = {token, logprob(token)};
   for (int32_t id : TopIndices(logits, static_cast<size_t>(std::max(n_top, 0))))
     out.top.push_back({id, logprob(id)});
+  return out;
+}
+
+std::optional<TokenLogprobs> LogprobsOfCandidates(std::span<const LogitCandidate> cands,
+                                                  const RowLogSum& sum, int32_t token, int n_top,
+                                                  int64_t row_size) {
+  const auto n = static_cast<size_t>(std::min<int64_t>(std::max(n_top, 0), row_size));
+  if (cands.size() < n) return std::nullopt;
+  std::optional<float> logit;
+  if (sum.token == token && token >= 0) logit = sum.token_logit;
+  for (const LogitCandidate& c : cands)
+    if (!logit && c.id == token) logit = c.logit;
+  if (!logit) return std::nullopt;
+  TokenLogprobs out;
+  out.chosen = {token, LogprobOf(*logit, sum.log_sum_exp)};
+  for (size_t k = 0; k < n; ++k)
+    out.top.push_back({cands[k].id, LogprobOf(cands[k].logit, sum.log_sum_exp)});
   return out;
 }
 

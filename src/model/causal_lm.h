@@ -25,10 +25,11 @@ namespace moetier {
 enum class LogitsFor { kLastToken, kAllTokens };
 
 // ForwardTopK's result: row r's candidates at cands[r * kMaxLogitCandidates ...], counts[r] of
-// them (-1: the row did not fit).
+// them (-1: the row did not fit); where the batch's Batch::scored was not empty, sums[r].
 struct TopKRows {
   std::vector<LogitCandidate> cands;
   std::vector<int32_t> counts;
+  std::vector<RowLogSum> sums;  // empty when Batch::scored was
   std::span<const LogitCandidate> Row(size_t r) const {
     return {cands.data() + r * kMaxLogitCandidates, static_cast<size_t>(counts[r])};
   }
@@ -53,7 +54,8 @@ class CausalLM {
   // The same step for a caller whose draws read only each row's largest kMaxCandidateTopK
   // logits (top-k sampling without penalties): ComputeBackend::TopKLogits' candidates of each
   // row, the same errors; a row whose count is -1 is read with LogitsRow. Worth it where
-  // CandidatesOnDevice(): a GPU hands back the candidates instead of the rows.
+  // CandidatesOnDevice(): a GPU hands back the candidates instead of the rows. With
+  // Batch::scored, each row's log-sum-exp and scored token's logit too (TopKRows::sums).
   virtual Status ForwardTopK(const Batch& batch, KvPool& kv, TopKRows& out) = 0;
   virtual bool CandidatesOnDevice() const = 0;
   // After ForwardArgMax or ForwardTopK, before the next step: logit row r into out [vocab].

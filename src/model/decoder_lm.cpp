@@ -124,6 +124,8 @@ Status DecoderLM::CheckBatch(const Batch& b, const KvPool& kv) const {
     if (b.logit_rows[r] < 0 || b.logit_rows[r] >= T ||
         (r > 0 && b.logit_rows[r] <= b.logit_rows[r - 1]))
       return Status::Error("logit rows must be ascending token indices of the batch");
+  if (!b.scored.empty() && b.scored.size() != b.logit_rows.size())
+    return Status::Error("a batch's scored tokens must be one a logit row");
   if (kv.shape().n_layers != config_.n_layers ||
       kv.shape().row() != config_.n_kv_heads * config_.head_dim)
     return Status::Error("the KV cache was made for another model's shape");
@@ -205,6 +207,7 @@ Status DecoderLM::Step(const Batch& batch, KvPool& kv, StepOut out) {
   if (out.top_k != nullptr) {
     out.top_k->cands.resize(static_cast<size_t>(n_out * kMaxLogitCandidates));
     out.top_k->counts.resize(static_cast<size_t>(n_out));
+    out.top_k->sums.resize(batch.scored.empty() ? 0 : static_cast<size_t>(n_out));
   }
   if (n_out > 0) {
     be.RmsNorm(h, T, batch.logit_rows, w_.final_norm, eps, H, xn);
@@ -212,7 +215,7 @@ Status DecoderLM::Step(const Batch& batch, KvPool& kv, StepOut out) {
       be.ArgMaxLogits(xn, n_out, w_.lm_head, ids->data(), LogitsSlot());
     else if (out.top_k != nullptr)
       be.TopKLogits(xn, n_out, w_.lm_head, out.top_k->cands.data(), out.top_k->counts.data(),
-                    LogitsSlot());
+                    batch.scored.empty() ? nullptr : out.top_k->sums.data(), LogitsSlot());
     else
       be.Logits(xn, n_out, w_.lm_head, logits->data());
   }

@@ -9,11 +9,13 @@
 #include <atomic>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include "engine/generate.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "support/candidates_model.h"
 #include "support/gpu.h"
 #include "support/seed.h"
 #include "support/test_support.h"
@@ -237,13 +239,14 @@ void ExpectLogprobsOfRow(const TokenLogprobs& lp, const float* row, int64_t V, i
   EXPECT_LT(n_above, static_cast<int>(lp.top.size()));
 }
 
-// Requests asking for log-probabilities (greedy and sampled, batched together, one asking for
-// none) on `model`: each generated token's log-probability and alternatives are the log-softmax
-// of the logits `reference` gives that sequence alone (recomputed here in double precision),
-// within `tolerance`; the alternatives come most likely first, a greedy token the first of them.
-// With `same_tokens`, asking changes no token (against the same requests alone, asking none).
+// Requests asking for log-probabilities (greedy and sampled, one with top-k, batched together,
+// one asking for none) on `model`: each generated token's log-probability and alternatives are
+// the log-softmax of the logits `reference` gives that sequence alone (recomputed here in
+// double precision), within `tolerance`; the alternatives come most likely first, a greedy token
+// the first of them. With `same_tokens`, asking changes no token (against the same requests
+// alone on `reference`, asking none). `device_draws`: EngineOptions::device_draws.
 void ExpectLogprobsOfTheLogits(CausalLM& model, CausalLM& reference, double tolerance,
-                               bool same_tokens) {
+                               bool same_tokens, std::optional<bool> device_draws = {}) {
   const uint32_t seed = testing::TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   const int64_t V = model.config().vocab_size;
@@ -251,11 +254,12 @@ void ExpectLogprobsOfTheLogits(CausalLM& model, CausalLM& reference, double tole
   std::mt19937 rng(seed);
   for (size_t i = 0; i < requests.size(); ++i) {
     // Request 4 asks for none and is sampled: on a GPU drawn there, so steps that hold it
-    // hand back candidates and read the other rows whole (Engine::RowLogprobs).
+    // hand back candidates, the others' with their log-sum-exps (Engine::RowLogprobs).
     if (i % 2 == 1 || i == 4) {
       requests[i].sampler.temperature = 0.8f;
       requests[i].sampler.seed = rng();
     }
+    if (i == 3) requests[i].sampler.top_k = 40;  // drawn from its candidates
     requests[i].top_logprobs = i == 4 ? -1 : static_cast<int>(rng() % (kMaxTopLogprobs + 1));
   }
   requests[0].top_logprobs = kMaxTopLogprobs;
@@ -265,6 +269,7 @@ void ExpectLogprobsOfTheLogits(CausalLM& model, CausalLM& reference, double tole
   o.kv_positions = 1024;
   o.max_running = static_cast<int>(requests.size());
   o.max_batch_tokens = 16;
+  o.device_draws = device_draws;
   auto engine = Engine::Create(model, nullptr, o);
   ASSERT_TRUE(engine.ok()) << engine.message();
   for (size_t i = 0; i < requests.size(); ++i)
@@ -284,7 +289,7 @@ void ExpectLogprobsOfTheLogits(CausalLM& model, CausalLM& reference, double tole
   if (same_tokens) {
     std::vector<RequestOptions> without = requests;
     for (auto& r : without) r.top_logprobs = -1;
-    alone = EachAlone(model, without);
+    alone = EachAlone(reference, without);
   }
   for (size_t i = 0; i < requests.size(); ++i) {
     SCOPED_TRACE("request " + std::to_string(i));
@@ -317,6 +322,16 @@ TEST_P(EngineBatching, LogprobsAreTheLogSoftmaxOfTheSequencesLogits) {
   ExpectLogprobsOfTheLogits(*model_, *model_, 1e-4, /*same_tokens=*/true);
 }
 
+// Where steps end in candidates, as on a GPU (testing::CandidatesModel: the CPU's candidates and
+// log-sum-exps), the log-probabilities come from them: the same values, within the CPU's
+// rounding, and the same tokens.
+TEST_P(EngineBatching, LogprobsFromCandidatesAndLogSumExps) {
+  testing::CandidatesModel m(*model_);
+  ExpectLogprobsOfTheLogits(m, *model_, 1e-4, /*same_tokens=*/true, /*device_draws=*/false);
+  EXPECT_GT(m.scored_steps(), 0) << "no step ended in candidates with log-sum-exps";
+  EXPECT_EQ(m.rows_read(), 0) << "a row read where its candidates and sums sufficed";
+}
+
 // On the GPU, where rows are handed back as arg-max ids or candidates unless read whole: the
 // log-probabilities against the CPU engine's logits, within the GPU's rounding of them
 // (gpu_placement_test.cpp: 4.1e-7 of the logits' scale). Its greedy tokens follow its own
@@ -334,9 +349,10 @@ TEST_P(EngineBatching, LogprobsOnTheGpu) {
 // log-softmax of the logits the model gives the prompt alone at the position before it — whatever
 // the prefill chunks, a preemption in mid-prompt, or a prefix the cache holds (such a prompt takes
 // none of it) — and the tokens generated are those of the same request asking for nothing (with
-// `same_tokens`). The values against `reference`'s logits for the prompt alone, within `tolerance`.
-void ExpectPromptLogprobs(CausalLM& model, CausalLM& reference, double tolerance,
-                          bool same_tokens) {
+// `same_tokens`, on `reference`). The values against `reference`'s logits for the prompt alone,
+// within `tolerance`. `device_draws`: EngineOptions::device_draws.
+void ExpectPromptLogprobs(CausalLM& model, CausalLM& reference, double tolerance, bool same_tokens,
+                          std::optional<bool> device_draws = {}) {
   const uint32_t seed = testing::TestSeed();
   const int64_t V = model.config().vocab_size;
   auto requests = Requests(4, seed, V);
@@ -352,7 +368,7 @@ void ExpectPromptLogprobs(CausalLM& model, CausalLM& reference, double tolerance
     r.top_logprobs = -1;
     r.prompt_logprobs = false;
   }
-  const auto alone = same_tokens ? EachAlone(model, without) : std::vector<Outcome>{};
+  const auto alone = same_tokens ? EachAlone(reference, without) : std::vector<Outcome>{};
   for (int64_t max_batch_tokens : {3, 512}) {
     for (int64_t kv_positions : {48, 1024}) {  // 48: three blocks, so prompts are preempted
       SCOPED_TRACE("batch tokens " + std::to_string(max_batch_tokens) + ", pool " +
@@ -361,6 +377,7 @@ void ExpectPromptLogprobs(CausalLM& model, CausalLM& reference, double tolerance
       o.kv_positions = kv_positions;
       o.max_running = 2;
       o.max_batch_tokens = max_batch_tokens;
+      o.device_draws = device_draws;
       auto engine = Engine::Create(model, nullptr, o);
       ASSERT_TRUE(engine.ok()) << engine.message();
       std::vector<std::vector<TokenLogprobs>> got(requests.size());
@@ -417,7 +434,15 @@ TEST_P(EngineBatching, PromptLogprobsCoverEveryPromptTokenOnce) {
   ExpectPromptLogprobs(*model_, *model_, 1e-4, /*same_tokens=*/true);
 }
 
-// The same on the GPU (its many rows a step handed back whole), against the CPU's logits.
+// The same from candidates and log-sum-exps, as on a GPU (testing::CandidatesModel).
+TEST_P(EngineBatching, PromptLogprobsFromCandidatesAndLogSumExps) {
+  testing::CandidatesModel m(*model_);
+  ExpectPromptLogprobs(m, *model_, 1e-4, /*same_tokens=*/true, /*device_draws=*/false);
+  EXPECT_GT(m.scored_steps(), 0) << "no step ended in candidates with log-sum-exps";
+  EXPECT_EQ(m.rows_read(), 0) << "a row read where its candidates and sums sufficed";
+}
+
+// The same on the GPU (each row's log-sum-exp taken there), against the CPU's logits.
 TEST_P(EngineBatching, PromptLogprobsOnTheGpu) {
   MT_REQUIRE_GPU();
   auto m = OnTheGpu();

@@ -1,4 +1,5 @@
-// LogprobsOf against a direct computation on fresh random rows.
+// LogprobsOf against a direct computation on fresh random rows, and LogprobsOfCandidates (what a
+// GPU hands back) against LogprobsOf of the row.
 #include "engine/logprobs.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <numeric>
 #include <random>
 
+#include "kernels/cpu/elementwise.h"
 #include "support/seed.h"
 
 namespace moetier {
@@ -72,6 +74,61 @@ TEST(Logprobs, OfAOneHotRowAndOfNoAlternatives) {
   std::fill(row.begin(), row.end(), -std::numeric_limits<float>::infinity());
   lp = LogprobsOf(row, 7, 1);
   EXPECT_EQ(lp.chosen.logprob, -std::numeric_limits<float>::infinity()) << "not NaN";
+}
+
+// From a row's candidates and RowLogSum: LogprobsOf's values, the token's logit taken from the
+// sum or found among the candidates; nullopt where neither has it, or where the candidates are
+// fewer than asked while the row holds more.
+TEST(Logprobs, FromCandidatesAreTheRowsWhereTheyHoldTheToken) {
+  const uint32_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  for (int trial = 0; trial < 20; ++trial) {
+    const auto V = static_cast<int64_t>(100 + rng() % 5000);
+    std::normal_distribution<float> logit(0.0f, 1.0f + static_cast<float>(trial));
+    std::vector<float> row(static_cast<size_t>(V));
+    for (float& v : row) v = logit(rng);
+    std::vector<LogitCandidate> cands(kMaxLogitCandidates);
+    const int32_t count = kernels::TopKCandidates(row.data(), V, kMaxCandidateTopK,
+                                                  kMaxLogitCandidates, cands.data());
+    ASSERT_GE(count, kMaxCandidateTopK);
+    cands.resize(static_cast<size_t>(count));
+    const int n_top = static_cast<int>(rng() % (kMaxTopLogprobs + 1));
+    RowLogSum sum;
+    sum.log_sum_exp = kernels::LogSumExp(row.data(), V);
+    const int32_t inside = cands[rng() % cands.size()].id;
+    int32_t outside = static_cast<int32_t>(rng() % V);
+    while (row[static_cast<size_t>(outside)] >= cands.back().logit) outside = (outside + 1) % V;
+
+    auto same = [&](const std::optional<TokenLogprobs>& got, int32_t token) {
+      ASSERT_TRUE(got.has_value()) << "token " << token;
+      const TokenLogprobs want = LogprobsOf(row, token, n_top);
+      EXPECT_EQ(got->chosen.token, token);
+      EXPECT_EQ(got->chosen.logprob, want.chosen.logprob);
+      ASSERT_EQ(got->top.size(), want.top.size());
+      for (size_t k = 0; k < want.top.size(); ++k) {
+        EXPECT_EQ(got->top[k].token, want.top[k].token);
+        EXPECT_EQ(got->top[k].logprob, want.top[k].logprob);
+      }
+    };
+    same(LogprobsOfCandidates(cands, sum, inside, n_top, V), inside);  // found among them
+    EXPECT_FALSE(LogprobsOfCandidates(cands, sum, outside, n_top, V).has_value());
+    sum.token = outside;  // the scored token: its logit from the sum
+    sum.token_logit = row[static_cast<size_t>(outside)];
+    same(LogprobsOfCandidates(cands, sum, outside, n_top, V), outside);
+    if (n_top > 1) {
+      EXPECT_FALSE(LogprobsOfCandidates(std::span(cands).first(static_cast<size_t>(n_top - 1)), sum,
+                                        outside, n_top, V)
+                       .has_value());
+    }
+  }
+  // A row shorter than n_top: as many as it holds.
+  const std::vector<LogitCandidate> three = {{2.0f, 1}, {1.0f, 0}, {0.5f, 2}};
+  const RowLogSum sum{.log_sum_exp = 3.0, .token_logit = 0.0f, .token = -1};
+  const auto lp = LogprobsOfCandidates(three, sum, 2, 5, 3);
+  ASSERT_TRUE(lp.has_value());
+  EXPECT_EQ(lp->top.size(), 3u);
+  EXPECT_EQ(lp->chosen.logprob, -2.5f);
 }
 
 }  // namespace

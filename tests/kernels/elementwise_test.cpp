@@ -117,5 +117,33 @@ TEST(ScaledExp, MatchesExpWithinItsTolerance) {
   }
 }
 
+// LogSumExp against the sum taken in long double, on rows of several lengths (across its
+// chunks) and ranges; rows of -inf elements, of -inf only, and empty.
+TEST(LogSumExp, IsTheLogOfTheSumOfExponentials) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (size_t n : {size_t{1}, size_t{5}, size_t{1024}, size_t{1025}, size_t{151936}}) {
+    for (float scale : {0.5f, 8.0f, 60.0f}) {
+      std::normal_distribution<float> logit(-3.0f, scale);
+      std::vector<float> x(n);
+      for (float& v : x) v = logit(rng);
+      if (n > 1) x[n / 2] = -kInf;  // a banned token
+      long double max = -INFINITY, sum = 0;
+      for (float v : x) max = std::max(max, static_cast<long double>(v));
+      for (float v : x) sum += std::exp(static_cast<long double>(v) - max);
+      const double want = static_cast<double>(max + std::log(sum));
+      EXPECT_NEAR(LogSumExp(x.data(), static_cast<int64_t>(n)), want, 4e-7)
+          << "n " << n << " scale " << scale;
+    }
+  }
+  const std::vector<float> banned(9, -kInf);
+  EXPECT_EQ(LogSumExp(banned.data(), 9), -kInf);
+  EXPECT_EQ(LogSumExp(banned.data(), 0), -kInf);
+  const std::vector<float> one = {-kInf, 3.5f, -kInf};
+  EXPECT_DOUBLE_EQ(LogSumExp(one.data(), 3), 3.5);
+}
+
 }  // namespace
 }  // namespace moetier::kernels

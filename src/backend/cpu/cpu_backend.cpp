@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "backend/cpu/paged_attention.h"
 #include "kernels/cpu/elementwise.h"
@@ -113,6 +114,11 @@ int64_t CpuBackend::ScanNonFinite(const float* x, int64_t n, int64_t slot) {
   return first;
 }
 
+void CpuBackend::BeginStep(const Batch& batch, const KvPool&, StepOutput) {
+  non_finite_.clear();
+  scored_.assign(batch.scored.begin(), batch.scored.end());
+}
+
 void CpuBackend::Logits(const float* x, int64_t n_rows, const TensorView& lm_head, float* logits) {
   const MatMulOut head[] = {{&lm_head, logits}};
   MatMul(x, n_rows, head);
@@ -128,12 +134,22 @@ void CpuBackend::ArgMaxLogits(const float* x, int64_t n_rows, const TensorView& 
 }
 
 void CpuBackend::TopKLogits(const float* x, int64_t n_rows, const TensorView& lm_head,
-                            LogitCandidate* cands, int32_t* counts, int64_t scan_slot) {
+                            LogitCandidate* cands, int32_t* counts, RowLogSum* sums,
+                            int64_t scan_slot) {
   const int64_t vocab = lm_head.dim(0);
   KeepLogits(x, n_rows, lm_head);
-  for (int64_t r = 0; r < n_rows; ++r)
-    counts[r] = kernels::TopKCandidates(kept_logits_.data() + r * vocab, vocab, kMaxCandidateTopK,
-                                        kMaxLogitCandidates, cands + r * kMaxLogitCandidates);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* row = kept_logits_.data() + r * vocab;
+    counts[r] = kernels::TopKCandidates(row, vocab, kMaxCandidateTopK, kMaxLogitCandidates,
+                                        cands + r * kMaxLogitCandidates);
+    if (sums == nullptr) continue;
+    const int32_t token =
+        static_cast<size_t>(r) < scored_.size() ? scored_[static_cast<size_t>(r)] : -1;
+    RowLogSum& sum = sums[r];
+    sum.log_sum_exp = kernels::LogSumExp(row, vocab);
+    sum.token = token >= 0 && token < vocab ? token : -1;
+    sum.token_logit = sum.token >= 0 ? row[sum.token] : std::numeric_limits<float>::quiet_NaN();
+  }
   ScanNonFinite(kept_logits_.data(), n_rows * vocab, scan_slot);
 }
 

@@ -30,7 +30,7 @@ class CpuBackend final : public ComputeBackend {
   Expected<std::unique_ptr<KvMemory>> AllocateKv(uint64_t n_bytes) override {
     return AllocateHostKv(n_bytes);
   }
-  void BeginStep(const Batch&, const KvPool&, StepOutput) override { non_finite_.clear(); }
+  void BeginStep(const Batch& batch, const KvPool&, StepOutput) override;
   float* Activations(Act slot, int64_t n_tokens, int64_t width) override;
   void Embed(const TensorView& table, std::span<const int32_t> tokens, float* h) override;
   void RmsNorm(const float* x, int64_t n_rows, std::span<const int32_t> rows,
@@ -51,7 +51,7 @@ class CpuBackend final : public ComputeBackend {
   void ArgMaxLogits(const float* x, int64_t n_rows, const TensorView& lm_head, int32_t* ids,
                     int64_t scan_slot) override;
   void TopKLogits(const float* x, int64_t n_rows, const TensorView& lm_head, LogitCandidate* cands,
-                  int32_t* counts, int64_t scan_slot) override;
+                  int32_t* counts, RowLogSum* sums, int64_t scan_slot) override;
   Status CopyLogitsRow(int64_t r, float* out) override;
 
   // The router alone: logits, softmax, top-k, and the tokens grouped by expert in `routing`
@@ -77,6 +77,7 @@ class CpuBackend final : public ComputeBackend {
   Routing routing_;  // the current MoE layer's, refilled each call
   int64_t active_experts_ = 0;
   std::vector<int64_t> non_finite_;  // by slot
+  std::vector<int32_t> scored_;      // the step's Batch::scored
   std::vector<float> kept_logits_;   // ArgMaxLogits' and TopKLogits' rows, kept between steps
   int64_t kept_vocab_ = 0;           // their length
   std::array<std::vector<float>, static_cast<size_t>(Act::kCount)> acts_;

@@ -10,6 +10,7 @@
 #include "kernels/cuda/draw.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/log_sum_exp.h"
 #include "kernels/cuda/router.h"
 #include "kernels/cuda/top_k.h"
 
@@ -252,6 +253,7 @@ void CudaBackend::BeginStep(const Batch& batch, const KvPool& kv, StepOutput out
   argmax_out_ = nullptr;
   topk_out_ = nullptr;
   topk_counts_out_ = nullptr;
+  sums_out_ = nullptr;
   // The runtime's last error is where a refused kernel launch (too many threads or registers,
   // too much shared memory) shows: EndStep reads it. One left by calls outside the step, which
   // reported theirs, is not this step's.
@@ -267,7 +269,9 @@ void CudaBackend::BeginStep(const Batch& batch, const KvPool& kv, StepOutput out
   max_blocks = std::max(RoundUpPow2(max_blocks), min_blocks);
   const size_t n_out = batch.logit_rows.size();
   const size_t n_seqs = batch.block_tables.size();
-  const size_t n = 3 * static_cast<size_t>(T) + n_out + n_seqs * static_cast<size_t>(max_blocks);
+  const size_t n_scored = batch.scored.size();
+  const size_t n =
+      3 * static_cast<size_t>(T) + n_out + n_seqs * static_cast<size_t>(max_blocks) + n_scored;
   if (step_host_.size() < n) {
     BuffersMoving();
     Check(cudaStreamSynchronize(stream_), "waiting for the GPU");
@@ -291,6 +295,7 @@ void CudaBackend::BeginStep(const Batch& batch, const KvPool& kv, StepOutput out
   for (size_t s = 0; s < n_seqs; ++s)
     std::copy(batch.block_tables[s].begin(), batch.block_tables[s].end(),
               tables + s * static_cast<size_t>(max_blocks));
+  std::copy(batch.scored.begin(), batch.scored.end(), h + n - n_scored);
   Check(cudaMemcpyAsync(step_dev_.data(), h, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
         "copying the step's indices to the GPU");
   const int32_t* d = step_dev_.data();
@@ -302,6 +307,7 @@ void CudaBackend::BeginStep(const Batch& batch, const KvPool& kv, StepOutput out
   batch_dev_.positions = d + T;
   batch_dev_.seq_of = d + 2 * T;
   batch_dev_.block_tables = d + 3 * T + n_out;
+  scored_dev_ = n_scored > 0 ? d + n - n_scored : nullptr;
   batch_dev_.max_blocks = max_blocks;
   batch_dev_.max_position = PlannedMaxPosition(max_position);
   step_draws_ = UploadDraws(batch);
@@ -367,6 +373,7 @@ void CudaBackend::ChooseGraphMode(const Batch& batch, const KvPool& kv, StepOutp
                                        static_cast<int>(kv.dtype()),
                                        static_cast<int>(output)};
   segment_key_.draws = step_draws_;
+  segment_key_.scored = scored_dev_ != nullptr;
   step_recorded_ = true;
   BeginSegment();
 }
@@ -684,10 +691,13 @@ Status CudaBackend::EndStep() {
     std::memcpy(topk_counts_out_, topk_counts_host_.data(),
                 static_cast<size_t>(out_rows_) * sizeof(int32_t));
   }
+  if (sums_out_ != nullptr)
+    std::memcpy(sums_out_, sums_host_.data(), static_cast<size_t>(out_rows_) * sizeof(RowLogSum));
   logits_out_ = nullptr;
   argmax_out_ = nullptr;
   topk_out_ = nullptr;
   topk_counts_out_ = nullptr;
+  sums_out_ = nullptr;
   scans_.assign(static_cast<size_t>(n_scans_), -1);
   for (int64_t i = 0; i < n_scans_; ++i) {
     const unsigned long long v = scans_host_.data()[i];
@@ -775,7 +785,8 @@ void CudaBackend::ArgMaxLogits(const float* x, int64_t n_rows, const TensorView&
 }
 
 void CudaBackend::TopKLogits(const float* x, int64_t n_rows, const TensorView& lm_head,
-                             LogitCandidate* cands, int32_t* counts, int64_t scan_slot) {
+                             LogitCandidate* cands, int32_t* counts, RowLogSum* sums,
+                             int64_t scan_slot) {
   const auto rows = static_cast<size_t>(n_rows);
   const size_t n_cands = rows * kMaxLogitCandidates;
   if (topk_dev_.size() < n_cands || topk_scratch_.size() < cuda::TopKScratchBytes(n_rows)) {
@@ -794,6 +805,7 @@ void CudaBackend::TopKLogits(const float* x, int64_t n_rows, const TensorView& l
     topk_dev_ = std::move(*dev);
     topk_counts_dev_ = std::move(*dev_counts);
   }
+  if (sums != nullptr && !ReserveSums(rows)) return;
   for (const Status& s : {topk_host_.Reserve(n_cands, "the logits' top-k"),
                           topk_counts_host_.Reserve(rows, "the logits' top-k")}) {
     if (!s.ok()) {
@@ -812,8 +824,16 @@ void CudaBackend::TopKLogits(const float* x, int64_t n_rows, const TensorView& l
     cuda::LaunchDrawRows(logits_dev_.data(), n_rows, dims_.vocab, draws_dev_.data(), step_draws_,
                          draw_scratch_.data(), topk_dev_.data(), topk_counts_dev_.data(), first,
                          stream_);
+  if (!Replaying() && sums != nullptr)
+    cuda::LaunchLogSumExpRows(logits_dev_.data(), n_rows, dims_.vocab, scored_dev_,
+                              sums_dev_.data(), stream_);
   if (scanned) n_scans_ = std::max(n_scans_, scan_slot + 1);
   if (graph_mode_ == cuda::StepGraphs::Mode::kCapture) FinishCapture();
+  if (sums != nullptr)
+    Check(cudaMemcpyAsync(sums_host_.data(), sums_dev_.data(), rows * sizeof(RowLogSum),
+                          cudaMemcpyDeviceToHost, stream_),
+          "copying the logits' sums");
+  sums_out_ = sums;
   Check(cudaMemcpyAsync(topk_host_.data(), topk_dev_.data(), n_cands * sizeof(LogitCandidate),
                         cudaMemcpyDeviceToHost, stream_),
         "copying the logits' top-k");
@@ -822,6 +842,23 @@ void CudaBackend::TopKLogits(const float* x, int64_t n_rows, const TensorView& l
         "copying the logits' top-k");
   topk_out_ = cands;
   topk_counts_out_ = counts;
+}
+
+bool CudaBackend::ReserveSums(size_t rows) {
+  if (sums_dev_.size() < rows) {
+    BuffersMoving();
+    auto dev = cuda::DeviceBuffer<RowLogSum>::Create(rows, "the logits' sums");
+    if (!dev.ok()) {
+      if (error_.empty()) error_ = dev.status().message();
+      return false;
+    }
+    sums_dev_ = std::move(*dev);
+  }
+  if (Status s = sums_host_.Reserve(rows, "the logits' sums"); !s.ok()) {
+    if (error_.empty()) error_ = s.message();
+    return false;
+  }
+  return true;
 }
 
 Status CudaBackend::CopyLogitsRow(int64_t r, float* out) {

@@ -75,7 +75,7 @@ class CudaBackend final : public ComputeBackend, private ComputeSegments {
   void ArgMaxLogits(const float* x, int64_t n_rows, const TensorView& lm_head, int32_t* ids,
                     int64_t scan_slot) override;
   void TopKLogits(const float* x, int64_t n_rows, const TensorView& lm_head, LogitCandidate* cands,
-                  int32_t* counts, int64_t scan_slot) override;
+                  int32_t* counts, RowLogSum* sums, int64_t scan_slot) override;
   Status CopyLogitsRow(int64_t r, float* out) override;
   bool SelectsTopK() const override { return true; }
   // With times, the expert kernels and copies are timed on the GPU too (CUDA events).
@@ -217,7 +217,13 @@ class CudaBackend final : public ComputeBackend, private ComputeSegments {
   cuda::DrawWork step_draws_;
   LogitCandidate* topk_out_ = nullptr;  // TopKLogits' destinations, filled at EndStep
   int32_t* topk_counts_out_ = nullptr;
-  int64_t out_rows_ = 0;  // rows of the three
+  // The step's Batch::scored, copied in by BeginStep (null: none); TopKLogits' sums of each row.
+  const int32_t* scored_dev_ = nullptr;
+  cuda::DeviceBuffer<RowLogSum> sums_dev_;
+  cuda::PinnedBuffer<RowLogSum> sums_host_;
+  RowLogSum* sums_out_ = nullptr;
+  bool ReserveSums(size_t rows);  // false (error_ set) when they could not be sized
+  int64_t out_rows_ = 0;          // rows of the four
 };
 
 }  // namespace moetier

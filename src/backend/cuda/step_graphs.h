@@ -42,13 +42,14 @@ class StepGraphs {
     int kv_dtype = 0;
     int output = 0;       // what the step ends with (StepOutput: the logits or their arg-max)
     DrawWork draws = {};  // tokens drawn on the device (Batch::draws)
+    bool scored = false;  // rows' log-sum-exp (Batch::scored)
     int32_t segment = 0;  // the step's segment (0: from the step's start)
     int32_t variant = 0;
     bool operator<(const Key& o) const {
       return std::tie(n_tokens, max_blocks, max_position, kv, kv_blocks, kv_block_size, kv_dtype,
-                      output, draws, segment, variant) <
+                      output, draws, scored, segment, variant) <
              std::tie(o.n_tokens, o.max_blocks, o.max_position, o.kv, o.kv_blocks, o.kv_block_size,
-                      o.kv_dtype, o.output, o.draws, o.segment, o.variant);
+                      o.kv_dtype, o.output, o.draws, o.scored, o.segment, o.variant);
     }
   };
   enum class Mode {

@@ -89,6 +89,20 @@ double SumOf(const float* x, int64_t n) {
   return s;
 }
 
+double LogSumExp(const float* x, int64_t n) {
+  const float max = MaxOf(x, n);
+  if (!std::isfinite(max)) return max;
+  constexpr int64_t kChunk = 1024;
+  float terms[kChunk];
+  double sum = 0.0;
+  for (int64_t begin = 0; begin < n; begin += kChunk) {
+    const int64_t len = std::min(kChunk, n - begin);
+    ScaledExp(x + begin, len, max, 1.0, terms);
+    sum += SumOf(terms, len);
+  }
+  return max + std::log(sum);
+}
+
 namespace {
 
 // e^a = 2^k * e^r, k = round(a / ln 2), r = a - k ln 2 in double (|r| <= ln 2 / 2, exact to

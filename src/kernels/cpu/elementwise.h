@@ -61,6 +61,11 @@ void ScaledExp(const float* x, int64_t n, float shift, double scale, float* y);
 // The sum of x[0, n) in double, eight running sums lane by lane (vectorized), then theirs.
 double SumOf(const float* x, int64_t n);
 
+// log Σ e^x[i] over x[0, n): shifted by the largest value so that no term overflows, the terms
+// by ScaledExp, summed in double. The largest value when that is not finite (-inf for an empty
+// row or one of -inf only). Rows holding NaN have no defined result.
+double LogSumExp(const float* x, int64_t n);
+
 // The index of the largest of x[0, n), the lowest among equal ones (greedy sampling's pick); 0
 // when n is 0 or every element is NaN.
 int64_t ArgMax(const float* x, int64_t n);
