@@ -19,7 +19,7 @@ constexpr size_t kMaxQuotedBytes = 40;
 
 constexpr const char* kFieldList =
     "id, prompt, tokens, max_new_tokens, temperature, top_k, top_p, min_p, repetition_penalty, "
-    "seed, stop, chat, ignore_eos, after, logprobs, prompt_logprobs";
+    "seed, stop, chat, ignore_eos, after, logprobs, prompt_logprobs, logit_bias";
 
 // `s` cut to kMaxQuotedBytes at a UTF-8 character boundary, "..." marking the cut.
 std::string Shortened(std::string s) {
@@ -136,6 +136,23 @@ Status ReadSeed(const Json& v, BatchRequest& r) {
   return FieldError("seed", "a whole number >= 0 (or -1: random)", v);
 }
 
+// {"token id": bias, ...}: OpenAI's logit_bias, each bias in [-100, 100] (the ids against the
+// vocabulary: the engine's to check).
+Status ReadLogitBias(const Json& v, BatchRequest& r) {
+  const char* must = "an object of token ids (as strings) to biases in [-100, 100]";
+  if (!v.is_object()) return FieldError("logit_bias", must, v);
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    const std::optional<int32_t> id = LogitBiasTokenId(it.key());
+    if (!id)
+      return Status::Error("field 'logit_bias' key '" + ShownKey(it.key()) +
+                           "' must be a token id (a whole number from 0 to 2147483647)");
+    MT_ASSIGN_OR_RETURN(const float bias,
+                        RealField(it.value(), "logit_bias", {-100, 100, false, must}));
+    r.sampler.logit_bias.push_back({*id, bias});
+  }
+  return OkStatus();
+}
+
 // One field of a request into `r`; the fields that are not the sampler's or the prompt's.
 Status ReadField(const std::string& key, const Json& v, BatchRequest& r) {
   SamplerOptions& s = r.sampler;
@@ -185,6 +202,8 @@ Status ReadField(const std::string& key, const Json& v, BatchRequest& r) {
     r.logprobs = static_cast<int>(n);
   } else if (key == "prompt_logprobs") {
     MT_ASSIGN_OR_RETURN(r.prompt_logprobs, BoolField(v, key));
+  } else if (key == "logit_bias") {
+    return ReadLogitBias(v, r);
   } else {
     return Status::Error("unknown field '" + ShownKey(key) + "' (the fields are " + kFieldList +
                          ")");

@@ -356,7 +356,8 @@ void Engine::Admit(std::unique_ptr<Sequence> seq) {
     s.tokens.reserve(most);
     s.blocks.reserve(most / static_cast<size_t>(pool_.block_size()) + 2);
     s.hashes.reserve(most / static_cast<size_t>(pool_.block_size()) + 2);
-    const Status valid = ValidateSamplerOptions(s.req.sampler);
+    Status valid = ValidateSamplerOptions(s.req.sampler);
+    if (valid.ok()) valid = ValidateLogitBias(s.req.sampler, model_.config().vocab_size);
     if (!valid.ok()) return Finish(s, StopReason::kCancelled, valid);
     if (s.req.max_new_tokens <= 0) return Finish(s, StopReason::kMaxTokens);
     s.sampler.emplace(s.req.sampler);

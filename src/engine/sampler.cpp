@@ -29,6 +29,35 @@ Status ValidateSamplerOptions(const SamplerOptions& o) {
   if (!(o.frequency_penalty >= -kMaxOccurrencePenalty &&
         o.frequency_penalty <= kMaxOccurrencePenalty))
     return Status::Error("--frequency-penalty must be in [-2, 2] (0 turns it off)");
+  std::vector<int32_t> ids;
+  for (const TokenBias& b : o.logit_bias) {
+    if (!(b.bias >= -kMaxLogitBias && b.bias <= kMaxLogitBias))
+      return Status::Error("logit_bias: the bias of token " + std::to_string(b.id) +
+                           " must be in [-100, 100]");
+    ids.push_back(b.id);
+  }
+  std::sort(ids.begin(), ids.end());
+  if (auto twice = std::adjacent_find(ids.begin(), ids.end()); twice != ids.end())
+    return Status::Error("logit_bias names token " + std::to_string(*twice) + " twice");
+  return OkStatus();
+}
+
+std::optional<int32_t> LogitBiasTokenId(std::string_view key) {
+  if (key.empty() || key.size() > 10) return std::nullopt;
+  int64_t id = 0;
+  for (char c : key) {
+    if (c < '0' || c > '9') return std::nullopt;
+    id = id * 10 + (c - '0');
+  }
+  if (id > std::numeric_limits<int32_t>::max()) return std::nullopt;
+  return static_cast<int32_t>(id);
+}
+
+Status ValidateLogitBias(const SamplerOptions& o, int64_t vocab) {
+  for (const TokenBias& b : o.logit_bias)
+    if (b.id < 0 || b.id >= vocab)
+      return Status::Error("logit_bias names token " + std::to_string(b.id) +
+                           ", outside the vocabulary [0, " + std::to_string(vocab) + ")");
   return OkStatus();
 }
 
@@ -82,13 +111,25 @@ void Sampler::ApplyOccurrencePenalties(std::span<const int32_t> generated, Sampl
   }
 }
 
-bool Sampler::HasPenalties() const {
+Sampler::Sampler(const SamplerOptions& options)
+    : options_(options), rng_(options.seed), bias_(options.logit_bias) {
+  std::sort(bias_.begin(), bias_.end(),
+            [](const TokenBias& a, const TokenBias& b) { return a.id < b.id; });
+}
+
+bool Sampler::ChangesLogits() const {
   return options_.repetition_penalty != 1.0f || options_.presence_penalty != 0.0f ||
-         options_.frequency_penalty != 0.0f;
+         options_.frequency_penalty != 0.0f || !bias_.empty();
+}
+
+float Sampler::BiasOf(int32_t id) const {
+  auto it = std::lower_bound(bias_.begin(), bias_.end(), id,
+                             [](const TokenBias& b, int32_t v) { return b.id < v; });
+  return it != bias_.end() && it->id == id ? it->bias : 0.0f;
 }
 
 bool Sampler::DrawsArgMax() const {
-  return options_.temperature <= 0.0f && !HasPenalties();
+  return options_.temperature <= 0.0f && !ChangesLogits();
 }
 
 Expected<int32_t> Sampler::Sample(std::span<const float> logits, std::span<const int32_t> context,
@@ -112,17 +153,20 @@ Expected<int32_t> Sampler::Sample(std::span<const float> logits, std::span<const
   const bool occurrence =
       (options_.presence_penalty != 0.0f || options_.frequency_penalty != 0.0f) &&
       !generated.empty();
-  if (repetition || occurrence) {
+  if (!bias_.empty() || repetition || occurrence) {
     x.work.assign(logits.begin(), logits.end());
     l = x.work;
   }
+  for (const TokenBias& b : bias_)
+    if (b.id >= 0 && static_cast<size_t>(b.id) < x.work.size())
+      x.work[static_cast<size_t>(b.id)] += b.bias;
   if (repetition) {
     const float p = options_.repetition_penalty;
     for (int32_t id : context) {
       if (id < 0 || static_cast<size_t>(id) >= x.work.size()) continue;
       // Penalise each id once, however often it occurs (as Hugging Face's gather/scatter does):
-      // the original logit decides the direction.
-      const float orig = logits[static_cast<size_t>(id)];
+      // the logit before any penalty decides the direction.
+      const float orig = logits[static_cast<size_t>(id)] + BiasOf(id);
       x.work[static_cast<size_t>(id)] = orig < 0 ? orig * p : orig / p;
     }
   }
@@ -139,14 +183,14 @@ Expected<int32_t> Sampler::Sample(std::span<const float> logits, std::span<const
 
 int32_t Sampler::CandidatesRead(int64_t vocab) const {
   if (DrawsArgMax()) return 1;
-  if (HasPenalties() || options_.top_k <= 0 || options_.top_k > kMaxCandidateTopK ||
+  if (ChangesLogits() || options_.top_k <= 0 || options_.top_k > kMaxCandidateTopK ||
       options_.top_k >= vocab)
     return 0;
   return options_.top_k;
 }
 
 bool Sampler::DrawsOnDevice(int64_t vocab) const {
-  return options_.temperature > 0.0f && !HasPenalties() &&
+  return options_.temperature > 0.0f && !ChangesLogits() &&
          (options_.top_k <= 0 || options_.top_k >= vocab) && vocab <= kMaxDrawVocab;
 }
 

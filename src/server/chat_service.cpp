@@ -438,9 +438,13 @@ Expected<RequestOptions> ChatService::Impl::EngineRequest(const ChatRequest& r,
   req.sampler.presence_penalty = p.presence_penalty;
   req.sampler.frequency_penalty = p.frequency_penalty;
   req.sampler.seed = p.seed ? *p.seed : FreshSeed();
-  if (Status s = ValidateSamplerOptions(req.sampler); !s.ok()) {
-    *error = Refusal(400, s.message(), "");
-    return s;
+  for (const auto& [id, bias] : p.logit_bias) req.sampler.logit_bias.push_back({id, bias});
+  Status valid = ValidateSamplerOptions(req.sampler);
+  if (valid.ok()) valid = ValidateLogitBias(req.sampler, model.config().vocab_size);
+  if (!valid.ok()) {
+    const bool bias = valid.message().starts_with("logit_bias");
+    *error = Refusal(400, valid.message(), bias ? "logit_bias" : "");
+    return valid;
   }
   const int64_t room = engine.sequence_limit() - static_cast<int64_t>(ids.size());
   req.max_new_tokens = p.max_tokens ? *p.max_tokens : room;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace moetier::server {
@@ -49,6 +50,8 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;
   float repetition_penalty = 1.0f;
   std::vector<std::string> stop;  // stop strings (not included in the output)
+  // OpenAI's logit_bias: (token id, bias in [-100, 100]) pairs, added to the logits first.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 struct ChatRequest {

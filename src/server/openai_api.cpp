@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "engine/logprobs.h"
+#include "engine/sampler.h"
 
 namespace moetier::server::openai {
 
@@ -328,6 +329,25 @@ bool ReadStop(const Fields& f, SamplingParams& s, RequestError* error) {
   return true;
 }
 
+// logit_bias: {"token id": bias}, each bias in [-100, 100] (the ids against the vocabulary are
+// the service's to check).
+bool ReadLogitBias(Fields& f, SamplingParams& s) {
+  const Json* bias = f.Get("logit_bias");
+  if (bias == nullptr) return true;
+  if (!bias->is_object())
+    return f.Fail("logit_bias", "must be an object mapping token ids (as strings) to biases");
+  for (auto it = bias->begin(); it != bias->end(); ++it) {
+    const std::optional<int32_t> id = LogitBiasTokenId(it.key());
+    if (!id) return f.Fail("logit_bias", "\"" + it.key() + "\" is not a token id");
+    if (!it->is_number() || !std::isfinite(it->get<double>()) ||
+        std::fabs(it->get<double>()) > kMaxLogitBias)
+      return f.Fail("logit_bias",
+                    "the bias of token " + it.key() + " must be a number between -100 and 100");
+    s.logit_bias.emplace_back(*id, static_cast<float>(it->get<double>()));
+  }
+  return true;
+}
+
 // The fields both endpoints share: sampling, limits, streaming, n.
 bool ReadSampling(Fields& f, ParsedRequest& p, Endpoint endpoint, RequestError* error) {
   SamplingParams& s = p.request.sampling;
@@ -367,8 +387,7 @@ bool ReadSampling(Fields& f, ParsedRequest& p, Endpoint endpoint, RequestError* 
       p.include_usage = usage->get<bool>();
     }
   }
-  if (const Json* bias = f.Get("logit_bias"); bias != nullptr && !bias->empty())
-    return f.Fail("logit_bias", "is not supported (no per-token bias on the logits)");
+  if (!ReadLogitBias(f, s)) return false;
   if (const Json* rf = f.Get("response_format")) {
     auto type = rf->is_object() ? rf->find("type") : rf->end();
     if (!rf->is_object() || type == rf->end() || !type->is_string() || *type != "text")

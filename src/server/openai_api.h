@@ -1,7 +1,8 @@
 // The OpenAI API's JSON, both ways: POST /v1/chat/completions and /v1/completions bodies into a
 // ChatRequest (every field checked: a wrong type or range is a RequestError naming it; unknown
 // fields are ignored; fields that would change the answer and are not supported (n > 1, a
-// response_format other than text, logit_bias, suffix, best_of > 1) are refused; a completion's
+// response_format other than text, suffix, best_of > 1) are refused; logit_bias is read into
+// the sampling; a completion's
 // prompt may be token ids, and `echo` begins its answer and log-probabilities with it), and
 // ChatEvents into a response object or SSE chunks ("data: {...}\n\n", the first delta carrying
 // the role, tool calls as delta.tool_calls fragments, each chunk with text the logprobs of its

@@ -51,7 +51,7 @@ TEST(BatchRequests, EveryFieldIsRead) {
       R"({"id": 7, "tokens": [3, 17, 42], "max_new_tokens": 9, "temperature": 0.7, "top_k": 40,)"
       R"( "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.1, "seed": 18446744073709551615,)"
       R"( "stop": ["\n\n", "END"], "ignore_eos": true, "after": 12, "logprobs": 20,)"
-      R"( "prompt_logprobs": true})");
+      R"( "prompt_logprobs": true, "logit_bias": {"5": -100, "12": 2.5}})");
   ASSERT_EQ(rs.size(), 1u);
   const BatchRequest& r = rs[0];
   EXPECT_EQ(r.id, 7);
@@ -71,6 +71,11 @@ TEST(BatchRequests, EveryFieldIsRead) {
   EXPECT_EQ(r.after, 12);
   EXPECT_EQ(r.logprobs, 20);
   EXPECT_TRUE(r.prompt_logprobs);
+  ASSERT_EQ(r.sampler.logit_bias.size(), 2u);
+  EXPECT_EQ(r.sampler.logit_bias[0].id, 5);
+  EXPECT_EQ(r.sampler.logit_bias[0].bias, -100.0f);
+  EXPECT_EQ(r.sampler.logit_bias[1].id, 12);
+  EXPECT_EQ(r.sampler.logit_bias[1].bias, 2.5f);
   EXPECT_TRUE(r.NeedsTokenizer());  // stop strings are text
 }
 
@@ -130,6 +135,11 @@ TEST(BatchRequests, BadLinesNameTheLineAndTheField) {
        "in.jsonl:3: field 'prompt_logprobs' needs 'logprobs'"},
       {R"({"id": 1, "prompt": "a", "logprobs": 1, "prompt_logprobs": 1})",
        "field 'prompt_logprobs' must be true or false"},
+      {R"({"id": 1, "prompt": "a", "logit_bias": [5]})", "field 'logit_bias' must be an object"},
+      {R"({"id": 1, "prompt": "a", "logit_bias": {"x5": 1}})",
+       "field 'logit_bias' key 'x5' must be a token id"},
+      {R"({"id": 1, "prompt": "a", "logit_bias": {"5": 101}})",
+       "field 'logit_bias' must be an object of token ids (as strings) to biases in [-100, 100]"},
       {R"({"id": 1, "prompt": "a", "temperature": -1})",
        "in.jsonl:3: field 'temperature' must be a number >= 0 (0: greedy), not -1"},
       {R"({"id": 1, "prompt": "a", "temperature": "hot"})", "field 'temperature' must be"},

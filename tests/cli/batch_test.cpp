@@ -311,6 +311,29 @@ TEST(Batch, ARequestTooLongForTheContextFailsAloneAndTheExitSaysSo) {
   EXPECT_EQ(lines[2]["tokens"].size(), 3u) << lines[2].dump();
 }
 
+// logit_bias reaches the engine: +100 on a token makes a greedy request give only it, while
+// the request beside it gives what it gives alone; an id outside the vocabulary fails that
+// request alone, naming logit_bias.
+TEST(Batch, LogitBiasForcesATokenOfItsRequestOnly) {
+  const std::vector<json> requests = {
+      {{"id", "plain"}, {"tokens", Range(1, 4)}, {"max_new_tokens", 4}},
+      {{"id", "forced"},
+       {"tokens", Range(1, 4)},
+       {"max_new_tokens", 4},
+       {"logit_bias", {{"17", 100}}}},
+      {{"id", "outside"}, {"tokens", Range(1, 4)}, {"logit_bias", {{"99999999", 1}}}}};
+  testing::TempDir tmp;
+  const BatchRun run = Batch(tmp, "qwen3_moe", requests, "");
+  EXPECT_EQ(run.result.exit_code, 1) << run.result.err;
+  const auto lines = JsonLines(run.result.out);
+  ASSERT_EQ(lines.size(), 3u) << run.result.out;
+  EXPECT_EQ(Join(lines[0]["tokens"].get<std::vector<int32_t>>()),
+            GenerateAlone("qwen3_moe", Range(1, 4), 4));
+  EXPECT_EQ(lines[1]["tokens"], json({17, 17, 17, 17})) << lines[1].dump();
+  EXPECT_NE(lines[2].value("error", "").find("logit_bias names token 99999999"), std::string::npos)
+      << lines[2].dump();
+}
+
 // The error contract: a non-zero exit, stderr's only "error:" line is its last, it holds
 // `needle`, and nothing was loaded (the "experts" lines come with the weights).
 void ExpectErrorBeforeLoading(const testing::CommandResult& r, const std::string& needle,

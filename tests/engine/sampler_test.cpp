@@ -272,6 +272,76 @@ TEST(Sampler, OptionRangesAreCheckedAndNamed) {
   EXPECT_TRUE(ValidateSamplerOptions(o).ok());
 }
 
+// A logit bias is added to the logits before anything else: a draw with it is the draw, of the
+// same seed, from the row the bias made, whatever else is on (greedy, top-k, top-p, the
+// penalties, which see the biased logits); -100 bans a token, +100 forces it; a bias makes every
+// draw read the row (never the arg-max, candidates, or a device draw).
+TEST(Sampler, LogitBiasIsAddedBeforeEverythingElse) {
+  std::mt19937 rng(777);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  const int64_t vocab = 3000;
+  std::vector<SamplerOptions> settings(5);
+  settings[1].temperature = 0.8f;
+  settings[2].temperature = 1.1f, settings[2].top_k = 30, settings[2].top_p = 0.9f;
+  settings[3].temperature = 0.7f, settings[3].repetition_penalty = 1.3f;
+  settings[4].presence_penalty = 0.5f, settings[4].frequency_penalty = 0.4f;  // greedy
+  for (size_t o = 0; o < settings.size(); ++o) {
+    SamplerOptions biased = settings[o];
+    biased.seed = settings[o].seed = rng();
+    for (int i = 0; i < 40; ++i)
+      biased.logit_bias.push_back(
+          {static_cast<int32_t>(rng() % vocab), std::uniform_real_distribution<float>(-5, 5)(rng)});
+    std::sort(biased.logit_bias.begin(), biased.logit_bias.end(),
+              [](const TokenBias& a, const TokenBias& b) { return a.id < b.id; });
+    biased.logit_bias.erase(
+        std::unique(biased.logit_bias.begin(), biased.logit_bias.end(),
+                    [](const TokenBias& a, const TokenBias& b) { return a.id == b.id; }),
+        biased.logit_bias.end());
+    std::shuffle(biased.logit_bias.begin(), biased.logit_bias.end(), rng);
+    ASSERT_TRUE(ValidateSamplerOptions(biased).ok());
+    Sampler with(biased), plain(settings[o]);
+    EXPECT_FALSE(with.DrawsArgMax());
+    EXPECT_EQ(with.CandidatesRead(vocab), 0);
+    EXPECT_FALSE(with.DrawsOnDevice(vocab));
+    for (int draw = 0; draw < 10; ++draw) {
+      std::vector<float> l(static_cast<size_t>(vocab));
+      for (float& v : l) v = normal(rng);
+      std::vector<int32_t> ctx;
+      for (int i = 0; i < 30; ++i) ctx.push_back(biased.logit_bias[static_cast<size_t>(i)].id);
+      std::vector<float> shifted = l;
+      for (const TokenBias& b : biased.logit_bias) shifted[static_cast<size_t>(b.id)] += b.bias;
+      EXPECT_EQ(*with.Sample(l, ctx, 10), *plain.Sample(shifted, ctx, 10))
+          << "setting " << o << " draw " << draw;
+    }
+  }
+  const std::vector<float> l = {3.0f, 1.0f, 0.5f, 2.9f};
+  SamplerOptions ban;
+  ban.logit_bias = {{0, -kMaxLogitBias}};
+  EXPECT_EQ(*Sampler(ban).Sample(l), 3);
+  SamplerOptions force;
+  force.temperature = 1.0f;
+  force.logit_bias = {{2, kMaxLogitBias}};
+  Sampler forced(force);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(*forced.Sample(l), 2);
+}
+
+// The bias's range and ids: each in [-100, 100], each id once, within the vocabulary.
+TEST(Sampler, LogitBiasRangesAreChecked) {
+  SamplerOptions o;
+  o.logit_bias = {{5, 100.5f}};
+  EXPECT_NE(ValidateSamplerOptions(o).message().find("logit_bias"), std::string::npos);
+  o.logit_bias = {{5, std::nanf("")}};
+  EXPECT_FALSE(ValidateSamplerOptions(o).ok());
+  o.logit_bias = {{5, 1.0f}, {7, -100.0f}, {5, 2.0f}};
+  EXPECT_NE(ValidateSamplerOptions(o).message().find("twice"), std::string::npos);
+  o.logit_bias = {{5, 1.0f}, {7, -100.0f}};
+  EXPECT_TRUE(ValidateSamplerOptions(o).ok());
+  EXPECT_TRUE(ValidateLogitBias(o, 8).ok());
+  const std::string outside = ValidateLogitBias(o, 7).message();
+  EXPECT_NE(outside.find("token 7"), std::string::npos) << outside;
+  EXPECT_NE(outside.find("[0, 7)"), std::string::npos) << outside;
+}
+
 // A draw from a row's top-k candidates (what a GPU hands back: kernels::TopKCandidates with
 // kMaxCandidateTopK) is the draw from the whole row, draw after draw of the same seed, for the
 // settings that read at most that many logits; with ties among the values too.

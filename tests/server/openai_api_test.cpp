@@ -180,7 +180,12 @@ TEST(OpenAiParse, EveryBadFieldIsNamed) {
       {R"("logprobs": true, "top_logprobs": -1)", "top_logprobs"},
       {R"("top_logprobs": 2)", "top_logprobs"},
       {R"("logprobs": false, "top_logprobs": 0)", "top_logprobs"},
-      {R"("logit_bias": {"42": 100})", "logit_bias"},
+      {R"("logit_bias": [1, 2])", "logit_bias"},
+      {R"("logit_bias": {"a": 1})", "logit_bias"},
+      {R"("logit_bias": {"-1": 1})", "logit_bias"},
+      {R"("logit_bias": {"99999999999": 1})", "logit_bias"},
+      {R"("logit_bias": {"42": 100.5})", "logit_bias"},
+      {R"("logit_bias": {"42": "5"})", "logit_bias"},
       {R"("parallel_tool_calls": 1)", "parallel_tool_calls"},
       {R"("model": 5)", "model"},
       {R"("tools": {"a": 1})", "tools"},
@@ -278,7 +283,19 @@ TEST(OpenAiParse, Logprobs) {
   EXPECT_EQ(ParseError(R"({"prompt": "x", "echo": 1})", kC).param, "echo");
   EXPECT_EQ(ParseError(R"({"prompt": "x", "best_of": 2})", kC).param, "best_of");
   EXPECT_EQ(ParseError(R"({"prompt": "x", "suffix": "end"})", kC).param, "suffix");
-  EXPECT_EQ(ParseError(R"({"prompt": "x", "logit_bias": {"1": -100}})", kC).param, "logit_bias");
+}
+
+// logit_bias: token ids as an object's keys, biases in [-100, 100], on both endpoints.
+TEST(OpenAiParse, LogitBias) {
+  EXPECT_TRUE(ParseOk(Chat("")).request.sampling.logit_bias.empty());
+  EXPECT_TRUE(ParseOk(Chat(R"("logit_bias": {})")).request.sampling.logit_bias.empty());
+  const auto bias = ParseOk(Chat(R"("logit_bias": {"42": 100, "7": -100, "0": 2.5})"))
+                        .request.sampling.logit_bias;
+  const std::vector<std::pair<int32_t, float>> want = {{42, 100.0f}, {7, -100.0f}, {0, 2.5f}};
+  EXPECT_EQ(bias, want);
+  EXPECT_EQ(ParseOk(R"({"prompt": "x", "logit_bias": {"1": -100}})", Endpoint::kCompletions)
+                .request.sampling.logit_bias,
+            (std::vector<std::pair<int32_t, float>>{{1, -100.0f}}));
 }
 
 TEST(OpenAiErrors, ShapeAndTypes) {

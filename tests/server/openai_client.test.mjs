@@ -242,3 +242,48 @@ test('echoed token prompt: log-probabilities equal moetier logits', async () => 
   }
   await rm(dir, { recursive: true });
 });
+
+// logit_bias through the client: banning the greedy token gives the next most likely (by
+// `moetier logits` from another process; log-probabilities stay those of the model's logits),
+// +100 forces a token, and a token outside the vocabulary is a 400 naming logit_bias.
+test('logit_bias bans and forces tokens', async () => {
+  const ids = [9707, 11, 1879, 0, 576, 374];
+  const dir = await mkdtemp(path.join(tmpdir(), 'moetier-bias-'));
+  const out = path.join(dir, 'logits.bin');
+  await promisify(execFile)(process.env.MOETIER_CLI, [
+    'logits', '--model', fixtureDir, '--tokens', ids.join(','), '--out', out, '--threads', '1',
+  ]);
+  const raw = await readFile(out);
+  const logits = new Float32Array(raw.buffer, raw.byteOffset, raw.byteLength / 4);
+  const vocab = logits.length / ids.length;
+  const row = Array.from(logits.subarray((ids.length - 1) * vocab));
+  const order = row.map((v, i) => i).sort((a, b) => row[b] - row[a] || a - b);
+  const max = row[order[0]];
+  const logZ = max + Math.log(row.reduce((sum, v) => sum + Math.exp(v - max), 0));
+
+  const banned = await client.completions.create({
+    model: kModelName, prompt: ids, max_tokens: 1, temperature: 0, logprobs: 1,
+    logit_bias: { [order[0]]: -100 },
+  });
+  const got = banned.choices[0].logprobs.token_logprobs[0];
+  assert.ok(Math.abs(got - (row[order[1]] - logZ)) < 1e-3,
+    `banned the greedy token ${order[0]}: ${got} against the next ${row[order[1]] - logZ}`);
+
+  // The text of token ids[2], as the echoed prompt shows it; forced three times.
+  const echo = await client.completions.create({
+    model: kModelName, prompt: ids, max_tokens: 1, temperature: 0, logprobs: 0, echo: true,
+  });
+  const text = echo.choices[0].logprobs.tokens[2];
+  const forced = await client.completions.create({
+    model: kModelName, prompt: ids, max_tokens: 3, temperature: 0.8, seed: 5,
+    logit_bias: { [ids[2]]: 100 },
+  });
+  assert.equal(forced.choices[0].text, text.repeat(3));
+
+  await assert.rejects(
+    client.completions.create({
+      model: kModelName, prompt: ids, max_tokens: 1, logit_bias: { [vocab]: 5 },
+    }),
+    (e) => e instanceof OpenAI.BadRequestError && /logit_bias/.test(e.message));
+  await rm(dir, { recursive: true });
+});
