@@ -199,20 +199,27 @@ test('greedy answer equals moetier generate --chat', async () => {
   assert.equal((m.reasoning_content ?? '') + (m.content ?? ''), cli);
 });
 
-// What an evaluation harness (lm-eval's local-completions) sends to score a continuation: the
-// prompt as token ids, echo, logprobs 1, one token. Each prompt token's log-probability is the
-// log-softmax of `moetier logits` at the position before it, written by another process.
-test('echoed token prompt: log-probabilities equal moetier logits', async () => {
-  const ids = [9707, 11, 1879, 0, 576, 374, 264, 1273, 13];
-  const dir = await mkdtemp(path.join(tmpdir(), 'moetier-logprobs-'));
+// `moetier logits` of `ids` from another process: every position's row, [ids.length, vocab].
+async function moetierLogits(ids) {
+  const dir = await mkdtemp(path.join(tmpdir(), 'moetier-logits-'));
   const out = path.join(dir, 'logits.bin');
   await promisify(execFile)(process.env.MOETIER_CLI, [
     'logits', '--model', fixtureDir, '--tokens', ids.join(','), '--out', out, '--threads', '1',
   ]);
   const raw = await readFile(out);
+  await rm(dir, { recursive: true });
   const logits = new Float32Array(raw.buffer, raw.byteOffset, raw.byteLength / 4);
   const vocab = logits.length / ids.length;
   assert.equal(vocab, Math.round(vocab));
+  return { logits, vocab };
+}
+
+// What an evaluation harness (lm-eval's local-completions) sends to score a continuation: the
+// prompt as token ids, echo, logprobs 1, one token. Each prompt token's log-probability is the
+// log-softmax of `moetier logits` at the position before it, written by another process.
+test('echoed token prompt: log-probabilities equal moetier logits', async () => {
+  const ids = [9707, 11, 1879, 0, 576, 374, 264, 1273, 13];
+  const { logits, vocab } = await moetierLogits(ids);
 
   const r = await client.completions.create({
     model: kModelName, prompt: ids, max_tokens: 1, logprobs: 1, echo: true, temperature: 0,
@@ -240,7 +247,6 @@ test('echoed token prompt: log-probabilities equal moetier logits', async () => 
       assert.equal(lp.token_logprobs[i], alternatives[0], 'greedy: the generated token is the top');
     }
   }
-  await rm(dir, { recursive: true });
 });
 
 // logit_bias through the client: banning the greedy token gives the next most likely (by
@@ -248,14 +254,7 @@ test('echoed token prompt: log-probabilities equal moetier logits', async () => 
 // +100 forces a token, and a token outside the vocabulary is a 400 naming logit_bias.
 test('logit_bias bans and forces tokens', async () => {
   const ids = [9707, 11, 1879, 0, 576, 374];
-  const dir = await mkdtemp(path.join(tmpdir(), 'moetier-bias-'));
-  const out = path.join(dir, 'logits.bin');
-  await promisify(execFile)(process.env.MOETIER_CLI, [
-    'logits', '--model', fixtureDir, '--tokens', ids.join(','), '--out', out, '--threads', '1',
-  ]);
-  const raw = await readFile(out);
-  const logits = new Float32Array(raw.buffer, raw.byteOffset, raw.byteLength / 4);
-  const vocab = logits.length / ids.length;
+  const { logits, vocab } = await moetierLogits(ids);
   const row = Array.from(logits.subarray((ids.length - 1) * vocab));
   const order = row.map((v, i) => i).sort((a, b) => row[b] - row[a] || a - b);
   const max = row[order[0]];
@@ -285,5 +284,4 @@ test('logit_bias bans and forces tokens', async () => {
       model: kModelName, prompt: ids, max_tokens: 1, logit_bias: { [vocab]: 5 },
     }),
     (e) => e instanceof OpenAI.BadRequestError && /logit_bias/.test(e.message));
-  await rm(dir, { recursive: true });
 });
