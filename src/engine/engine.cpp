@@ -533,8 +533,7 @@ void Engine::ChooseDeviceDraws() {
   bool any = false;
   for (Sequence* s : logit_seq_) {
     RowDraw d;
-    if (!Forced(*s) && !WantsLogprobs(*s) && s->sampler->DrawsOnDevice(vocab))
-      d = s->sampler->DeviceDraw();
+    if (!Forced(*s) && s->sampler->DrawsOnDevice(vocab)) d = s->sampler->DeviceDraw();
     any = any || d.u >= 0.0;
     draws_.push_back(d);
   }
@@ -621,7 +620,11 @@ void Engine::RowLogprobs(StepDraw draw) {
   if (draw == StepDraw::kTopK) {  // from the candidates and sums, else the row read from the model
     for (size_t r = 0; r < n; ++r) {
       if (!wanted(r)) continue;
-      if (top_k_.counts[r] >= 0 && !top_k_.sums.empty()) {
+      // A row drawn on the device has the token drawn for its one candidate: its alternatives
+      // come from the row.
+      const bool drawn = !draws_.empty() && draws_[r].u >= 0.0;
+      const bool alternatives = logit_seq_[r]->req.top_logprobs > 0;
+      if (top_k_.counts[r] >= 0 && !top_k_.sums.empty() && !(drawn && alternatives)) {
         auto lp = LogprobsOfCandidates(top_k_.Row(r), top_k_.sums[r], token_of(r),
                                        logit_seq_[r]->req.top_logprobs, static_cast<int64_t>(V));
         if (lp) {

@@ -194,9 +194,10 @@ class Engine {
   // or device-drawn token (ForwardTopK) when some row is drawn on the device, or when every
   // draw reads at most kMaxCandidateTopK candidates and the model selects them on its device
   // (rows that read more then read their row); else the rows. A row drawn on the device is so
-  // in every step, whatever else the batch holds. A row whose request asks for log-probabilities
-  // never gets the arg-max alone and is never drawn on the device: its candidates with its
-  // log-sum-exp (Batch::scored), or its row.
+  // in every step, whatever else the batch holds, asking for log-probabilities or not. A row
+  // whose request asks for them never gets the arg-max alone: its candidates with its
+  // log-sum-exp (Batch::scored), or (a row drawn on the device that asks for alternatives) its
+  // row.
   enum class StepDraw { kArgMax, kTopK, kLogits };
   StepDraw ChooseStepDraw() const;
   // Batch::scored for a step ending in candidates where some row's request asks for

@@ -63,8 +63,8 @@ void ExpectLogprobsOfTheLogits(CausalLM& model, CausalLM& reference, double tole
   auto requests = Requests(5, seed, V);
   std::mt19937 rng(seed);
   for (size_t i = 0; i < requests.size(); ++i) {
-    // Request 4 asks for none and is sampled: on a GPU drawn there, so steps that hold it
-    // hand back candidates, the others' with their log-sum-exps (Engine::RowLogprobs).
+    // Sampled requests are drawn on a GPU's device, asking or not (request 4 asks for none), so
+    // steps that hold them hand back candidates with log-sum-exps (Engine::RowLogprobs).
     if (i % 2 == 1 || i == 4) {
       requests[i].sampler.temperature = 0.8f;
       requests[i].sampler.seed = rng();
@@ -152,6 +152,42 @@ TEST_P(EngineBatching, LogprobsOnTheGpu) {
   ASSERT_TRUE(m.ok()) << m.message();
   ASSERT_TRUE((*m)->CandidatesOnDevice());
   ExpectLogprobsOfTheLogits(**m, *model_, 1e-3, /*same_tokens=*/false);
+}
+
+// On the GPU, asking for log-probabilities changes no token: greedy, sampled with top-k (drawn
+// from candidates) and sampled over the whole vocabulary (drawn on the device), asking for
+// alternatives or not, give the tokens the same requests give asking for none, batched alike.
+TEST_P(EngineBatching, AskingForLogprobsChangesNoTokenOnTheGpu) {
+  MT_REQUIRE_GPU();
+  auto m = OnTheGpu();
+  ASSERT_TRUE(m.ok()) << m.message();
+  const uint32_t seed = testing::TestSeed();
+  auto requests = Requests(6, seed, (*m)->config().vocab_size);
+  std::mt19937 rng(seed);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    SamplerOptions& s = requests[i].sampler;
+    s.temperature = i % 3 == 0 ? 0.0f : 0.9f;
+    s.top_k = i % 3 == 1 ? 30 : 0;
+    s.top_p = i == 5 ? 0.9f : 1.0f;
+    s.seed = rng();
+    requests[i].top_logprobs = i < 3 ? 0 : 5;
+  }
+  std::vector<RequestOptions> without = requests;
+  for (auto& r : without) r.top_logprobs = -1;
+  EngineOptions o;
+  o.kv_positions = 1024;
+  o.max_running = static_cast<int>(requests.size());
+  o.max_batch_tokens = 512;
+  std::vector<Outcome> runs[2];
+  for (int asking = 0; asking < 2; ++asking) {
+    auto engine = Engine::Create(**m, nullptr, o);
+    ASSERT_TRUE(engine.ok()) << engine.message();
+    runs[asking] = engine_testing::RunAll(**engine, asking == 1 ? requests : without);
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(runs[0][i].status.ok() && runs[1][i].status.ok()) << "request " << i;
+    EXPECT_EQ(runs[1][i].tokens, runs[0][i].tokens) << "request " << i;
+  }
 }
 
 // Prompt log-probabilities (RequestOptions::prompt_logprobs): every prompt token from the second
