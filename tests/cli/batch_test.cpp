@@ -248,7 +248,8 @@ TEST(Batch, LogprobsEqualTheLogSoftmaxOfMoetierLogits) {
        {"prompt_logprobs", true}},
       {{"id", "b"}, {"tokens", Range(40, 5)}, {"max_new_tokens", 2}}};
   testing::TempDir tmp;
-  const BatchRun run = Batch(tmp, "qwen3_moe", requests, "--parallel 2");
+  // --kv-dtype f32, as `moetier logits` keeps its K/V (a GPU's default is bf16).
+  const BatchRun run = Batch(tmp, "qwen3_moe", requests, "--parallel 2 --kv-dtype f32");
   ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
   ASSERT_EQ(run.lines.size(), 2u);
   EXPECT_FALSE(run.lines[1].contains("logprobs"));

@@ -34,8 +34,9 @@ TEST(Perplexity, EqualsTheLibrarysOverTheTokenizedTextWithTheBosFirst) {
                               std::pair{"realvocab/qwen3_moe_tiny", std::optional<int32_t>()}}) {
     SCOPED_TRACE(fixture);
     const auto dir = testing::HfFixture(fixture);
+    // --kv-dtype f32: the library's engine keeps f32 K/V (a GPU's default is bf16).
     const auto r = RunCli("perplexity --model '" + dir.string() + "' --file '" + file.string() +
-                          "' --ctx 24 --chunks 3 --parallel 2 --json -q");
+                          "' --ctx 24 --chunks 3 --parallel 2 --json -q --kv-dtype f32");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const auto j = nlohmann::json::parse(r.out);
     EXPECT_EQ(j["windows"], 3);
