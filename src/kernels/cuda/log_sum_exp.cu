@@ -1,5 +1,6 @@
-// Log-sum-exp of logit rows (log_sum_exp.h): one block a row, two sweeps over it (its largest
-// value, then the sum of e^(x - largest) in double), each thread's share reduced by warps.
+// Log-sum-exp of logit rows (log_sum_exp.h): one block a row, which reads the row twice: for its
+// largest value, then for the sum of e^(x - largest) in double; each thread's share is reduced
+// by warps.
 #include "kernels/cuda/log_sum_exp.h"
 
 #include <cuda_runtime.h>
